@@ -1,0 +1,169 @@
+// Package config reads the multireg drivers file: the types a user writes, strict parsing,
+// validation that reports every problem with its field path and value, defaults folded into
+// every driver, and a pure Diff between two configurations.
+//
+// Consumers only ever see a resolved RegistrarConfig: every Driver carries its final socket
+// path, versions, backoff policy and timeouts, so no other package applies a default.
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+)
+
+// File format identity. Any other apiVersion or kind is rejected.
+const (
+	APIVersion = "multireg.dev/v1alpha1"
+	Kind       = "RegistrarConfig"
+)
+
+// Plugin types, as kubelet's pluginregistration/v1 API spells them.
+const (
+	CSIPlugin    = "CSIPlugin"
+	DRAPlugin    = "DRAPlugin"
+	DevicePlugin = "DevicePlugin"
+)
+
+// Types lists the plugin types in the order they are reported.
+var Types = []string{CSIPlugin, DRAPlugin, DevicePlugin}
+
+const (
+	// DefaultRegistrationDir is kubelet's default plugins-registry directory.
+	DefaultRegistrationDir = "/var/lib/kubelet/plugins_registry"
+
+	// MaxFileSize is the largest drivers file accepted, in bytes.
+	MaxFileSize = 1 << 20
+
+	// MaxSocketPathLen is the longest unix socket path Linux can bind or dial: sun_path is
+	// 108 bytes including the terminating NUL. A longer path fails late with a cryptic
+	// "bind: invalid argument".
+	MaxSocketPathLen = 107
+
+	// TempSocketNameLen is the length of the hidden temporary name a registration socket is
+	// created under before it is renamed onto its final name (".mr-<8 hex>.tmp"). The
+	// registration directory must leave room for it.
+	TempSocketNameLen = len(".mr-00000000.tmp")
+)
+
+// Built-in defaults, used where neither the driver nor the file's defaults set a value.
+const (
+	DefaultInitialInterval     = 1 * time.Second
+	DefaultMaxInterval         = 2 * time.Minute
+	DefaultMultiplier          = 2.0
+	DefaultRandomizationFactor = 0.2
+	DefaultRegistrationTimeout = 2 * time.Minute
+	DefaultWaitForEndpoint     = true
+)
+
+// DefaultVersions returns the supportedVersions advertised for a type when a driver sets none.
+func DefaultVersions(typ string) []string {
+	switch typ {
+	case CSIPlugin:
+		return []string{"1.0.0"}
+	case DRAPlugin:
+		return []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}
+	case DevicePlugin:
+		return []string{"v1beta1"}
+	}
+	return nil
+}
+
+// RegistrarConfig is one resolved, valid drivers file.
+type RegistrarConfig struct {
+	// RegistrationDir is kubelet's plugins-registry directory as this process sees it.
+	RegistrationDir string
+	// Drivers are in file order, each fully resolved.
+	Drivers []Driver
+}
+
+// Driver is one plugin to register, with every default applied.
+type Driver struct {
+	// Name is the plugin name kubelet sees.
+	Name string
+	// Type is CSIPlugin, DRAPlugin or DevicePlugin.
+	Type string
+	// Endpoint is the path kubelet dials to reach the plugin (a host path).
+	Endpoint string
+	// LocalEndpoint is the same socket as this process sees it; it equals Endpoint unless set.
+	LocalEndpoint string
+	// SupportedVersions are advertised to kubelet in GetInfo.
+	SupportedVersions []string
+	// SocketName is the registration socket's file name in the registration directory.
+	SocketName string
+	// SocketPath is RegistrationDir joined with SocketName.
+	SocketPath string
+	// Backoff paces retries after a failure.
+	Backoff Backoff
+	// RegistrationTimeout is how long to wait for kubelet's verdict after the socket
+	// appears before recreating it; zero disables the timeout.
+	RegistrationTimeout time.Duration
+	// WaitForEndpoint publishes the socket only while LocalEndpoint accepts connections.
+	WaitForEndpoint bool
+}
+
+// Backoff is an exponential backoff policy. Retries never stop; a success resets it.
+type Backoff struct {
+	InitialInterval     time.Duration
+	MaxInterval         time.Duration
+	Multiplier          float64
+	RandomizationFactor float64
+}
+
+// Equal reports whether two resolved drivers are the same in every field.
+func (d Driver) Equal(o Driver) bool {
+	if !slices.Equal(d.SupportedVersions, o.SupportedVersions) {
+		return false
+	}
+	d.SupportedVersions, o.SupportedVersions = nil, nil
+	return reflect.DeepEqual(d, o)
+}
+
+// Driver returns the driver with the given name.
+func (c *RegistrarConfig) Driver(name string) (Driver, bool) {
+	for _, d := range c.Drivers {
+		if d.Name == name {
+			return d, true
+		}
+	}
+	return Driver{}, false
+}
+
+// Summary describes the configuration in one line, e.g.
+// "4 drivers (2 CSIPlugin, 1 DRAPlugin, 1 DevicePlugin) in /var/lib/kubelet/plugins_registry".
+func (c *RegistrarConfig) Summary() string {
+	counts := map[string]int{}
+	for _, d := range c.Drivers {
+		counts[d.Type]++
+	}
+	var parts []string
+	for _, t := range Types {
+		if counts[t] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", counts[t], t))
+		}
+	}
+	s := fmt.Sprintf("%d drivers", len(c.Drivers))
+	if len(c.Drivers) == 1 {
+		s = "1 driver"
+	}
+	if len(parts) > 0 {
+		s += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return s + " in " + c.RegistrationDir
+}
+
+// DefaultSocketName is the registration socket name used when a driver sets none:
+// "<name>-reg.sock", with every character other than letters, digits, '.', '_' and '-'
+// replaced by '_' (a device plugin's "vendor.example/gpu" becomes "vendor.example_gpu-reg.sock").
+func DefaultSocketName(name string) string {
+	safe := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			return r
+		}
+		return '_'
+	}, name)
+	return safe + "-reg.sock"
+}

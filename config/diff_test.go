@@ -1,0 +1,156 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const diffBase = `apiVersion: multireg.dev/v1alpha1
+kind: RegistrarConfig
+drivers:
+  - name: a.csi.k8s.io
+    type: CSIPlugin
+    endpoint: /run/a/csi.sock
+  - name: b.csi.k8s.io
+    type: CSIPlugin
+    endpoint: /run/b/csi.sock
+    backoff: {initialInterval: 3s}
+  - name: vendor.example/gpu
+    type: DevicePlugin
+    endpoint: /run/gpu/dp.sock
+`
+
+func mustParse(t *testing.T, s string) *RegistrarConfig {
+	t.Helper()
+	cfg, err := Parse([]byte(s))
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, s)
+	}
+	return cfg
+}
+
+func names(ds []Driver) []string {
+	var n []string
+	for _, d := range ds {
+		n = append(n, d.Name)
+	}
+	return n
+}
+
+func TestDiff(t *testing.T) {
+	tests := []struct {
+		name                    string
+		old, new                string // "" means a nil configuration
+		added, removed, changed []string
+	}{
+		{name: "identical", old: diffBase, new: diffBase},
+		{
+			name: "comments and key order only",
+			old:  diffBase,
+			new: `# edited by hand
+kind: RegistrarConfig
+apiVersion: multireg.dev/v1alpha1
+drivers:
+  - type: CSIPlugin   # the NFS one
+    endpoint: /run/a/csi.sock
+    name: a.csi.k8s.io
+  - name: b.csi.k8s.io
+    backoff:
+      initialInterval: 3s
+    endpoint: /run/b/csi.sock
+    type: CSIPlugin
+  - {name: vendor.example/gpu, type: DevicePlugin, endpoint: /run/gpu/dp.sock}
+`,
+		},
+		{
+			name: "explicit defaults equal the built-in ones",
+			old:  diffBase,
+			new: diffBase + `registrationDir: /var/lib/kubelet/plugins_registry
+defaults:
+  backoff: {initialInterval: 1s, maxInterval: 2m, multiplier: 2, randomizationFactor: 0.2}
+  registrationTimeout: 2m
+  waitForEndpoint: true
+`,
+		},
+		{name: "from nothing", new: diffBase, added: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"}},
+		{name: "to nothing", old: diffBase, removed: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"}},
+		{
+			name:    "one endpoint",
+			old:     diffBase,
+			new:     replace(diffBase, "/run/b/csi.sock", "/run/b2/csi.sock"),
+			changed: []string{"b.csi.k8s.io"},
+		},
+		{
+			name:    "one versions list",
+			old:     diffBase,
+			new:     replace(diffBase, "endpoint: /run/a/csi.sock", "endpoint: /run/a/csi.sock\n    supportedVersions: [\"1.2.0\"]"),
+			changed: []string{"a.csi.k8s.io"},
+		},
+		{
+			name:    "add and remove",
+			old:     diffBase,
+			new:     replace(diffBase, "a.csi.k8s.io", "c.csi.k8s.io"),
+			added:   []string{"c.csi.k8s.io"},
+			removed: []string{"a.csi.k8s.io"},
+		},
+		{
+			name:    "registrationDir changes every driver",
+			old:     diffBase,
+			new:     diffBase + "registrationDir: /var/lib/k0s/kubelet/plugins_registry\n",
+			changed: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"},
+		},
+		{
+			name:    "defaults change every driver that inherits them",
+			old:     diffBase,
+			new:     diffBase + "defaults: {backoff: {initialInterval: 3s}}\n",
+			changed: []string{"a.csi.k8s.io", "vendor.example/gpu"},
+		},
+		{
+			name:    "a default timeout changes every driver",
+			old:     diffBase,
+			new:     diffBase + "defaults: {registrationTimeout: 30s}\n",
+			changed: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var old, new *RegistrarConfig
+			if tt.old != "" {
+				old = mustParse(t, tt.old)
+			}
+			if tt.new != "" {
+				new = mustParse(t, tt.new)
+			}
+			p := Diff(old, new)
+			if got := names(p.Added); !reflect.DeepEqual(got, tt.added) {
+				t.Errorf("Added = %q, want %q", got, tt.added)
+			}
+			if got := names(p.Removed); !reflect.DeepEqual(got, tt.removed) {
+				t.Errorf("Removed = %q, want %q", got, tt.removed)
+			}
+			if got := names(p.Changed); !reflect.DeepEqual(got, tt.changed) {
+				t.Errorf("Changed = %q, want %q", got, tt.changed)
+			}
+			if empty := len(tt.added)+len(tt.removed)+len(tt.changed) == 0; p.Empty() != empty {
+				t.Errorf("Empty() = %v, want %v", p.Empty(), empty)
+			}
+		})
+	}
+}
+
+// TestDiffCarriesSpecs checks that Removed holds the old spec (its socket must be removed) and
+// Changed the new one (it must be started).
+func TestDiffCarriesSpecs(t *testing.T) {
+	old := mustParse(t, diffBase)
+	new := mustParse(t, replace(replace(diffBase, "/run/b/csi.sock", "/run/b2/csi.sock"), "vendor.example/gpu", "vendor.example/fpga"))
+	p := Diff(old, new)
+	if len(p.Changed) != 1 || p.Changed[0].Endpoint != "/run/b2/csi.sock" {
+		t.Errorf("Changed = %+v, want b with the new endpoint", p.Changed)
+	}
+	if len(p.Removed) != 1 || p.Removed[0].SocketPath != "/var/lib/kubelet/plugins_registry/vendor.example_gpu-reg.sock" {
+		t.Errorf("Removed = %+v, want the gpu driver with its old socket path", p.Removed)
+	}
+}
+
+func replace(s, old, new string) string { return strings.ReplaceAll(s, old, new) }
