@@ -3,13 +3,23 @@ module multireg.dev/multireg
 go 1.26.0
 
 require (
+	github.com/cenkalti/backoff/v4 v4.3.0
+	github.com/container-storage-interface/spec v1.13.0
+	github.com/fsnotify/fsnotify v1.10.1
+	golang.org/x/sys v0.49.0
+	google.golang.org/grpc v1.85.0
 	k8s.io/apimachinery v0.36.3
+	k8s.io/kubelet v0.36.3
 	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
-	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.3 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2 // indirect
 )

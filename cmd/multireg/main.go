@@ -36,6 +36,7 @@ func exitCode(err error) int {
 const usage = `usage: multireg <command> [flags]
 
 commands:
+  run --config FILE        register every driver of the file with kubelet, until SIGTERM
   validate --config FILE   parse and validate a drivers file
   version                  print version, commit and Go version
 
@@ -55,6 +56,8 @@ func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usagef("%s", usage)
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
+	case "run":
+		return runDaemon(ctx, rest, stderr)
 	case "validate":
 		return runValidate(rest, stdout, stderr)
 	case "version", "--version", "-version":

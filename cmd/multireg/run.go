@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/registrar"
+)
+
+// runDaemon is `multireg run`: it registers every configured driver until SIGTERM or SIGINT.
+func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlagSet("run", stderr)
+	path := fs.String("config", "", "path to the drivers file (required)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	verbosity := fs.Int("v", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call")
+	cleanup := fs.Bool("cleanup-on-exit", false, "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return usagef("multireg run: --config is required")
+	}
+	log, err := newLogger(stderr, *logFormat, *verbosity)
+	if err != nil {
+		return err
+	}
+
+	// Set once for the whole process (never around each listen: loops run concurrently), so
+	// that no socket or file is ever created with wider permissions than owner-only.
+	syscall.Umask(0o077)
+
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	lock, err := registrar.AcquireLock(ctx, cfg.RegistrationDir, log)
+	if errors.Is(err, context.Canceled) {
+		return nil // stopped while waiting for another instance
+	}
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+
+	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup})
+	if err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	for _, d := range cfg.Drivers {
+		sup.Start(d)
+	}
+	log.Info("multireg started", "version", version, "config", *path, "drivers", cfg.Summary())
+
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx) }()
+	for {
+		select {
+		case <-hup:
+			log.Warn("SIGHUP: configuration reload is not available in this version; restart to apply a new file")
+		case err := <-done:
+			log.Info("multireg stopped", "cleanup", *cleanup)
+			return err
+		}
+	}
+}
+
+// newLogger returns the process logger: text or JSON on w, debug from verbosity 1.
+func newLogger(w io.Writer, format string, verbosity int) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if verbosity > 0 {
+		opts.Level = slog.LevelDebug
+	}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("multireg run: --log-format %q: must be text or json", format)
+}

@@ -1,0 +1,484 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"multireg.dev/multireg/config"
+)
+
+// Why a loop's context ends, as its cause.
+var (
+	// errRemoved: the driver left the configuration; its socket is removed.
+	errRemoved = errors.New("driver removed from the configuration")
+	// errShutdown: the process stops; sockets stay unless cleanup was asked for.
+	errShutdown = errors.New("shutting down")
+)
+
+// dirPollInterval paces the check for a directory that cannot be watched because it does not
+// exist. It only runs in that state.
+const dirPollInterval = time.Second
+
+// Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
+const (
+	quickProbeMin = 50 * time.Millisecond
+	quickProbeMax = 1600 * time.Millisecond
+)
+
+// Socket recreation reasons, as shown in logs and metrics.
+const (
+	reasonRejected          = "rejected"
+	reasonTimeout           = "timeout"
+	reasonSocketGone        = "socket_removed"
+	reasonEndpointRestarted = "endpoint_restarted"
+)
+
+// driver is one driver's registration loop. It owns its socket generations and every
+// failure: nothing it does blocks another driver.
+type driver struct {
+	spec    config.Driver
+	log     *slog.Logger
+	w       *watcher
+	probe   func(context.Context, config.Driver) error
+	cleanup bool // remove the socket on shutdown too
+
+	verdictC chan struct{} // capacity 1: a verdict is pending
+
+	mu      sync.Mutex
+	gen     uint64   // the current socket generation; verdicts for others are dropped
+	pending *verdict // the latest verdict for gen
+	st      DriverStatus
+}
+
+func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *driver {
+	d := &driver{
+		spec:     spec,
+		log:      log.With("driver", spec.Name),
+		w:        w,
+		probe:    probeEndpoint,
+		cleanup:  cleanup,
+		verdictC: make(chan struct{}, 1),
+	}
+	d.st = DriverStatus{
+		Name:     spec.Name,
+		Type:     spec.Type,
+		Phase:    WaitingForEndpoint,
+		Socket:   spec.SocketPath,
+		Endpoint: spec.Endpoint,
+		Since:    time.Now(),
+	}
+	if !spec.WaitForEndpoint {
+		d.st.Phase = Serving
+	}
+	return d
+}
+
+// status returns a snapshot of the loop's state.
+func (d *driver) status() DriverStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.st
+}
+
+// run is the loop: wait for the endpoint, publish a socket, wait for kubelet's verdict or an
+// event, and on failure back off and start again, until ctx ends. It returns only when
+// everything it started has stopped.
+func (d *driver) run(ctx context.Context) {
+	b := newBackoff(d.spec.Backoff)
+	sock := d.w.subscribe(d.spec.SocketPath)
+	defer sock.close()
+	ep := d.w.subscribe(d.spec.LocalEndpoint)
+	defer ep.close()
+
+	var cur *generation // the socket this loop has published and serves
+	defer func() { d.shutdown(context.Cause(ctx), cur) }()
+
+	for {
+		var epID fileID
+		if d.spec.WaitForEndpoint {
+			id, err := d.waitEndpoint(ctx, b, ep, cur != nil)
+			if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch {
+				// The driver restarted under another name: kubelet must not keep it.
+				d.log.Warn("driver reports another name; its registration is withdrawn", "err", err)
+				d.retire(cur)
+				cur = nil
+				id, err = d.waitEndpoint(ctx, b, ep, false)
+			}
+			if err != nil {
+				return // ctx ended
+			}
+			epID = id
+		} else {
+			epID, _, _ = statID(d.spec.LocalEndpoint)
+		}
+
+		g, err := d.publish()
+		if err != nil {
+			if !d.backOff(ctx, b, fmt.Errorf("publish socket: %w", err)) {
+				return
+			}
+			continue
+		}
+		if cur != nil {
+			cur.stop() // its file was just replaced by g's
+		}
+		cur = g
+
+		reason, msg := d.await(ctx, b, cur, epID, sock, ep)
+		switch reason {
+		case "":
+			return // ctx ended
+		case reasonRejected, reasonTimeout:
+			d.retire(cur)
+			cur = nil
+			if !d.backOff(ctx, b, errors.New(msg)) {
+				return
+			}
+		case reasonSocketGone:
+			// Recreate at once: the socket was removed or replaced by someone else.
+			cur.stop()
+			cur = nil
+			d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
+		case reasonEndpointRestarted:
+			// Keep serving the old socket while the driver comes up again; the new socket
+			// is renamed over it.
+			d.log.Info("driver endpoint restarted; registering again", "endpoint", d.spec.LocalEndpoint)
+		}
+	}
+}
+
+// shutdown stops the current generation when the loop ends. The socket is removed when the
+// driver left the configuration, or on shutdown with cleanup; otherwise it stays, so that a
+// restarting multireg does not deregister every plugin at once.
+func (d *driver) shutdown(cause error, cur *generation) {
+	remove := errors.Is(cause, errRemoved) || d.cleanup
+	if cur != nil {
+		cur.stop()
+		if remove {
+			if _, err := removeIfOurs(cur.path, cur.id); err != nil {
+				d.log.Warn("remove registration socket", "socket", cur.path, "err", err)
+			}
+		}
+	} else if remove {
+		// A socket left by an earlier run of multireg that this run never replaced.
+		if err := removeStale(d.spec.SocketPath); err != nil {
+			d.log.Warn("remove stale registration socket", "socket", d.spec.SocketPath, "err", err)
+		}
+	}
+	if remove {
+		d.log.Info("registration socket removed; kubelet deregisters the plugin", "socket", d.spec.SocketPath)
+	}
+}
+
+// retire stops a generation and removes its socket, so that kubelet deregisters it.
+func (d *driver) retire(g *generation) {
+	g.stop()
+	if _, err := removeIfOurs(g.path, g.id); err != nil {
+		d.log.Warn("remove registration socket", "socket", g.path, "err", err)
+	}
+}
+
+// waitEndpoint probes the endpoint until it is ready, backing off between probes and
+// probing again at once when the endpoint's socket is created. It returns the endpoint's
+// identity. It fails only when ctx ends or, while an older socket still serves
+// (serving), when the CSI driver reports another name: that socket must go first.
+func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
+	lastErr := ""
+	// After the endpoint's socket is created, a driver may still be between bind and listen,
+	// or registering its services: probe again soon, a few times, before the backoff resumes.
+	var quick time.Duration
+	for {
+		_, _ = ep.rewatch() // best effort: the endpoint's directory may not exist yet
+		ep.take()
+		id, _, statErr := statID(d.spec.LocalEndpoint)
+		err := d.probe(ctx, d.spec)
+		if ctx.Err() != nil {
+			return fileID{}, ctx.Err()
+		}
+		if err == nil {
+			if statErr != nil {
+				id = fileID{}
+			}
+			d.setEndpointUp(true)
+			return id, nil
+		}
+		d.setEndpointUp(false)
+		var wait time.Duration
+		if quick > 0 && quick <= quickProbeMax {
+			wait, quick = quick, quick*2
+		} else {
+			wait = next(b)
+		}
+		d.update(WaitingForEndpoint, err.Error(), time.Now().Add(wait))
+		if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch && serving {
+			return fileID{}, err
+		}
+		// Each distinct reason is a warning once; its repetitions are debug.
+		if msg := err.Error(); msg != lastErr {
+			lastErr = msg
+			d.log.Warn("endpoint not ready", "err", err, "retryIn", wait.Round(time.Millisecond))
+		} else {
+			d.log.Debug("endpoint not ready", "err", err, "retryIn", wait.Round(time.Millisecond))
+		}
+		woken, ok := d.sleep(ctx, wait, ep)
+		if !ok {
+			return fileID{}, ctx.Err()
+		}
+		if woken {
+			quick = quickProbeMin
+		}
+	}
+}
+
+// sleep waits for wait to pass or, with a subscription, for the endpoint's socket to be
+// created (woken). It reports false when ctx ends first.
+func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription) (woken, ok bool) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	var wake <-chan struct{}
+	if ep != nil {
+		wake = ep.c
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-t.C:
+			return false, true
+		case <-wake:
+			if ep.take()&evCreate != 0 {
+				return true, true
+			}
+		}
+	}
+}
+
+// publish creates the next socket generation and serves it.
+func (d *driver) publish() (*generation, error) {
+	d.mu.Lock()
+	d.gen++
+	gen := d.gen
+	d.pending = nil
+	d.mu.Unlock()
+
+	l, id, err := publish(d.spec.SocketPath)
+	if err != nil {
+		return nil, err
+	}
+	rs := &registrationServer{
+		gen: gen,
+		info: &registerapi.PluginInfo{
+			Type:              d.spec.Type,
+			Name:              d.spec.Name,
+			Endpoint:          d.spec.Endpoint,
+			SupportedVersions: d.spec.SupportedVersions,
+		},
+		notify: d.notify,
+		onInfo: func() { d.log.Debug("kubelet called GetInfo", "generation", gen) },
+	}
+	g := serve(l, d.spec.SocketPath, id, rs)
+	d.mu.Lock()
+	d.st.Attempts++
+	d.mu.Unlock()
+	d.update(Serving, "", time.Time{})
+	d.log.Debug("registration socket published", "socket", d.spec.SocketPath, "generation", gen)
+	return g, nil
+}
+
+// notify takes kubelet's verdict from a registration server. It never blocks.
+func (d *driver) notify(v verdict) {
+	d.mu.Lock()
+	if v.gen != d.gen {
+		d.mu.Unlock()
+		d.log.Debug("verdict for an older socket ignored", "generation", v.gen, "registered", v.registered)
+		return
+	}
+	d.pending = &v
+	d.mu.Unlock()
+	select {
+	case d.verdictC <- struct{}{}:
+	default:
+	}
+}
+
+func (d *driver) takeVerdict() *verdict {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v := d.pending
+	d.pending = nil
+	return v
+}
+
+// await serves generation g until something ends it, and says why: kubelet rejected it, no
+// verdict came in time, the socket was removed or replaced, or the endpoint restarted. It
+// returns "" when ctx ends.
+func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *generation, epID fileID, sock, ep *subscription) (reason, msg string) {
+	var timeout <-chan time.Time
+	if t := d.spec.RegistrationTimeout; t > 0 {
+		timer := time.NewTimer(t)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	// While a directory cannot be watched (it does not exist, or inotify refused), look at
+	// the files once a second instead.
+	var poll <-chan time.Time
+	var pollTicker *time.Ticker
+	defer func() {
+		if pollTicker != nil {
+			pollTicker.Stop()
+		}
+	}()
+	watch := func(s *subscription) {
+		renewed, err := s.rewatch()
+		switch {
+		case err != nil && poll == nil:
+			pollTicker = time.NewTicker(dirPollInterval)
+			poll = pollTicker.C
+		case renewed:
+			s.kick(evResync) // events before the watch are lost: look now
+		}
+	}
+	watch(sock)
+	watch(ep)
+
+	// checkEndpoint compares the endpoint with the one that was probed.
+	checkEndpoint := func() bool {
+		id, _, err := statID(d.spec.LocalEndpoint)
+		if err != nil {
+			if d.setEndpointUp(false) {
+				d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.spec.LocalEndpoint)
+			}
+			return false
+		}
+		if epID != (fileID{}) && id != epID {
+			return true
+		}
+		if epID == (fileID{}) {
+			epID = id
+		}
+		d.setEndpointUp(true)
+		return false
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			return "", ""
+		case <-d.verdictC:
+			v := d.takeVerdict()
+			if v == nil {
+				continue
+			}
+			if !v.registered {
+				return reasonRejected, "kubelet rejected the registration: " + v.msg
+			}
+			timeout = nil
+			b.Reset()
+			d.update(Registered, "", time.Time{})
+		case <-timeout:
+			return reasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", d.spec.RegistrationTimeout)
+		case <-sock.c:
+			if sock.take()&evDirGone != 0 {
+				d.log.Warn("registration directory removed", "dir", sock.dir)
+			}
+			if id, _, err := statID(g.path); err != nil || id != g.id {
+				return reasonSocketGone, ""
+			}
+		case <-ep.c:
+			if ep.take()&evDirGone != 0 {
+				watch(ep)
+			}
+			if checkEndpoint() {
+				return reasonEndpointRestarted, ""
+			}
+		case <-poll:
+			if sock.watching() && ep.watching() {
+				pollTicker.Stop()
+				poll, pollTicker = nil, nil
+			}
+			if !sock.watching() {
+				watch(sock)
+				sock.kick(evResync)
+			}
+			if !ep.watching() {
+				watch(ep)
+				ep.kick(evResync)
+			}
+		}
+	}
+}
+
+// backOff records a failure, waits for the next backoff interval and reports whether the
+// loop goes on.
+func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error) bool {
+	wait := next(b)
+	d.mu.Lock()
+	d.st.Failures++
+	d.mu.Unlock()
+	d.update(BackingOff, err.Error(), time.Now().Add(wait))
+	d.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
+	_, ok := d.sleep(ctx, wait, nil)
+	return ok
+}
+
+// update sets the phase, the last error and the next attempt, and logs a phase change.
+func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
+	d.mu.Lock()
+	changed := d.st.Phase != p
+	if changed {
+		d.st.Phase = p
+		d.st.Since = time.Now()
+	}
+	if lastErr != "" || p == Registered {
+		d.st.LastError = lastErr
+	}
+	d.st.NextAttempt = nextAttempt
+	d.mu.Unlock()
+	if changed {
+		d.log.Info("phase changed", "phase", p) // the reason is logged where it arises
+	}
+}
+
+// setEndpointUp records the endpoint's state and reports whether it changed.
+func (d *driver) setEndpointUp(up bool) bool {
+	d.mu.Lock()
+	changed := d.st.EndpointUp != up
+	d.st.EndpointUp = up
+	d.mu.Unlock()
+	return changed
+}
+
+// removeStale removes a socket at path that nothing listens on: one left by an earlier run.
+// A live socket (another registrar's) and anything that is not a socket stay.
+func removeStale(path string) error {
+	if exists, err := checkSocketOrMissing(path); !exists || err != nil {
+		var ns *notSocketError
+		if errors.As(err, &ns) {
+			return nil
+		}
+		return err
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return nil // someone serves it
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,270 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"multireg.dev/multireg/config"
+)
+
+// shortDir returns a temporary directory with a short path: unix socket paths are limited to
+// 107 bytes, and t.TempDir's are long.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// testLogger logs through t, so that a failing test shows what the loops did.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+// testDriver is a resolved driver with fast retries, registering into dir/reg.
+func testDriver(dir, name, typ, endpoint string) config.Driver {
+	reg := filepath.Join(dir, "reg")
+	return config.Driver{
+		Name:              name,
+		Type:              typ,
+		Endpoint:          endpoint,
+		LocalEndpoint:     endpoint,
+		SupportedVersions: config.DefaultVersions(typ),
+		SocketName:        config.DefaultSocketName(name),
+		SocketPath:        filepath.Join(reg, config.DefaultSocketName(name)),
+		Backoff: config.Backoff{
+			InitialInterval: 50 * time.Millisecond,
+			MaxInterval:     200 * time.Millisecond,
+			Multiplier:      2,
+		},
+		WaitForEndpoint: true,
+	}
+}
+
+// runSupervisor starts a supervisor and stops it, waiting for every loop, when the test ends.
+func runSupervisor(t *testing.T, opts Options) *Supervisor {
+	t.Helper()
+	if opts.Log == nil {
+		opts.Log = testLogger(t)
+	}
+	s, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return s
+}
+
+// never checks for a while that cond does not become true: an assertion of absence.
+func never(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.NewTimer(d)
+	defer end.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-end.C:
+			return
+		case <-tick.C:
+			if cond() {
+				t.Fatalf("%s", what)
+			}
+		}
+	}
+}
+
+// listenUnlinked listens on path and leaves the file in place when closed.
+func listenUnlinked(path string) (*net.UnixListener, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	return l, nil
+}
+
+func statusOf(s *Supervisor, name string) DriverStatus {
+	for _, st := range s.Status() {
+		if st.Name == name {
+			return st
+		}
+	}
+	return DriverStatus{}
+}
+
+// isSocket reports whether a socket is at path.
+func isSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode().Type() == fs.ModeSocket
+}
+
+func mustID(t *testing.T, path string) fileID {
+	t.Helper()
+	id, _, err := statID(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// kubelet is the fake kubelet side: a Registration client on one socket generation.
+type kubelet struct {
+	conn *grpc.ClientConn
+	c    registerapi.RegistrationClient
+}
+
+func dialKubelet(t *testing.T, socket string) *kubelet {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &kubelet{conn: conn, c: registerapi.NewRegistrationClient(conn)}
+}
+
+func (k *kubelet) getInfo(t *testing.T) *registerapi.PluginInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := k.c.GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatalf("GetInfo: %v", err)
+	}
+	return info
+}
+
+func (k *kubelet) notify(t *testing.T, registered bool, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := k.c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: registered, Error: msg}); err != nil {
+		t.Fatalf("NotifyRegistrationStatus(%v): %v", registered, err)
+	}
+}
+
+// register plays kubelet's part for the socket now at path: GetInfo, then the verdict.
+func register(t *testing.T, socket string, ok bool, msg string) *registerapi.PluginInfo {
+	t.Helper()
+	k := dialKubelet(t, socket)
+	info := k.getInfo(t)
+	k.notify(t, ok, msg)
+	return info
+}
+
+// endpoint is a driver's endpoint: a unix socket that accepts connections, and for a CSI
+// driver answers the Identity service with a name.
+type endpoint struct {
+	path string
+	srv  *grpc.Server
+	done chan struct{}
+}
+
+type identity struct {
+	csi.UnimplementedIdentityServer
+	name string
+}
+
+func (i identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: i.name, VendorVersion: "test"}, nil
+}
+
+// startEndpoint serves a driver endpoint at path (creating its directory) until stopped or
+// the test ends. A non-empty csiName serves the CSI Identity service under that name.
+func startEndpoint(t *testing.T, path, csiName string) *endpoint {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &endpoint{path: path, srv: grpc.NewServer(), done: make(chan struct{})}
+	if csiName != "" {
+		csi.RegisterIdentityServer(e.srv, identity{name: csiName})
+	}
+	go func() {
+		defer close(e.done)
+		e.srv.Serve(l)
+	}()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// stop stops the endpoint and removes its socket, as a crashing driver's restart would.
+func (e *endpoint) stop() {
+	e.srv.Stop()
+	<-e.done
+	if err := os.Remove(e.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		panic(err)
+	}
+}
+
+// syncLog collects log lines from several goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *syncLog) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }

@@ -1,0 +1,92 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"time"
+)
+
+// LockName is the lock file that allows one multireg per registration directory. Its leading
+// dot makes kubelet ignore it.
+const LockName = ".multireg.lock"
+
+// lockRetry paces the attempts to take a lock another process holds.
+const lockRetry = 250 * time.Millisecond
+
+// Lock is the exclusive hold of a registration directory.
+type Lock struct{ f *os.File }
+
+// AcquireLock takes the exclusive lock of dir, creating dir (mode 0750) if missing. While
+// another process holds it (a DaemonSet surge during a rolling update), it logs once that it
+// waits and keeps trying until the lock is free or ctx ends. Once held, it removes the
+// temporary sockets an interrupted multireg may have left in dir.
+func AcquireLock(ctx context.Context, dir string, log *slog.Logger) (*Lock, error) {
+	if err := ensureDir(dir); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, LockName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock: %w", err)
+	}
+	t := time.NewTicker(lockRetry)
+	defer t.Stop()
+	waiting := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !waiting {
+			waiting = true
+			log.Info("another multireg holds the registration directory; waiting for it to exit", "lock", path)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	if waiting {
+		log.Info("took over the registration directory", "lock", path)
+	}
+	removeTempSockets(dir, log)
+	return &Lock{f: f}, nil
+}
+
+// Release lets the next instance take the directory. The lock file stays.
+func (l *Lock) Release() error {
+	return l.f.Close()
+}
+
+var tempSocketName = regexp.MustCompile(`^\.mr-[0-9a-f]{8}\.tmp$`)
+
+// removeTempSockets removes the hidden temporary sockets of an interrupted publish. Only
+// sockets named as multireg names them are touched.
+func removeTempSockets(dir string, log *slog.Logger) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !tempSocketName.MatchString(e.Name()) || e.Type() != fs.ModeSocket {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("remove leftover temporary socket", "path", p, "err", err)
+		}
+	}
+}

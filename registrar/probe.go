@@ -1,0 +1,70 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"multireg.dev/multireg/config"
+)
+
+// probeTimeout bounds one endpoint probe: a hung endpoint is not ready.
+const probeTimeout = 2 * time.Second
+
+// nameMismatchError is a CSI driver that answers under another name than the configured one.
+type nameMismatchError struct {
+	endpoint, got, want string
+}
+
+func (e *nameMismatchError) Error() string {
+	return fmt.Sprintf("the CSI driver at %s reports the name %q, but the config names it %q", e.endpoint, e.got, e.want)
+}
+
+// probeEndpoint checks that the driver's endpoint accepts a unix connection and, for a CSI
+// driver, that its Identity service reports the configured name.
+func probeEndpoint(ctx context.Context, d config.Driver) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, "unix", d.LocalEndpoint)
+	if err != nil {
+		return fmt.Errorf("endpoint %s does not accept connections: %w", d.LocalEndpoint, sysErr(err))
+	}
+	c.Close()
+	if d.Type != config.CSIPlugin {
+		return nil
+	}
+	conn, err := grpc.NewClient("unix://"+d.LocalEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("endpoint %s: %w", d.LocalEndpoint, err)
+	}
+	defer conn.Close()
+	info, err := csi.NewIdentityClient(conn).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+	if err != nil {
+		return fmt.Errorf("CSI GetPluginInfo on %s: %w", d.LocalEndpoint, err)
+	}
+	if info.GetName() != d.Name {
+		return &nameMismatchError{endpoint: d.LocalEndpoint, got: info.GetName(), want: d.Name}
+	}
+	return nil
+}
+
+// sysErr shortens a dial error to its cause ("connection refused", "no such file or
+// directory"), or a timeout.
+func sysErr(err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %s", probeTimeout)
+	}
+	return err
+}

@@ -1,0 +1,171 @@
+package registrar
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// fileID identifies one file: a file created anew at the same path gets another identity,
+// even when the kernel reuses the inode number, because its change time differs.
+type fileID struct {
+	dev, ino uint64
+	ctime    syscall.Timespec
+}
+
+// statID returns the identity and type of the file at path, without following a symlink.
+func statID(path string) (fileID, fs.FileMode, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fileID{}, 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, 0, fmt.Errorf("stat %s: no unix stat", path)
+	}
+	return fileID{dev: st.Dev, ino: st.Ino, ctime: st.Ctim}, fi.Mode().Type(), nil
+}
+
+// notSocketError reports a file that is in the way of a registration socket. Such a file is
+// never removed or replaced: it is not ours.
+type notSocketError struct {
+	path string
+	mode fs.FileMode
+}
+
+func (e *notSocketError) Error() string {
+	kind := "file"
+	switch {
+	case e.mode&fs.ModeDir != 0:
+		kind = "directory"
+	case e.mode&fs.ModeSymlink != 0:
+		kind = "symlink"
+	case e.mode&fs.ModeNamedPipe != 0:
+		kind = "named pipe"
+	case e.mode&(fs.ModeDevice|fs.ModeCharDevice) != 0:
+		kind = "device"
+	}
+	return fmt.Sprintf("%s is a %s, not a socket: it is left untouched; remove it to let the registration socket be created", e.path, kind)
+}
+
+// checkSocketOrMissing fails when something other than a socket is at path.
+func checkSocketOrMissing(path string) (exists bool, err error) {
+	_, mode, err := statID(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, err
+	case mode&fs.ModeSocket == 0:
+		return true, &notSocketError{path: path, mode: mode}
+	}
+	return true, nil
+}
+
+// ensureDir creates the registration directory with mode 0750 if it is missing.
+func ensureDir(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("create registration directory: %w", err)
+	}
+	// The process umask may have narrowed the mode; kubelet's own is 0750.
+	if err := os.Chmod(dir, 0o750); err != nil {
+		return fmt.Errorf("create registration directory: %w", err)
+	}
+	return nil
+}
+
+// publish creates the registration socket at path, listening, with mode 0600 from the moment
+// it has its final name: it listens on a hidden temporary name in the same directory (which
+// kubelet ignores), restricts it, and renames it onto path, replacing a stale socket in one
+// step, so kubelet sees exactly one Create for a socket that already accepts connections.
+// Anything at path that is not a socket is never touched.
+//
+// The listener does not unlink its path when closed: another generation's socket may have
+// been renamed over it by then. Sockets are removed explicitly with removeIfOurs.
+func publish(path string) (*net.UnixListener, fileID, error) {
+	dir := filepath.Dir(path)
+	if err := ensureDir(dir); err != nil {
+		return nil, fileID{}, err
+	}
+	exists, err := checkSocketOrMissing(path)
+	if err != nil {
+		return nil, fileID{}, err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".mr-%08x.tmp", rand.Uint32()))
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fileID{}, fmt.Errorf("listen: %w", err)
+	}
+	l.SetUnlinkOnClose(false)
+	fail := func(err error) (*net.UnixListener, fileID, error) {
+		l.Close()
+		os.Remove(tmp)
+		return nil, fileID{}, err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail(fmt.Errorf("restrict socket: %w", err))
+	}
+	if err := renameOnto(tmp, path, exists); err != nil {
+		return fail(err)
+	}
+	id, _, err := statID(path)
+	if err != nil {
+		return fail(fmt.Errorf("publish %s: %w", path, err))
+	}
+	return l, id, nil
+}
+
+// renameOnto renames the socket tmp onto path. When nothing was at path, the rename refuses
+// to replace whatever appeared there meanwhile, so a file someone else just created is
+// never clobbered.
+func renameOnto(tmp, path string, exists bool) error {
+	if !exists {
+		err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EEXIST):
+			// Something appeared at path: replace it only if it is a socket.
+			if _, err := checkSocketOrMissing(path); err != nil {
+				return err
+			}
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+			// The file system cannot refuse to replace; fall back to a checked rename.
+		default:
+			return fmt.Errorf("publish %s: %w", path, err)
+		}
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("publish %s: %w", path, err)
+	}
+	return nil
+}
+
+// removeIfOurs removes the socket at path if it is still the one with identity id. It
+// reports whether it removed it; a socket someone else put there is left alone.
+func removeIfOurs(path string, id fileID) (bool, error) {
+	cur, _, err := statID(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if cur != id {
+		return false, nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("remove socket: %w", err)
+	}
+	return true, nil
+}

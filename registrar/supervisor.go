@@ -1,0 +1,120 @@
+package registrar
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	"multireg.dev/multireg/config"
+)
+
+// Options configure a Supervisor.
+type Options struct {
+	// Log receives every loop's log lines, each with the driver's name.
+	Log *slog.Logger
+	// CleanupOnExit removes every registration socket when the supervisor stops, so that
+	// kubelet deregisters every plugin (uninstall). By default sockets stay: a restarted
+	// multireg renames fresh sockets over them, and kubelet keeps the plugins meanwhile.
+	CleanupOnExit bool
+}
+
+// Supervisor runs one registration loop per driver and shares one file watcher among them.
+type Supervisor struct {
+	log     *slog.Logger
+	cleanup bool
+	w       *watcher
+
+	ctx    context.Context // parent of every loop; ends when Run returns
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup // every loop and the watcher
+
+	mu      sync.Mutex
+	running map[string]*handle
+}
+
+// handle is one running loop.
+type handle struct {
+	d      *driver
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// New returns a Supervisor with no drivers. Start adds drivers; Run must be called for
+// their sockets to be watched, and to stop them.
+func New(opts Options) (*Supervisor, error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w, err := newWatcher(log)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
+	s.wg.Go(func() { w.run(ctx) })
+	return s, nil
+}
+
+// Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
+// stopped first, and its socket removed). It cannot fail: the loop owns its failures. After
+// Run has returned it does nothing.
+func (s *Supervisor) Start(d config.Driver) {
+	s.Stop(d.Name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
+	s.running[d.Name] = h
+	s.wg.Go(func() {
+		defer close(h.done)
+		h.d.run(ctx)
+	})
+}
+
+// Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and
+// blocks until the loop has exited. It is a no-op for unknown names.
+func (s *Supervisor) Stop(name string) {
+	s.mu.Lock()
+	h, ok := s.running[name]
+	delete(s.running, name)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	h.cancel(errRemoved)
+	<-h.done
+}
+
+// Run blocks until ctx ends, then stops every loop and waits for all of them. Sockets stay
+// in place unless CleanupOnExit was set.
+func (s *Supervisor) Run(ctx context.Context) error {
+	<-ctx.Done()
+	s.mu.Lock()
+	s.cancel(errShutdown)
+	s.running = map[string]*handle{}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// Status returns a snapshot of every driver, sorted by name.
+func (s *Supervisor) Status() []DriverStatus {
+	s.mu.Lock()
+	hs := make([]*handle, 0, len(s.running))
+	for _, h := range s.running {
+		hs = append(hs, h)
+	}
+	s.mu.Unlock()
+	st := make([]DriverStatus, 0, len(hs))
+	for _, h := range hs {
+		st = append(st, h.d.status())
+	}
+	slices.SortFunc(st, func(a, b DriverStatus) int { return strings.Compare(a.Name, b.Name) })
+	return st
+}
