@@ -1,0 +1,183 @@
+// Command demo shows multireg at work on this machine, with no cluster: kubelet's real plugin
+// manager watches a registry directory, three fake drivers (CSI, DRA, device plugin) serve
+// their endpoints, and multireg registers all three from one drivers file. Kubelet is told to
+// fail the CSI driver's first registration, so the demo also shows multireg recreating the
+// socket and the registration succeeding on the retry.
+//
+// Usage: demo -multireg bin/multireg
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/plugins"
+)
+
+func main() {
+	bin := flag.String("multireg", "bin/multireg", "path to the multireg binary")
+	timeout := flag.Duration("timeout", 60*time.Second, "give up if the drivers are not all registered by then")
+	flag.Parse()
+	if err := run(*bin, *timeout, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+type plugin struct{ name, typ, file string }
+
+var demoPlugins = []plugin{
+	{"nfs.csi.k8s.io", "CSIPlugin", "csi-nfs.sock"},
+	{"gpu.example.com", "DRAPlugin", "dra-gpu.sock"},
+	{"example.com/fpga", "DevicePlugin", "dp-fpga.sock"},
+}
+
+func run(bin string, timeout time.Duration, out io.Writer) error {
+	bin, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("multireg binary: %w (run `make build` first)", err)
+	}
+	dir, err := os.MkdirTemp("", "demo")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	reg := filepath.Join(dir, "plugins_registry")
+	var print sync.Mutex
+	say := func(who, format string, args ...any) {
+		print.Lock()
+		defer print.Unlock()
+		fmt.Fprintf(out, "%-9s| %s\n", who, fmt.Sprintf(format, args...))
+	}
+
+	// The plugin manager logs through klog: show its lines in the timeline too.
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.Set("logtostderr", "false")
+	klogFlags.Set("alsologtostderr", "false")
+	klogFlags.Set("skip_headers", "true")
+	klogFlags.Set("stderrthreshold", "FATAL")
+	// Every severity is written to the INFO output (once); the others stay unset.
+	klog.SetOutputBySeverity("INFO", lineWriter(func(line string) { say("kubelet", "%s", line) }))
+	defer klog.Flush()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	k, err := kubelet.Start(ctx, reg, kubelet.Options{})
+	if err != nil {
+		return err
+	}
+	defer k.Stop()
+	say("demo", "kubelet %s plugin manager watches %s", kubelet.Version(), reg)
+
+	for _, p := range demoPlugins {
+		ep, err := plugins.Start(filepath.Join(dir, "plugins", p.file), p.typ, p.name)
+		if err != nil {
+			return err
+		}
+		defer ep.Stop()
+		say("demo", "%s %s serves %s", p.typ, p.name, ep.Path)
+	}
+	k.FailRegistrations("nfs.csi.k8s.io", 1)
+	say("demo", "kubelet will fail the first registration of nfs.csi.k8s.io")
+
+	cfg := filepath.Join(dir, "drivers.yaml")
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\n", reg)
+	b.WriteString("defaults:\n  backoff: {initialInterval: 2s}\ndrivers:\n")
+	for _, p := range demoPlugins {
+		fmt.Fprintf(&b, "  - name: %s\n    type: %s\n    endpoint: %s\n", p.name, p.typ, filepath.Join(dir, "plugins", p.file))
+	}
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	say("demo", "drivers file %s:", cfg)
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		say("demo", "  %s", line)
+	}
+
+	cmd := exec.Command(bin, "run", "--config", cfg)
+	logs, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdout = cmd.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	say("demo", "$ multireg run --config %s", cfg)
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		sc := bufio.NewScanner(logs)
+		for sc.Scan() {
+			say("multireg", "%s", sc.Text())
+		}
+	}()
+	stop := func() error {
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-copied
+		return cmd.Wait()
+	}
+
+	// Print kubelet's handler calls as they happen, until every plugin is registered.
+	seen := 0
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for range tick.C {
+		events := k.Events()
+		for _, e := range events[seen:] {
+			msg := fmt.Sprintf("%s %s %s", e.Kind, e.Type, e.Name)
+			if e.Err != "" {
+				msg += ": " + e.Err
+			}
+			say("kubelet", "%s", msg)
+		}
+		seen = len(events)
+		done := true
+		for _, p := range demoPlugins {
+			done = done && k.Registered(p.name)
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return fmt.Errorf("not every plugin registered within %s", timeout)
+		}
+	}
+	say("demo", "registered in kubelet: %s", strings.Join(k.RegisteredNames(), ", "))
+	say("demo", "stopping multireg with SIGTERM: sockets stay, kubelet keeps the plugins")
+	if err := stop(); err != nil {
+		return fmt.Errorf("multireg: %w", err)
+	}
+	say("demo", "done")
+	return nil
+}
+
+// lineWriter calls its function with each line written to it.
+type lineWriter func(string)
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		w(strings.TrimSpace(line))
+	}
+	return len(p), nil
+}

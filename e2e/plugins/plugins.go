@@ -1,0 +1,75 @@
+// Package plugins runs fake plugin services: the sockets that CSI drivers, DRA drivers and
+// device plugins serve, which multireg probes and kubelet dials.
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+)
+
+// Endpoint is one fake plugin service on a unix socket.
+type Endpoint struct {
+	Path string
+	srv  *grpc.Server
+	done chan struct{}
+}
+
+// Start serves a plugin of the type at path, creating its directory. A CSI plugin answers the
+// Identity service with name and the Node service's NodeGetInfo; the others accept gRPC
+// connections, which is all multireg's probe and the test kubelet's check need.
+func Start(path, typ, name string) (*Endpoint, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", name, err)
+	}
+	e := &Endpoint{Path: path, srv: grpc.NewServer(), done: make(chan struct{})}
+	if typ == "CSIPlugin" {
+		csi.RegisterIdentityServer(e.srv, &identity{name: name})
+		csi.RegisterNodeServer(e.srv, &node{})
+	}
+	go func() {
+		defer close(e.done)
+		_ = e.srv.Serve(l)
+	}()
+	return e, nil
+}
+
+// Stop stops serving and removes the socket, as a crashing driver leaves it. It is safe to
+// call twice.
+func (e *Endpoint) Stop() {
+	e.srv.Stop()
+	<-e.done
+	if err := os.Remove(e.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		panic(err)
+	}
+}
+
+type identity struct {
+	csi.UnimplementedIdentityServer
+	name string
+}
+
+func (i identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: i.name, VendorVersion: "e2e"}, nil
+}
+
+func (identity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return &csi.ProbeResponse{}, nil
+}
+
+type node struct{ csi.UnimplementedNodeServer }
+
+func (node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: "e2e-node"}, nil
+}
