@@ -7,17 +7,24 @@ import (
 	"os"
 )
 
-// Load reads and parses the drivers file at path. See ReadFile and Parse.
+// Load reads and parses the drivers file at path. See ReadFile and Parse. Every error line
+// starts with the path.
 func Load(path string) (*RegistrarConfig, error) {
+	cfg, _, err := LoadContent(path)
+	return cfg, err
+}
+
+// LoadContent is Load that also returns the content it parsed.
+func LoadContent(path string) (*RegistrarConfig, []byte, error) {
 	b, err := ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg, err := Parse(b)
 	if err != nil {
-		return nil, prefixEach(path, err)
+		return nil, nil, prefixEach(path, err)
 	}
-	return cfg, nil
+	return cfg, b, nil
 }
 
 // prefixEach puts the file's path in front of each of the joined errors in err.

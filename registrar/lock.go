@@ -28,6 +28,16 @@ type Lock struct{ f *os.File }
 // waits and keeps trying until the lock is free or ctx ends. Once held, it removes the
 // temporary sockets an interrupted multireg may have left in dir.
 func AcquireLock(ctx context.Context, dir string, log *slog.Logger) (*Lock, error) {
+	return acquire(ctx, dir, log, true)
+}
+
+// TryLock takes the exclusive lock of dir, like AcquireLock, but fails at once when another
+// process holds it.
+func TryLock(dir string, log *slog.Logger) (*Lock, error) {
+	return acquire(context.Background(), dir, log, false)
+}
+
+func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*Lock, error) {
 	if err := ensureDir(dir); err != nil {
 		return nil, err
 	}
@@ -47,6 +57,10 @@ func AcquireLock(ctx context.Context, dir string, log *slog.Logger) (*Lock, erro
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			f.Close()
 			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !wait {
+			f.Close()
+			return nil, fmt.Errorf("another multireg holds %s", path)
 		}
 		if !waiting {
 			waiting = true

@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/registrar"
+	"multireg.dev/multireg/reload"
 )
 
 // runDaemon is `multireg run`: it registers every configured driver until SIGTERM or SIGINT.
@@ -36,16 +38,13 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	// that no socket or file is ever created with wider permissions than owner-only.
 	syscall.Umask(0o077)
 
-	cfg, err := config.Load(*path)
+	cfg, content, err := config.LoadContent(*path)
 	if err != nil {
 		return err
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 
 	lock, err := registrar.AcquireLock(ctx, cfg.RegistrationDir, log)
 	if errors.Is(err, context.Canceled) {
@@ -54,28 +53,69 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer lock.Release()
+	var lockMu sync.Mutex // the reloader moves the lock when registrationDir changes
+	defer func() {
+		lockMu.Lock()
+		defer lockMu.Unlock()
+		lock.Release()
+	}()
 
 	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup})
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	for _, d := range cfg.Drivers {
-		sup.Start(d)
-	}
+	rl := reload.New(reload.Options{
+		Path:           *path,
+		Initial:        cfg,
+		InitialContent: content,
+		Apply:          sup,
+		Log:            log,
+		MoveDir: func(dir string) (func(), error) {
+			next, err := registrar.TryLock(dir, log)
+			if err != nil {
+				return nil, err
+			}
+			return func() {
+				lockMu.Lock()
+				defer lockMu.Unlock()
+				lock.Release()
+				lock = next
+			}, nil
+		},
+	})
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	// The supervisor outlives the reloader: drivers stop only after the reloader has
+	// stopped applying changes.
+	rlCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	var wg sync.WaitGroup
+	var rlErr error
+	wg.Go(func() { rlErr = rl.Run(rlCtx) })
+	wg.Go(func() {
+		for {
+			select {
+			case <-rlCtx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: re-reading the config")
+				rl.Kick()
+			}
+		}
+	})
 	log.Info("multireg started", "version", version, "config", *path, "drivers", cfg.Summary())
 
-	done := make(chan error, 1)
-	go func() { done <- sup.Run(ctx) }()
-	for {
-		select {
-		case <-hup:
-			log.Warn("SIGHUP: configuration reload is not available in this version; restart to apply a new file")
-		case err := <-done:
-			log.Info("multireg stopped", "cleanup", *cleanup)
-			return err
-		}
-	}
+	supDone := make(chan error, 1)
+	go func() { supDone <- sup.Run(ctx) }()
+	<-ctx.Done()
+	stopReload()
+	wg.Wait()
+	supErr := <-supDone
+	log.Info("multireg stopped", "cleanup", *cleanup)
+	return errors.Join(rlErr, supErr)
 }
 
 // newLogger returns the process logger: text or JSON on w, debug from verbosity 1.

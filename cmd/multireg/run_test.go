@@ -76,9 +76,17 @@ drivers:
 		}
 		go func() { done <- run(ctx, args, &logs, &logs) }()
 		socks := []string{filepath.Join(reg, "vendor.example_gpu-reg.sock"), filepath.Join(reg, "gpu.example.com-reg.sock")}
-		waitFor(t, "both sockets", func() bool {
+		// The first run leaves its sockets; wait for this run's own.
+		before := map[string]os.FileInfo{}
+		for _, s := range socks {
+			if fi, err := os.Lstat(s); err == nil {
+				before[s] = fi
+			}
+		}
+		waitFor(t, "both sockets published by this run", func() bool {
 			for _, s := range socks {
-				if fi, err := os.Lstat(s); err != nil || fi.Mode().Type() != os.ModeSocket {
+				fi, err := os.Lstat(s)
+				if err != nil || fi.Mode().Type() != os.ModeSocket || (before[s] != nil && os.SameFile(fi, before[s])) {
 					return false
 				}
 			}
