@@ -95,6 +95,10 @@ func (d *driver) status() DriverStatus {
 // event, and on failure back off and start again, until ctx ends. It returns only when
 // everything it started has stopped.
 func (d *driver) run(ctx context.Context) {
+	// Two curves of the same policy: waiting for the endpoint, reset when it answers, and
+	// registering, reset when kubelet accepts. A long outage of the endpoint must not make
+	// the first registration failure after it wait the longest interval.
+	probeB := newBackoff(d.spec.Backoff)
 	b := newBackoff(d.spec.Backoff)
 	sock := d.w.subscribe(d.spec.SocketPath)
 	defer sock.close()
@@ -107,13 +111,13 @@ func (d *driver) run(ctx context.Context) {
 	for {
 		var epID fileID
 		if d.spec.WaitForEndpoint {
-			id, err := d.waitEndpoint(ctx, b, ep, cur != nil)
+			id, err := d.waitEndpoint(ctx, probeB, ep, cur != nil)
 			if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch {
 				// The driver restarted under another name: kubelet must not keep it.
 				d.log.Warn("driver reports another name; its registration is withdrawn", "err", err)
 				d.retire(cur)
 				cur = nil
-				id, err = d.waitEndpoint(ctx, b, ep, false)
+				id, err = d.waitEndpoint(ctx, probeB, ep, false)
 			}
 			if err != nil {
 				return // ctx ended
@@ -211,9 +215,11 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 				id = fileID{}
 			}
 			d.setEndpointUp(true)
+			b.Reset()
 			return id, nil
 		}
-		d.setEndpointUp(false)
+		_, mismatch := errors.AsType[*nameMismatchError](err)
+		d.setEndpointUp(mismatch) // a driver that answers under another name is up
 		var wait time.Duration
 		if quick > 0 && quick <= quickProbeMax {
 			wait, quick = quick, quick*2
@@ -221,7 +227,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 			wait = next(b)
 		}
 		d.update(WaitingForEndpoint, err.Error(), time.Now().Add(wait))
-		if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch && serving {
+		if mismatch && serving {
 			return fileID{}, err
 		}
 		// Each distinct reason is a warning once; its repetitions are debug.
@@ -242,13 +248,21 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 }
 
 // sleep waits for wait to pass or, with a subscription, for the endpoint's socket to be
-// created (woken). It reports false when ctx ends first.
+// created (woken). While the endpoint's directory does not exist its creation cannot be
+// watched, so sleep looks for the directory once a second and wakes when it appears. It
+// reports false when ctx ends first.
 func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription) (woken, ok bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	var wake <-chan struct{}
+	var poll <-chan time.Time
 	if ep != nil {
 		wake = ep.c
+		if !ep.watching() {
+			tick := time.NewTicker(dirPollInterval)
+			defer tick.Stop()
+			poll = tick.C
+		}
 	}
 	for {
 		select {
@@ -260,13 +274,20 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription
 			if ep.take()&evCreate != 0 {
 				return true, true
 			}
+		case <-poll:
+			if renewed, err := ep.rewatch(); err == nil && renewed {
+				return true, true // the directory exists now; the socket may too
+			}
 		}
 	}
 }
 
 // publish creates the next socket generation and serves it.
 func (d *driver) publish() (*generation, error) {
+	// The new generation is current before its socket can be dialled, so that no verdict
+	// for it is mistaken for a stale one.
 	d.mu.Lock()
+	prev := d.gen
 	d.gen++
 	gen := d.gen
 	d.pending = nil
@@ -274,6 +295,12 @@ func (d *driver) publish() (*generation, error) {
 
 	l, id, err := publish(d.spec.SocketPath)
 	if err != nil {
+		// An older socket may still serve (a driver restart): its verdicts count again.
+		d.mu.Lock()
+		if d.gen == gen {
+			d.gen = prev
+		}
+		d.mu.Unlock()
 		return nil, err
 	}
 	rs := &registrationServer{
@@ -352,8 +379,10 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 	watch(sock)
 	watch(ep)
 
-	// checkEndpoint compares the endpoint with the one that was probed.
-	checkEndpoint := func() bool {
+	// checkEndpoint looks at the endpoint's socket and reports whether the driver restarted:
+	// its socket was created anew (created), or, when events may have been lost, it is no
+	// longer the file that was probed. A change of attributes (a chmod) is no restart.
+	checkEndpoint := func(created, eventsLost bool) bool {
 		id, _, err := statID(d.spec.LocalEndpoint)
 		if err != nil {
 			if d.setEndpointUp(false) {
@@ -361,15 +390,14 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 			}
 			return false
 		}
-		if epID != (fileID{}) && id != epID {
-			return true
-		}
-		if epID == (fileID{}) {
-			epID = id
-		}
 		d.setEndpointUp(true)
-		return false
+		if epID == (fileID{}) {
+			epID = id // not there when the socket was published (waitForEndpoint: false)
+			return false
+		}
+		return (created || eventsLost) && id != epID
 	}
+	checkEndpoint(false, false)
 
 	for {
 		select {
@@ -390,16 +418,18 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 			return reasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", d.spec.RegistrationTimeout)
 		case <-sock.c:
 			if sock.take()&evDirGone != 0 {
-				d.log.Warn("registration directory removed", "dir", sock.dir)
+				d.log.Warn("registration directory removed or moved", "dir", sock.dir)
+				watch(sock) // a directory moved back keeps our socket: watch it again
 			}
 			if id, _, err := statID(g.path); err != nil || id != g.id {
 				return reasonSocketGone, ""
 			}
 		case <-ep.c:
-			if ep.take()&evDirGone != 0 {
+			ev := ep.take()
+			if ev&evDirGone != 0 {
 				watch(ep)
 			}
-			if checkEndpoint() {
+			if checkEndpoint(ev&evCreate != 0, ev&(evDirGone|evResync) != 0) {
 				return reasonEndpointRestarted, ""
 			}
 		case <-poll:

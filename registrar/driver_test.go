@@ -373,9 +373,6 @@ func TestStaleVerdictIgnored(t *testing.T) {
 	s.Start(d)
 	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
 
-	old := dialKubelet(t, d.SocketPath)
-	old.getInfo(t) // the connection to generation 1 is up
-
 	// Publish generation 2 by removing the socket; generation 1's server stops, so a late
 	// verdict for it cannot arrive over the network. Deliver it as its server would.
 	first := mustID(t, d.SocketPath)

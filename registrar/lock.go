@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -21,7 +21,11 @@ const LockName = ".multireg.lock"
 const lockRetry = 250 * time.Millisecond
 
 // Lock is the exclusive hold of a registration directory.
-type Lock struct{ f *os.File }
+type Lock struct {
+	dir string
+	mu  sync.Mutex
+	f   *os.File
+}
 
 // AcquireLock takes the exclusive lock of dir, creating dir (mode 0750) if missing. While
 // another process holds it (a DaemonSet surge during a rolling update), it logs once that it
@@ -77,15 +81,38 @@ func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*Loc
 		log.Info("took over the registration directory", "lock", path)
 	}
 	removeTempSockets(dir, log)
-	return &Lock{f: f}, nil
+	return &Lock{dir: dir, f: f}, nil
 }
 
 // Release lets the next instance take the directory. The lock file stays.
 func (l *Lock) Release() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	return l.f.Close()
 }
 
-var tempSocketName = regexp.MustCompile(`^\.mr-[0-9a-f]{8}\.tmp$`)
+// Refresh makes sure the lock still holds the directory. Deleting the registration directory
+// deletes the lock file with it; another instance waiting for the directory would then lock a
+// new file. Refresh locks the new file instead, and fails if another instance got there first.
+func (l *Lock) Refresh() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	path := filepath.Join(l.dir, LockName)
+	var held, onDisk syscall.Stat_t
+	if err := syscall.Fstat(int(l.f.Fd()), &held); err != nil {
+		return fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := syscall.Stat(path, &onDisk); err == nil && onDisk.Dev == held.Dev && onDisk.Ino == held.Ino {
+		return nil
+	}
+	next, err := acquire(context.Background(), l.dir, slog.New(slog.DiscardHandler), false)
+	if err != nil {
+		return fmt.Errorf("the registration directory was recreated and its lock lost: %w", err)
+	}
+	l.f.Close()
+	l.f = next.f
+	return nil
+}
 
 // removeTempSockets removes the hidden temporary sockets of an interrupted publish. Only
 // sockets named as multireg names them are touched.
@@ -95,7 +122,7 @@ func removeTempSockets(dir string, log *slog.Logger) {
 		return
 	}
 	for _, e := range entries {
-		if !tempSocketName.MatchString(e.Name()) || e.Type() != fs.ModeSocket {
+		if !isTempSocketName(e.Name()) || e.Type() != fs.ModeSocket {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

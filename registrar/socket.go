@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -101,7 +102,7 @@ func publish(path string) (*net.UnixListener, fileID, error) {
 	if err != nil {
 		return nil, fileID{}, err
 	}
-	tmp := filepath.Join(dir, fmt.Sprintf(".mr-%08x.tmp", rand.Uint32()))
+	tmp := filepath.Join(dir, tempSocketName())
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fileID{}, fmt.Errorf("listen: %w", err)
@@ -125,9 +126,10 @@ func publish(path string) (*net.UnixListener, fileID, error) {
 	return l, id, nil
 }
 
-// renameOnto renames the socket tmp onto path. When nothing was at path, the rename refuses
-// to replace whatever appeared there meanwhile, so a file someone else just created is
-// never clobbered.
+// renameOnto renames the socket tmp onto path without ever replacing anything there that is
+// not a socket, even if it appeared after the last look: when nothing was at path the rename
+// refuses to replace; when a socket was there the two are exchanged, and what comes out under
+// the temporary name is removed only if it is a socket (otherwise it is put back).
 func renameOnto(tmp, path string, exists bool) error {
 	if !exists {
 		err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
@@ -135,20 +137,71 @@ func renameOnto(tmp, path string, exists bool) error {
 		case err == nil:
 			return nil
 		case errors.Is(err, unix.EEXIST):
-			// Something appeared at path: replace it only if it is a socket.
-			if _, err := checkSocketOrMissing(path); err != nil {
-				return err
-			}
+			// Something appeared at path: exchange with it below.
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
-			// The file system cannot refuse to replace; fall back to a checked rename.
+			return checkedRename(tmp, path)
 		default:
 			return fmt.Errorf("publish %s: %w", path, err)
 		}
+	}
+	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		return checkedRename(tmp, path)
+	}
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", path, err)
+	}
+	// tmp now holds what was at path.
+	if _, mode, err := statID(tmp); err == nil && mode&fs.ModeSocket == 0 {
+		if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE); err != nil {
+			return fmt.Errorf("publish %s: put back what appeared there: %w", path, err)
+		}
+		return &notSocketError{path: path, mode: mode}
+	}
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("publish %s: remove the replaced socket: %w", path, err)
+	}
+	return nil
+}
+
+// checkedRename is renameOnto for file systems without renameat2 flags: it looks, then
+// renames.
+func checkedRename(tmp, path string) error {
+	if _, err := checkSocketOrMissing(path); err != nil {
+		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("publish %s: %w", path, err)
 	}
 	return nil
+}
+
+// Temporary socket names: ".mr-<8 hex>.tmp", config.TempSocketNameLen bytes.
+const (
+	tempPrefix = ".mr-"
+	tempSuffix = ".tmp"
+)
+
+func tempSocketName() string {
+	return fmt.Sprintf("%s%08x%s", tempPrefix, rand.Uint32(), tempSuffix)
+}
+
+// isTempSocketName reports whether name is one tempSocketName makes.
+func isTempSocketName(name string) bool {
+	hex, ok := strings.CutPrefix(name, tempPrefix)
+	if !ok {
+		return false
+	}
+	hex, ok = strings.CutSuffix(hex, tempSuffix)
+	if !ok || len(hex) != 8 {
+		return false
+	}
+	for _, c := range hex {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
 }
 
 // removeIfOurs removes the socket at path if it is still the one with identity id. It

@@ -28,7 +28,11 @@ type Supervisor struct {
 
 	ctx    context.Context // parent of every loop; ends when Run returns
 	cancel context.CancelCauseFunc
-	wg     sync.WaitGroup // every loop and the watcher
+	wg     sync.WaitGroup // every loop
+
+	// The watcher outlives the loops: they unsubscribe as they stop.
+	stopWatcher context.CancelFunc
+	watcherDone chan struct{}
 
 	mu      sync.Mutex
 	running map[string]*handle
@@ -53,8 +57,13 @@ func New(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
-	s.wg.Go(func() { w.run(ctx) })
+	wctx, wcancel := context.WithCancel(context.Background())
+	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{},
+		stopWatcher: wcancel, watcherDone: make(chan struct{})}
+	go func() {
+		defer close(s.watcherDone)
+		w.run(wctx)
+	}()
 	return s, nil
 }
 
@@ -62,19 +71,28 @@ func New(opts Options) (*Supervisor, error) {
 // stopped first, and its socket removed). It cannot fail: the loop owns its failures. After
 // Run has returned it does nothing.
 func (s *Supervisor) Start(d config.Driver) {
-	s.Stop(d.Name)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
+		s.mu.Unlock()
 		return
 	}
+	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
 	s.running[d.Name] = h
+	s.mu.Unlock()
+	// The new loop starts only once the old one is gone, so they never share the socket.
 	s.wg.Go(func() {
 		defer close(h.done)
+		if old != nil {
+			old.cancel(errRemoved)
+			<-old.done
+		}
 		h.d.run(ctx)
 	})
+	if old != nil {
+		<-old.done
+	}
 }
 
 // Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and
@@ -100,6 +118,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.stopWatcher()
+	<-s.watcherDone
 	return nil
 }
 

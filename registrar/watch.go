@@ -62,12 +62,31 @@ func newWatcher(log *slog.Logger) (*watcher, error) {
 	return &watcher{fs: fs, log: log, dirs: map[string]*watchedDir{}}, nil
 }
 
-// run dispatches events until ctx is done, then closes the inotify instance.
+// run dispatches events until ctx is done, then closes the inotify instance. It keeps reading
+// until fsnotify has closed its channels: fsnotify may hold its lock while it waits for us to
+// take an event or an error, and Close needs that lock.
 func (w *watcher) run(ctx context.Context) {
-	defer w.fs.Close()
 	for {
 		select {
 		case <-ctx.Done():
+			closed := make(chan struct{})
+			go func() {
+				defer close(closed)
+				w.fs.Close()
+			}()
+			for events, errs := w.fs.Events, w.fs.Errors; events != nil || errs != nil; {
+				select {
+				case _, ok := <-events:
+					if !ok {
+						events = nil
+					}
+				case _, ok := <-errs:
+					if !ok {
+						errs = nil
+					}
+				}
+			}
+			<-closed
 			return
 		case ev, ok := <-w.fs.Events:
 			if !ok {

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/registrar"
@@ -88,35 +89,55 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	// The supervisor outlives the reloader: drivers stop only after the reloader has
-	// stopped applying changes.
-	rlCtx, stopReload := context.WithCancel(ctx)
-	defer stopReload()
+	// The supervisor outlives everything that changes its drivers: it stops only after the
+	// reloader has stopped.
+	supCtx, stopSup := context.WithCancel(context.Background())
+	supDone := make(chan error, 1)
+	go func() { supDone <- sup.Run(supCtx) }()
+	defer stopSup()
+
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	var wg sync.WaitGroup
 	var rlErr error
-	wg.Go(func() { rlErr = rl.Run(rlCtx) })
+	wg.Go(func() { rlErr = rl.Run(ctx) })
 	wg.Go(func() {
+		refresh := time.NewTicker(lockRefresh)
+		defer refresh.Stop()
 		for {
 			select {
-			case <-rlCtx.Done():
+			case <-ctx.Done():
 				return
 			case <-hup:
 				log.Info("SIGHUP: re-reading the config")
 				rl.Kick()
+			case <-refresh.C:
+				lockMu.Lock()
+				err := lock.Refresh()
+				lockMu.Unlock()
+				if err != nil {
+					log.Error("stopping: another instance may run on this directory now", "err", err)
+					fail(err)
+				}
 			}
 		}
 	})
 	log.Info("multireg started", "version", version, "config", *path, "drivers", cfg.Summary())
 
-	supDone := make(chan error, 1)
-	go func() { supDone <- sup.Run(ctx) }()
 	<-ctx.Done()
-	stopReload()
 	wg.Wait()
+	stopSup()
 	supErr := <-supDone
 	log.Info("multireg stopped", "cleanup", *cleanup)
-	return errors.Join(rlErr, supErr)
+	var lost error
+	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
+		lost = cause
+	}
+	return errors.Join(lost, rlErr, supErr)
 }
+
+// lockRefresh is how often run checks that it still holds the registration directory.
+const lockRefresh = 5 * time.Second
 
 // newLogger returns the process logger: text or JSON on w, debug from verbosity 1.
 func newLogger(w io.Writer, format string, verbosity int) (*slog.Logger, error) {

@@ -77,7 +77,13 @@ func (e *env) endpointPath(d driver) string {
 // startEndpoint starts the driver's service.
 func (e *env) startEndpoint(d driver) *plugins.Endpoint {
 	e.t.Helper()
-	ep, err := plugins.Start(e.endpointPath(d), d.typ, d.name)
+	return e.startEndpointAt(d, e.endpointPath(d))
+}
+
+// startEndpointAt starts the driver's service at path.
+func (e *env) startEndpointAt(d driver, path string) *plugins.Endpoint {
+	e.t.Helper()
+	ep, err := plugins.Start(path, d.typ, d.name)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -94,6 +100,15 @@ func (e *env) socketPath(d driver) string {
 // writeConfig writes the drivers file, with fast retries, and returns its path.
 func (e *env) writeConfig(ds []driver) string {
 	e.t.Helper()
+	p := filepath.Join(e.dir, "drivers.yaml")
+	if err := os.WriteFile(p, []byte(e.configContent(ds)), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// configContent is the drivers file for ds, with fast retries.
+func (e *env) configContent(ds []driver) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\n", e.reg)
 	b.WriteString("defaults:\n  backoff: {initialInterval: 200ms, maxInterval: 2s}\ndrivers:\n")
@@ -103,11 +118,7 @@ func (e *env) writeConfig(ds []driver) string {
 			b.WriteString(d.extra)
 		}
 	}
-	p := filepath.Join(e.dir, "drivers.yaml")
-	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
+	return b.String()
 }
 
 // mixed returns n drivers, a third of each type.
