@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"sync"
@@ -36,13 +37,6 @@ const (
 	quickProbeMax = 1600 * time.Millisecond
 )
 
-// Socket recreation reasons, as shown in logs and metrics.
-const (
-	reasonRejected          = "rejected"
-	reasonTimeout           = "timeout"
-	reasonSocketGone        = "socket_removed"
-	reasonEndpointRestarted = "endpoint_restarted"
-)
 
 // driver is one driver's registration loop. It owns its socket generations and every
 // failure: nothing it does blocks another driver.
@@ -75,8 +69,10 @@ func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *
 		Type:     spec.Type,
 		Phase:    WaitingForEndpoint,
 		Socket:   spec.SocketPath,
-		Endpoint: spec.Endpoint,
-		Since:    time.Now(),
+		Endpoint:    spec.Endpoint,
+		Since:       time.Now(),
+		Results:     map[string]int{},
+		Recreations: map[string]int{},
 	}
 	if !spec.WaitForEndpoint {
 		d.st.Phase = Serving
@@ -88,7 +84,22 @@ func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *
 func (d *driver) status() DriverStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.st
+	st := d.st
+	st.Results = maps.Clone(d.st.Results)
+	st.Recreations = maps.Clone(d.st.Recreations)
+	return st
+}
+
+// count records how an attempt ended, and for a failure why the socket is recreated.
+func (d *driver) count(result, recreation string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if result != "" {
+		d.st.Results[result]++
+	}
+	if recreation != "" {
+		d.st.Recreations[recreation]++
+	}
 }
 
 // run is the loop: wait for the endpoint, publish a socket, wait for kubelet's verdict or an
@@ -129,6 +140,10 @@ func (d *driver) run(ctx context.Context) {
 
 		g, err := d.publish()
 		if err != nil {
+			d.mu.Lock()
+			d.st.Attempts++
+			d.mu.Unlock()
+			d.count(ResultPublishFailed, "")
 			if !d.backOff(ctx, b, fmt.Errorf("publish socket: %w", err)) {
 				return
 			}
@@ -143,20 +158,27 @@ func (d *driver) run(ctx context.Context) {
 		switch reason {
 		case "":
 			return // ctx ended
-		case reasonRejected, reasonTimeout:
+		case ReasonRejected, ReasonTimeout:
+			result := ResultRejected
+			if reason == ReasonTimeout {
+				result = ResultTimeout
+			}
+			d.count(result, reason)
 			d.retire(cur)
 			cur = nil
 			if !d.backOff(ctx, b, errors.New(msg)) {
 				return
 			}
-		case reasonSocketGone:
+		case ReasonSocketRemoved:
 			// Recreate at once: the socket was removed or replaced by someone else.
 			cur.stop()
 			cur = nil
+			d.count("", reason)
 			d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
-		case reasonEndpointRestarted:
+		case ReasonEndpointRestarted:
 			// Keep serving the old socket while the driver comes up again; the new socket
 			// is renamed over it.
+			d.count("", reason)
 			d.log.Info("driver endpoint restarted; registering again", "endpoint", d.spec.LocalEndpoint)
 		}
 	}
@@ -409,20 +431,21 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 				continue
 			}
 			if !v.registered {
-				return reasonRejected, "kubelet rejected the registration: " + v.msg
+				return ReasonRejected, "kubelet rejected the registration: " + v.msg
 			}
 			timeout = nil
 			b.Reset()
+			d.count(ResultRegistered, "")
 			d.update(Registered, "", time.Time{})
 		case <-timeout:
-			return reasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", d.spec.RegistrationTimeout)
+			return ReasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", d.spec.RegistrationTimeout)
 		case <-sock.c:
 			if sock.take()&evDirGone != 0 {
 				d.log.Warn("registration directory removed or moved", "dir", sock.dir)
 				watch(sock) // a directory moved back keeps our socket: watch it again
 			}
 			if id, _, err := statID(g.path); err != nil || id != g.id {
-				return reasonSocketGone, ""
+				return ReasonSocketRemoved, ""
 			}
 		case <-ep.c:
 			ev := ep.take()
@@ -430,7 +453,7 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 				watch(ep)
 			}
 			if checkEndpoint(ev&evCreate != 0, ev&(evDirGone|evResync) != 0) {
-				return reasonEndpointRestarted, ""
+				return ReasonEndpointRestarted, ""
 			}
 		case <-poll:
 			if sock.watching() && ep.watching() {

@@ -29,10 +29,18 @@ type DriverStatus struct {
 	Endpoint string
 	// EndpointUp reports whether the endpoint accepted a connection at the last look.
 	EndpointUp bool
-	// Attempts counts published registration sockets; Failures counts attempts kubelet
-	// rejected or never answered, and sockets that could not be published.
+	// Attempts counts registration attempts: sockets published, and sockets that could not
+	// be. Failures counts the attempts kubelet rejected or never answered, and those whose
+	// socket could not be published.
 	Attempts int
 	Failures int
+	// Results counts attempts by how they ended: registered, rejected, timeout,
+	// publish_failed. An attempt cut short (its socket removed, its driver restarted) has
+	// none.
+	Results map[string]int
+	// Recreations counts sockets recreated, by reason: rejected, timeout, socket_removed,
+	// endpoint_restarted.
+	Recreations map[string]int
 	// LastError is why the loop last backed off or waits: kubelet's own words, the endpoint
 	// probe's error, or the socket problem. It is cleared on registration.
 	LastError string
@@ -41,3 +49,19 @@ type DriverStatus struct {
 	// NextAttempt is when a backing-off loop starts again; zero otherwise.
 	NextAttempt time.Time
 }
+
+// Attempt results, as counted in DriverStatus.Results and metrics.
+const (
+	ResultRegistered    = "registered"
+	ResultRejected      = "rejected"
+	ResultTimeout       = "timeout"
+	ResultPublishFailed = "publish_failed"
+)
+
+// Socket recreation reasons, as counted in DriverStatus.Recreations and metrics.
+const (
+	ReasonRejected          = "rejected"
+	ReasonTimeout           = "timeout"
+	ReasonSocketRemoved     = "socket_removed"
+	ReasonEndpointRestarted = "endpoint_restarted"
+)

@@ -38,6 +38,7 @@ const usage = `usage: multireg <command> [flags]
 commands:
   run --config FILE        register every driver of the file with kubelet, until SIGTERM
   validate --config FILE   parse and validate a drivers file
+  status [-o table|json]   print the running daemon's per-driver state
   version                  print version, commit and Go version
 
 Run "multireg <command> -h" for a command's flags.`
@@ -60,6 +61,8 @@ func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return runDaemon(ctx, rest, stderr)
 	case "validate":
 		return runValidate(rest, stdout, stderr)
+	case "status":
+		return runStatus(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return runVersion(rest, stdout, stderr)
 	case "help", "-h", "--help":

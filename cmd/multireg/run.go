@@ -24,6 +24,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	verbosity := fs.Int("v", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call")
 	cleanup := fs.Bool("cleanup-on-exit", false, "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
+	httpAddr := fs.String("http-endpoint", defaultHTTPEndpoint, "serve /healthz, /readyz, /status and /metrics on this address; empty disables")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -91,16 +92,38 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 
 	// The supervisor outlives everything that changes its drivers: it stops only after the
 	// reloader has stopped.
+	state := &daemonState{drivers: sup.Status, config: rl.State}
 	supCtx, stopSup := context.WithCancel(context.Background())
 	supDone := make(chan error, 1)
-	go func() { supDone <- sup.Run(supCtx) }()
+	state.loops.Add(1)
+	go func() {
+		defer state.loops.Add(-1)
+		supDone <- sup.Run(supCtx)
+	}()
 	defer stopSup()
+
+	// The HTTP server answers until everything else has stopped.
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	waitHTTP := func() error { return nil }
+	if *httpAddr != "" {
+		waitHTTP, err = serveHTTP(httpCtx, *httpAddr, newHandler(state, newRegistry(sup, rl)), log)
+		if err != nil {
+			stopSup()
+			<-supDone
+			return err
+		}
+	}
 
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	var wg sync.WaitGroup
 	var rlErr error
-	wg.Go(func() { rlErr = rl.Run(ctx) })
+	state.loops.Add(1)
+	wg.Go(func() {
+		defer state.loops.Add(-1)
+		rlErr = rl.Run(ctx)
+	})
 	wg.Go(func() {
 		refresh := time.NewTicker(lockRefresh)
 		defer refresh.Stop()
@@ -128,12 +151,14 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	wg.Wait()
 	stopSup()
 	supErr := <-supDone
+	stopHTTP()
+	httpErr := waitHTTP()
 	log.Info("multireg stopped", "cleanup", *cleanup)
 	var lost error
 	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
 		lost = cause
 	}
-	return errors.Join(lost, rlErr, supErr)
+	return errors.Join(lost, rlErr, supErr, httpErr)
 }
 
 // lockRefresh is how often run checks that it still holds the registration directory.

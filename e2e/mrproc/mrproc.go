@@ -26,6 +26,25 @@ var (
 	buildErr  error
 )
 
+// Run runs the multireg binary with args to completion and returns its combined output and
+// exit code.
+func Run(t testing.TB, args ...string) (string, int) {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return string(out), exit.ExitCode()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
 // Binary returns the path of a multireg binary: $MULTIREG_BIN if set, else one built once from
 // the product module (the parent of this module) into a temporary directory.
 func Binary() (string, error) {
@@ -59,7 +78,8 @@ type Process struct {
 	err  error // set before done is closed
 }
 
-// Start runs `multireg run --config cfg --log-format json -v 1` with extra args. The process
+// Start runs `multireg run --config cfg --log-format json -v 1 --http-endpoint 127.0.0.1:0`
+// with extra args (a later --http-endpoint wins). The process
 // is killed when the test ends, if it still runs.
 func Start(t testing.TB, cfg string, args ...string) *Process {
 	t.Helper()
@@ -67,7 +87,8 @@ func Start(t testing.TB, cfg string, args ...string) *Process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1"}, args...)
+	// Port 0: tests run several multireg at once; HTTPAddr reads the port from the log.
+	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1", "--http-endpoint", "127.0.0.1:0"}, args...)
 	p := &Process{cmd: exec.Command(bin, all...), logs: &lines{}, done: make(chan struct{})}
 	p.cmd.Stdout = p.logs
 	p.cmd.Stderr = p.logs
@@ -119,6 +140,17 @@ func (p *Process) Wait(t testing.TB, timeout time.Duration) int {
 		t.Fatalf("wait: %v", p.err)
 	}
 	return 0
+}
+
+// HTTPAddr returns the address the process serves HTTP on, once it has logged it, or "".
+func (p *Process) HTTPAddr() string {
+	for _, r := range p.Records() {
+		if r["msg"] == "serving HTTP" {
+			a, _ := r["address"].(string)
+			return a
+		}
+	}
+	return ""
 }
 
 // Exited reports whether the process has exited.

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"multireg.dev/multireg/registrar"
+	"multireg.dev/multireg/reload"
+)
+
+// defaultHTTPEndpoint is where `run` serves and `status` asks, unless told otherwise.
+const defaultHTTPEndpoint = "127.0.0.1:9809"
+
+// Timeouts of the HTTP server: a slow or stuck client cannot hold the daemon's resources.
+const (
+	httpReadTimeout  = 10 * time.Second
+	httpWriteTimeout = 10 * time.Second
+	httpIdleTimeout  = time.Minute
+	httpShutdown     = 2 * time.Second
+)
+
+// daemonState is what the HTTP handlers read.
+type daemonState struct {
+	drivers func() []registrar.DriverStatus
+	config  func() reload.State
+	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
+	// means both.
+	loops atomic.Int32
+}
+
+// newRegistry returns the metrics registry of the daemon: multireg's metrics, build info, Go
+// runtime and process metrics.
+func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "multireg_build_info",
+		Help: "Always 1; the labels say which multireg runs.",
+	}, []string{"version", "commit", "goversion"})
+	build.WithLabelValues(version, commit, runtime.Version()).Set(1)
+	reg.MustRegister(
+		registrar.NewCollector(sup),
+		reload.NewCollector(rl),
+		build,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg
+}
+
+// newHandler serves /healthz, /readyz, /readyz/<driver>, /status and /metrics.
+func newHandler(st *daemonState, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if n := st.loops.Load(); n < 2 {
+			http.Error(w, fmt.Sprintf("not healthy: %d of 2 loops (reloader, supervisor) running", n), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ready(w, st.drivers(), "")
+	})
+	mux.HandleFunc("GET /readyz/{driver...}", func(w http.ResponseWriter, r *http.Request) {
+		ready(w, st.drivers(), r.PathValue("driver"))
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(newStatusDoc(st.config(), st.drivers()))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: nil}))
+	return mux
+}
+
+// ready answers 200 when every driver (or the one named) is Registered, else 503 with a line
+// for each driver that is not: its phase and last error.
+func ready(w http.ResponseWriter, drivers []registrar.DriverStatus, only string) {
+	var notReady []string
+	found := only == ""
+	for _, d := range drivers {
+		if only != "" && d.Name != only {
+			continue
+		}
+		found = true
+		if d.Phase != registrar.Registered {
+			line := fmt.Sprintf("%s: %s", d.Name, d.Phase)
+			if d.LastError != "" {
+				line += ": " + d.LastError
+			}
+			notReady = append(notReady, line)
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	switch {
+	case !found:
+		http.Error(w, fmt.Sprintf("no driver %q in the configuration", only), http.StatusNotFound)
+	case len(notReady) > 0:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %d of %d drivers not registered\n%s\n", len(notReady), count(drivers, only), strings.Join(notReady, "\n"))
+	default:
+		fmt.Fprintf(w, "ok: %d of %d drivers registered\n", count(drivers, only), count(drivers, only))
+	}
+}
+
+func count(drivers []registrar.DriverStatus, only string) int {
+	if only != "" {
+		return 1
+	}
+	return len(drivers)
+}
+
+// serveHTTP listens on addr (failing at once if it cannot), serves h until ctx ends, then
+// shuts down, giving requests in flight a moment to finish.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (wait func() error, err error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--http-endpoint: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: httpReadTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       httpIdleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	log.Info("serving HTTP", "address", l.Addr().String())
+	return func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), httpShutdown)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			srv.Close()
+		}
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}, nil
+}

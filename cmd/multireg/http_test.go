@@ -1,0 +1,433 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"multireg.dev/multireg/registrar"
+	"multireg.dev/multireg/reload"
+)
+
+var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+
+// knownStates are three drivers, one in each state an SRE asks about.
+var knownStates = []registrar.DriverStatus{
+	{Name: "a.csi.example.com", Type: "CSIPlugin", Phase: registrar.Registered, Socket: "/reg/a-reg.sock", Endpoint: "/p/a.sock", EndpointUp: true, Attempts: 1, Since: t0},
+	{Name: "b.csi.example.com", Type: "CSIPlugin", Phase: registrar.BackingOff, Socket: "/reg/b-reg.sock", Endpoint: "/p/b.sock", EndpointUp: true, Attempts: 2, Failures: 2,
+		LastError: "kubelet rejected the registration: RegisterPlugin error -- plugin registration failed with err: NodeGetInfo failed", Since: t0, NextAttempt: t0.Add(4 * time.Second)},
+	{Name: "example.com/gpu", Type: "DevicePlugin", Phase: registrar.WaitingForEndpoint, Socket: "/reg/example.com_gpu-reg.sock", Endpoint: "/p/gpu.sock",
+		LastError: "endpoint /p/gpu.sock does not accept connections: no such file or directory", Since: t0, NextAttempt: t0.Add(time.Second)},
+}
+
+func testState(drivers []registrar.DriverStatus, loops int32) *daemonState {
+	st := &daemonState{
+		drivers: func() []registrar.DriverStatus { return drivers },
+		config: func() reload.State {
+			return reload.State{Path: "/etc/multireg/config.yaml", Generation: 3, LastReloadSuccessful: true, LastReloadTime: t0}
+		},
+	}
+	st.loops.Store(loops)
+	return st
+}
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func TestHandlers(t *testing.T) {
+	h := newHandler(testState(knownStates, 2), prometheus.NewRegistry())
+	tests := []struct {
+		path     string
+		wantCode int
+		want     []string // substrings, in order
+	}{
+		{"/healthz", 200, []string{"ok"}},
+		{"/readyz", 503, []string{
+			"not ready: 2 of 3 drivers not registered",
+			"b.csi.example.com: BackingOff: kubelet rejected the registration: RegisterPlugin error -- plugin registration failed with err: NodeGetInfo failed",
+			"example.com/gpu: WaitingForEndpoint: endpoint /p/gpu.sock does not accept connections",
+		}},
+		{"/readyz/a.csi.example.com", 200, []string{"ok: 1 of 1 drivers registered"}},
+		{"/readyz/b.csi.example.com", 503, []string{"b.csi.example.com: BackingOff: kubelet rejected"}},
+		{"/readyz/example.com/gpu", 503, []string{"example.com/gpu: WaitingForEndpoint"}},
+		{"/readyz/nope", 404, []string{`no driver "nope"`}},
+	}
+	for _, tt := range tests {
+		code, body := get(t, h, tt.path)
+		if code != tt.wantCode {
+			t.Errorf("GET %s: %d, want %d\n%s", tt.path, code, tt.wantCode, body)
+		}
+		rest := body
+		for _, w := range tt.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("GET %s: body lacks %q (in order):\n%s", tt.path, w, body)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
+	if _, body := get(t, h, "/readyz"); strings.Contains(body, "a.csi.example.com") {
+		t.Errorf("/readyz lists a registered driver:\n%s", body)
+	}
+
+	// Every configured driver registered (or none configured): ready.
+	for _, ds := range [][]registrar.DriverStatus{knownStates[:1], nil} {
+		if code, body := get(t, newHandler(testState(ds, 2), prometheus.NewRegistry()), "/readyz"); code != 200 {
+			t.Errorf("/readyz with %d drivers all registered: %d\n%s", len(ds), code, body)
+		}
+	}
+	// A loop that stopped: not healthy.
+	if code, _ := get(t, newHandler(testState(knownStates, 1), prometheus.NewRegistry()), "/healthz"); code != 503 {
+		t.Errorf("/healthz with a loop stopped: %d, want 503", code)
+	}
+}
+
+func TestStatusDocument(t *testing.T) {
+	h := newHandler(testState(knownStates, 2), prometheus.NewRegistry())
+	code, body := get(t, h, "/status")
+	if code != 200 {
+		t.Fatalf("GET /status: %d", code)
+	}
+	// The exact shape of DESIGN.md: field names, RFC 3339 times, null for no time.
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatal(err)
+	}
+	cfg := doc["config"].(map[string]any)
+	for _, k := range []string{"path", "generation", "lastReloadSuccessful", "lastReloadError", "lastReloadTime"} {
+		if _, ok := cfg[k]; !ok {
+			t.Errorf("config lacks %q: %v", k, cfg)
+		}
+	}
+	drivers := doc["drivers"].([]any)
+	if len(drivers) != 3 {
+		t.Fatalf("%d drivers, want 3", len(drivers))
+	}
+	want := map[string]any{
+		"name": "b.csi.example.com", "type": "CSIPlugin", "phase": "BackingOff", "socket": "/reg/b-reg.sock",
+		"endpoint": "/p/b.sock", "endpointUp": true, "attempts": 2.0, "failures": 2.0,
+		"lastError":   knownStates[1].LastError,
+		"since":       "2026-11-21T10:00:00Z",
+		"nextAttempt": "2026-11-21T10:00:04Z",
+	}
+	got := drivers[1].(map[string]any)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("drivers[1].%s = %v, want %v", k, got[k], v)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("drivers[1] has fields %v, want exactly %v", got, want)
+	}
+	if drivers[0].(map[string]any)["nextAttempt"] != nil {
+		t.Errorf("a registered driver's nextAttempt: %v, want null", drivers[0].(map[string]any)["nextAttempt"])
+	}
+}
+
+func TestStatusTable(t *testing.T) {
+	var out bytes.Buffer
+	printStatus(&out, newStatusDoc(testState(nil, 2).config(), knownStates), t0.Add(time.Second))
+	want := `config /etc/multireg/config.yaml (generation 3): applied
+1 of 3 drivers registered
+
+DRIVER             TYPE          PHASE               SINCE  ATTEMPTS  FAILURES  NEXT RETRY  LAST ERROR
+a.csi.example.com  CSIPlugin     Registered          1s     1         0         -           -
+b.csi.example.com  CSIPlugin     BackingOff          1s     2         2         in 3s       kubelet rejected the registration: RegisterPlugin error -- plugin registration failed with err: NodeGetInfo failed
+example.com/gpu    DevicePlugin  WaitingForEndpoint  1s     0         0         in 0s       endpoint /p/gpu.sock does not accept connections: no such file or directory
+`
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+func TestAge(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0s", 59 * time.Second: "59s", 61 * time.Second: "1m1s", 3*time.Hour + 5*time.Minute: "3h5m",
+		50 * time.Hour: "2d2h", -time.Second: "0s",
+	} {
+		if got := age(d); got != want {
+			t.Errorf("age(%s) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+func TestDialAddress(t *testing.T) {
+	for give, want := range map[string]string{
+		":9809": "127.0.0.1:9809", "0.0.0.0:9809": "127.0.0.1:9809", "[::]:9809": "127.0.0.1:9809",
+		"127.0.0.1:9809": "127.0.0.1:9809", "10.1.2.3:80": "10.1.2.3:80",
+	} {
+		if got := dialAddress(give); got != want {
+			t.Errorf("dialAddress(%q) = %q, want %q", give, got, want)
+		}
+	}
+}
+
+// TestDaemonObservability runs the daemon with two drivers, plays kubelet for both (accepts
+// one, rejects the other), and checks what /readyz, /status, a real /metrics scrape (parsed by
+// Prometheus's own text parser) and `multireg status` say, before and after the recovery and
+// after a driver is removed.
+func TestDaemonObservability(t *testing.T) {
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	reg := filepath.Join(dir, "reg")
+	cfgText := `apiVersion: multireg.dev/v1alpha1
+kind: RegistrarConfig
+registrationDir: ` + reg + `
+defaults: {waitForEndpoint: false, backoff: {initialInterval: 300ms, maxInterval: 300ms}}
+drivers:
+  - {name: good.example.com, type: DRAPlugin, endpoint: /run/good.sock}
+  - {name: example.com/bad, type: DevicePlugin, endpoint: /run/bad.sock}
+`
+	cfg := writeConfig(t, dir, cfgText)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", "127.0.0.1:0", "--log-format", "json"}, &logs, &logs)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	addrRE := regexp.MustCompile(`"msg":"serving HTTP","address":"([^"]+)"`)
+	var addr string
+	waitFor(t, "the HTTP address in the log", func() bool {
+		m := addrRE.FindStringSubmatch(logs.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
+	good, bad := filepath.Join(reg, "good.example.com-reg.sock"), filepath.Join(reg, "example.com_bad-reg.sock")
+	waitFor(t, "both sockets", func() bool { return fileExists(good) && fileExists(bad) })
+	kubeletVerdict(t, good, true, "")
+	kubeletVerdict(t, bad, false, "RegisterPlugin error -- plugin validation failed with err: no room at the inn")
+
+	httpGet := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, "/readyz to name the rejected driver and kubelet's reason", func() bool {
+		code, body := httpGet("/readyz")
+		return code == 503 && strings.Contains(body, "example.com/bad: BackingOff: kubelet rejected the registration: RegisterPlugin error -- plugin validation failed with err: no room at the inn")
+	})
+	if code, _ := httpGet("/healthz"); code != 200 {
+		t.Errorf("/healthz: %d", code)
+	}
+	var doc statusDoc
+	_, body := httpGet("/status")
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Drivers) != 2 || doc.Drivers[0].Name != "example.com/bad" || !strings.Contains(doc.Drivers[0].LastError, "no room at the inn") ||
+		doc.Drivers[1].Phase != "Registered" || doc.Config.Generation != 1 || !doc.Config.LastReloadSuccessful {
+		t.Errorf("status document: %+v", doc)
+	}
+
+	// A real scrape, parsed by Prometheus's text parser.
+	families := scrape(t, "http://"+addr+"/metrics")
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"multireg_driver_registered", map[string]string{"driver": "good.example.com", "type": "DRAPlugin"}, 1},
+		{"multireg_driver_registered", map[string]string{"driver": "example.com/bad", "type": "DevicePlugin"}, 0},
+		{"multireg_driver_phase", map[string]string{"driver": "good.example.com", "phase": "Registered"}, 1},
+		{"multireg_driver_phase", map[string]string{"driver": "good.example.com", "phase": "BackingOff"}, 0},
+		{"multireg_registration_attempts_total", map[string]string{"driver": "example.com/bad", "result": "rejected"}, 1},
+		{"multireg_registration_attempts_total", map[string]string{"driver": "good.example.com", "result": "registered"}, 1},
+		{"multireg_socket_recreations_total", map[string]string{"driver": "example.com/bad", "reason": "rejected"}, 1},
+		{"multireg_endpoint_up", map[string]string{"driver": "good.example.com"}, 0},
+		{"multireg_config_last_reload_successful", nil, 1},
+		{"multireg_build_info", map[string]string{"version": version, "commit": commit}, 1},
+	}
+	for _, c := range checks {
+		if got, ok := value(families, c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if ts, ok := value(families, "multireg_config_last_reload_success_timestamp_seconds", nil); !ok || time.Since(time.Unix(int64(ts), 0)) > time.Minute {
+		t.Errorf("reload success timestamp %v (found %v), want about now", ts, ok)
+	}
+	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes", "process_open_fds"} {
+		if _, ok := families[name]; !ok {
+			t.Errorf("no %s in the scrape", name)
+		}
+	}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if strings.Contains(l.GetValue(), "/run/") || strings.Contains(l.GetValue(), reg) {
+					t.Errorf("%s has a path in a label: %s=%q", name, l.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
+
+	// `multireg status`, table and JSON.
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"status", "--http-endpoint", addr}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"1 of 2 drivers registered", "example.com/bad", "BackingOff", "no room at the inn", "good.example.com", "Registered"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("multireg status lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"status", "--http-endpoint", addr, "-o", "json"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.Drivers) != 2 {
+		t.Errorf("multireg status -o json: %v\n%s", err, out.String())
+	}
+
+	// The retry is accepted: everything turns green.
+	waitFor(t, "a new socket for the rejected driver", func() bool {
+		_, body := httpGet("/status")
+		return strings.Contains(body, `"attempts": 2`)
+	})
+	kubeletVerdict(t, bad, true, "")
+	waitFor(t, "/readyz green", func() bool { code, _ := httpGet("/readyz"); return code == 200 })
+	families = scrape(t, "http://"+addr+"/metrics")
+	if got, _ := value(families, "multireg_driver_registered", map[string]string{"driver": "example.com/bad", "type": "DevicePlugin"}); got != 1 {
+		t.Errorf("recovered driver registered = %v, want 1", got)
+	}
+
+	// A removed driver's series disappear.
+	writeConfig(t, dir, strings.Replace(cfgText, "  - {name: example.com/bad, type: DevicePlugin, endpoint: /run/bad.sock}\n", "", 1))
+	waitFor(t, "the removed driver's series gone", func() bool {
+		_, ok := value(scrape(t, "http://"+addr+"/metrics"), "multireg_driver_registered", map[string]string{"driver": "example.com/bad", "type": "DevicePlugin"})
+		return !ok
+	})
+	if got, _ := value(scrape(t, "http://"+addr+"/metrics"), "multireg_config_generation", nil); got != 2 {
+		t.Errorf("config generation %v after one reload, want 2", got)
+	}
+}
+
+func TestStatusWithoutDaemon(t *testing.T) {
+	err := run(context.Background(), []string{"status", "--http-endpoint", "127.0.0.1:1"}, io.Discard, io.Discard)
+	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "no answer from the daemon at 127.0.0.1:1") {
+		t.Errorf("status without a daemon: %v", err)
+	}
+	if err := run(context.Background(), []string{"status", "-o", "yaml"}, io.Discard, io.Discard); exitCode(err) != 2 {
+		t.Errorf("status -o yaml: %v, want a usage error", err)
+	}
+}
+
+func TestRunRefusesBusyHTTPEndpoint(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cfg := writeConfig(t, dir, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+dir+"/reg\ndrivers: []\n")
+	err = run(context.Background(), []string{"run", "--config", cfg, "--http-endpoint", l.Addr().String()}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--http-endpoint") || !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("run on a busy address: %v", err)
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Lstat(p); return err == nil }
+
+// kubeletVerdict plays kubelet for the socket: GetInfo, then the verdict.
+func kubeletVerdict(t *testing.T, socket string, ok bool, msg string) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := registerapi.NewRegistrationClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.GetInfo(ctx, &registerapi.InfoRequest{}); err != nil {
+		t.Fatalf("GetInfo: %v", err)
+	}
+	if _, err := c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: ok, Error: msg}); err != nil {
+		t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+}
+
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse %s: %v", url, err)
+	}
+	return families
+}
+
+// value returns the value of the metric with these labels (a subset), and whether it exists.
+func value(families map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	f, ok := families[name]
+	if !ok {
+		return 0, false
+	}
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range labels {
+			if have[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		}
+		return m.GetUntyped().GetValue(), true
+	}
+	return 0, false
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"multireg.dev/multireg/registrar"
+	"multireg.dev/multireg/reload"
+)
+
+// statusDoc is the JSON document of GET /status and `multireg status -o json`.
+type statusDoc struct {
+	Config  configStatus   `json:"config"`
+	Drivers []driverStatus `json:"drivers"`
+}
+
+type configStatus struct {
+	Path                 string     `json:"path"`
+	Generation           int        `json:"generation"`
+	LastReloadSuccessful bool       `json:"lastReloadSuccessful"`
+	LastReloadError      string     `json:"lastReloadError"`
+	LastReloadTime       *time.Time `json:"lastReloadTime"`
+}
+
+type driverStatus struct {
+	Name        string     `json:"name"`
+	Type        string     `json:"type"`
+	Phase       string     `json:"phase"`
+	Socket      string     `json:"socket"`
+	Endpoint    string     `json:"endpoint"`
+	EndpointUp  bool       `json:"endpointUp"`
+	Attempts    int        `json:"attempts"`
+	Failures    int        `json:"failures"`
+	LastError   string     `json:"lastError"`
+	Since       *time.Time `json:"since"`
+	NextAttempt *time.Time `json:"nextAttempt"`
+}
+
+// newStatusDoc renders the daemon's state; times are RFC 3339 (UTC), absent ones null.
+func newStatusDoc(cfg reload.State, drivers []registrar.DriverStatus) statusDoc {
+	doc := statusDoc{
+		Config: configStatus{
+			Path:                 cfg.Path,
+			Generation:           cfg.Generation,
+			LastReloadSuccessful: cfg.LastReloadSuccessful,
+			LastReloadError:      cfg.LastReloadError,
+			LastReloadTime:       timePtr(cfg.LastReloadTime),
+		},
+		Drivers: make([]driverStatus, 0, len(drivers)),
+	}
+	for _, d := range drivers { // sorted by name
+		doc.Drivers = append(doc.Drivers, driverStatus{
+			Name:        d.Name,
+			Type:        d.Type,
+			Phase:       string(d.Phase),
+			Socket:      d.Socket,
+			Endpoint:    d.Endpoint,
+			EndpointUp:  d.EndpointUp,
+			Attempts:    d.Attempts,
+			Failures:    d.Failures,
+			LastError:   d.LastError,
+			Since:       timePtr(d.Since),
+			NextAttempt: timePtr(d.NextAttempt),
+		})
+	}
+	return doc
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC().Truncate(time.Millisecond)
+	return &t
+}
+
+// statusTimeout bounds `multireg status`'s request.
+const statusTimeout = 5 * time.Second
+
+// runStatus is `multireg status`: it asks the running daemon for its state and prints it.
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("status", stderr)
+	addr := fs.String("http-endpoint", defaultHTTPEndpoint, "the daemon's --http-endpoint")
+	output := fs.String("o", "table", "output: table or json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *output != "table" && *output != "json" {
+		return usagef("multireg status: -o %q: must be table or json", *output)
+	}
+	url := "http://" + dialAddress(*addr) + "/status"
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return usagef("multireg status: --http-endpoint %q: %v", *addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("multireg status: no answer from the daemon at %s: %v (is `multireg run` running, with the same --http-endpoint?)", *addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("multireg status: read the answer from %s: %w", *addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("multireg status: %s answered %s", url, resp.Status)
+	}
+	var doc statusDoc
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return fmt.Errorf("multireg status: %s did not answer with a status document: %w", url, err)
+	}
+	if *output == "json" {
+		_, err := stdout.Write(body)
+		return err
+	}
+	printStatus(stdout, doc, time.Now())
+	return nil
+}
+
+// dialAddress turns a listen address (":9809", "0.0.0.0:9809") into one to dial.
+func dialAddress(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// printStatus prints the document as a table a person reads at a glance.
+func printStatus(w io.Writer, doc statusDoc, now time.Time) {
+	c := doc.Config
+	state := "applied"
+	if !c.LastReloadSuccessful {
+		state = "NOT APPLIED: " + c.LastReloadError
+	}
+	fmt.Fprintf(w, "config %s (generation %d): %s\n", c.Path, c.Generation, strings.ReplaceAll(state, "\n", "; "))
+	registered := 0
+	for _, d := range doc.Drivers {
+		if d.Phase == string(registrar.Registered) {
+			registered++
+		}
+	}
+	fmt.Fprintf(w, "%d of %d drivers registered\n\n", registered, len(doc.Drivers))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DRIVER\tTYPE\tPHASE\tSINCE\tATTEMPTS\tFAILURES\tNEXT RETRY\tLAST ERROR")
+	for _, d := range doc.Drivers {
+		since, next := "-", "-"
+		if d.Since != nil {
+			since = age(now.Sub(*d.Since))
+		}
+		if d.NextAttempt != nil {
+			next = "in " + age(d.NextAttempt.Sub(now))
+		}
+		lastErr := d.LastError
+		if !d.EndpointUp && d.Phase == string(registrar.Registered) {
+			lastErr = strings.TrimSuffix("endpoint down; "+lastErr, "; ")
+		}
+		if lastErr == "" {
+			lastErr = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Type, d.Phase, since, d.Attempts, d.Failures, next, lastErr)
+	}
+	tw.Flush()
+}
+
+// age renders a duration the way kubectl does: 3s, 4m12s, 2h5m, 3d4h.
+func age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+}

@@ -1,0 +1,73 @@
+package registrar
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exposes every driver's state as Prometheus metrics, read from the supervisor at
+// scrape time: a driver that is removed loses its series at once, and no loop ever waits on
+// metrics. Labels are bounded: driver names and types from the config, phases, results and
+// reasons from fixed lists; never paths.
+type Collector struct {
+	s *Supervisor
+
+	registered, phase, endpointUp, attempts, recreations *prometheus.Desc
+}
+
+// NewCollector returns the collector of s's drivers; register it on a registry.
+func NewCollector(s *Supervisor) *Collector {
+	return &Collector{
+		s: s,
+		registered: prometheus.NewDesc("multireg_driver_registered",
+			"1 when kubelet reported the driver's current socket registered, else 0.",
+			[]string{"driver", "type"}, nil),
+		phase: prometheus.NewDesc("multireg_driver_phase",
+			"1 for the phase the driver's loop is in (WaitingForEndpoint, Serving, Registered, BackingOff), 0 for the others.",
+			[]string{"driver", "phase"}, nil),
+		endpointUp: prometheus.NewDesc("multireg_endpoint_up",
+			"1 when the driver's endpoint accepted a connection at the last look, else 0.",
+			[]string{"driver"}, nil),
+		attempts: prometheus.NewDesc("multireg_registration_attempts_total",
+			"Registration attempts that ended, by result: registered, rejected (by kubelet), timeout (no verdict), publish_failed (socket not created).",
+			[]string{"driver", "result"}, nil),
+		recreations: prometheus.NewDesc("multireg_socket_recreations_total",
+			"Registration sockets recreated, by reason: rejected, timeout, socket_removed, endpoint_restarted.",
+			[]string{"driver", "reason"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.attempts, c.recreations} {
+		ch <- d
+	}
+}
+
+var (
+	results = []string{ResultRegistered, ResultRejected, ResultTimeout, ResultPublishFailed}
+	reasons = []string{ReasonRejected, ReasonTimeout, ReasonSocketRemoved, ReasonEndpointRestarted}
+)
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	for _, d := range c.s.Status() {
+		ch <- prometheus.MustNewConstMetric(c.registered, prometheus.GaugeValue, boolValue(d.Phase == Registered), d.Name, d.Type)
+		for _, p := range Phases {
+			ch <- prometheus.MustNewConstMetric(c.phase, prometheus.GaugeValue, boolValue(d.Phase == p), d.Name, string(p))
+		}
+		ch <- prometheus.MustNewConstMetric(c.endpointUp, prometheus.GaugeValue, boolValue(d.EndpointUp), d.Name)
+		for _, r := range results {
+			ch <- prometheus.MustNewConstMetric(c.attempts, prometheus.CounterValue, float64(d.Results[r]), d.Name, r)
+		}
+		for _, r := range reasons {
+			ch <- prometheus.MustNewConstMetric(c.recreations, prometheus.CounterValue, float64(d.Recreations[r]), d.Name, r)
+		}
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
