@@ -37,7 +37,6 @@ const (
 	quickProbeMax = 1600 * time.Millisecond
 )
 
-
 // driver is one driver's registration loop. It owns its socket generations and every
 // failure: nothing it does blocks another driver.
 type driver struct {
@@ -65,10 +64,10 @@ func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *
 		verdictC: make(chan struct{}, 1),
 	}
 	d.st = DriverStatus{
-		Name:     spec.Name,
-		Type:     spec.Type,
-		Phase:    WaitingForEndpoint,
-		Socket:   spec.SocketPath,
+		Name:        spec.Name,
+		Type:        spec.Type,
+		Phase:       WaitingForEndpoint,
+		Socket:      spec.SocketPath,
 		Endpoint:    spec.Endpoint,
 		Since:       time.Now(),
 		Results:     map[string]int{},
