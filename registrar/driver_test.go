@@ -35,7 +35,7 @@ func TestRegistersAndAnswersGetInfo(t *testing.T) {
 	s := runSupervisor(t, Options{})
 	s.Start(d)
 
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	fi, err := os.Stat(d.SocketPath)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestRejectionRecreatesSocket(t *testing.T) {
 	s := runSupervisor(t, Options{})
 	s.Start(d)
 
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
 	register(t, d.SocketPath, false, "RegisterPlugin error -- plugin registration failed with err: boom")
 
@@ -93,8 +93,7 @@ func TestRejectionRecreatesSocket(t *testing.T) {
 	if st.Failures != 1 || st.Attempts != 2 || !strings.Contains(st.LastError, "boom") {
 		t.Errorf("status after one rejection: %+v, want 1 failure, 2 attempts, kubelet's error", st)
 	}
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	registerAndWait(t, s, d)
 	if st := statusOf(s, d.Name); st.LastError != "" {
 		t.Errorf("last error %q after registration, want none", st.LastError)
 	}
@@ -112,7 +111,7 @@ func TestRejectionRemovesSocketWhileBackingOff(t *testing.T) {
 	d.Backoff.MaxInterval = time.Minute
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	register(t, d.SocketPath, false, "no")
 	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
 	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
@@ -133,9 +132,8 @@ func TestDeletedSocketIsRecreated(t *testing.T) {
 	d.Backoff.MaxInterval = time.Minute
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
 
 	if err := os.Remove(d.SocketPath); err != nil {
 		t.Fatal(err)
@@ -155,7 +153,7 @@ func TestRegistrationDirectoryRecreated(t *testing.T) {
 	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
 
 	// Delete the directory as one step (a recursive delete races with the recreation).
@@ -247,7 +245,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 	d.RegistrationTimeout = time.Second
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
 	eventually(t, 5*time.Second, "socket recreated after the timeout", func() bool {
 		id, _, err := statID(d.SocketPath)
@@ -258,8 +256,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 		t.Errorf("status after a timeout: %+v", st)
 	}
 	// Once registered, the timeout no longer applies.
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	registerAndWait(t, s, d)
 	registered := mustID(t, d.SocketPath)
 	never(t, 1500*time.Millisecond, "a registered socket recreated by the timeout", func() bool {
 		return mustID(t, d.SocketPath) != registered
@@ -314,9 +311,8 @@ func TestEndpointRestartReregisters(t *testing.T) {
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
 	first := mustID(t, d.SocketPath)
 
 	// The driver dies: the registration stays, the endpoint shows as down.
@@ -347,9 +343,8 @@ func TestRestartUnderAnotherNameWithdraws(t *testing.T) {
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
 
 	e.stop()
 	startEndpoint(t, ep, "other.csi.k8s.io")
@@ -371,7 +366,7 @@ func TestStaleVerdictIgnored(t *testing.T) {
 	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 
 	// Publish generation 2 by removing the socket; generation 1's server stops, so a late
 	// verdict for it cannot arrive over the network. Deliver it as its server would.
@@ -385,8 +380,7 @@ func TestStaleVerdictIgnored(t *testing.T) {
 	h := s.running[d.Name]
 	s.mu.Unlock()
 	h.d.notify(verdict{gen: 1, registered: false, msg: "late"})
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	registerAndWait(t, s, d)
 	if st := statusOf(s, d.Name); st.Failures != 0 || st.LastError != "" {
 		t.Errorf("a verdict for generation 1 counted: %+v", st)
 	}
@@ -459,7 +453,7 @@ func TestCleanupOnExitRemovesSockets(t *testing.T) {
 	go func() { defer close(done); s.Run(ctx) }()
 	s.Start(d)
 	s.Start(stale)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	cancel()
 	<-done
 	for _, p := range []string{d.SocketPath, stale.SocketPath} {

@@ -55,9 +55,8 @@ func TestEndpointChmodIsNoRestart(t *testing.T) {
 	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
-	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
 	first := mustID(t, d.SocketPath)
 	if err := os.Chmod(ep, 0o660); err != nil {
 		t.Fatal(err)
@@ -88,7 +87,7 @@ func TestRegistrationBackoffIndependentOfEndpointWait(t *testing.T) {
 		return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 3*time.Second
 	})
 	startEndpoint(t, ep, "") // wakes the loop at once
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	register(t, d.SocketPath, false, "no")
 	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
 	if wait := time.Until(statusOf(s, d.Name).NextAttempt); wait > time.Second {
@@ -109,7 +108,7 @@ func TestConcurrentStartsOfOneName(t *testing.T) {
 		wg.Go(func() { s.Start(d) })
 	}
 	wg.Wait()
-	eventually(t, 5*time.Second, "socket published", func() bool { return isSocket(d.SocketPath) })
+	awaitSocket(t, d)
 	s.Stop(d.Name)
 	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
 		t.Fatalf("socket after Stop: %v", err)

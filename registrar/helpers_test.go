@@ -191,6 +191,20 @@ func (k *kubelet) notify(t *testing.T, registered bool, msg string) {
 	}
 }
 
+// awaitSocket waits for the driver's registration socket to be published.
+func awaitSocket(t *testing.T, d config.Driver) {
+	t.Helper()
+	eventually(t, 5*time.Second, d.Name+"'s socket published", func() bool { return isSocket(d.SocketPath) })
+}
+
+// registerAndWait plays kubelet accepting the driver's current socket and waits until the
+// loop says Registered.
+func registerAndWait(t *testing.T, s *Supervisor, d config.Driver) {
+	t.Helper()
+	register(t, d.SocketPath, true, "")
+	eventually(t, 5*time.Second, d.Name+" Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+}
+
 // register plays kubelet's part for the socket now at path: GetInfo, then the verdict.
 func register(t *testing.T, socket string, ok bool, msg string) *registerapi.PluginInfo {
 	t.Helper()

@@ -92,6 +92,35 @@ func (e *env) startEndpointAt(d driver, path string) *plugins.Endpoint {
 	return ep
 }
 
+// startEndpoints starts every driver's service.
+func (e *env) startEndpoints(ds []driver) {
+	e.t.Helper()
+	for _, d := range ds {
+		e.startEndpoint(d)
+	}
+}
+
+// registeredAgain reports whether kubelet has registered every driver once more than the
+// counts in before, and holds it registered.
+func (e *env) registeredAgain(ds []driver, before map[string]int) bool {
+	for _, d := range ds {
+		if e.k.Counts(d.name).Registrations != before[d.name]+1 || !e.k.Registered(d.name) {
+			return false
+		}
+	}
+	return true
+}
+
+// registeredIn reports whether multireg's log says Registered for every driver.
+func registeredIn(p *mrproc.Process, ds []driver) bool {
+	for _, d := range ds {
+		if p.Phase(d.name) != "Registered" {
+			return false
+		}
+	}
+	return true
+}
+
 // socketPath is the driver's registration socket.
 func (e *env) socketPath(d driver) string {
 	return filepath.Join(e.reg, strings.NewReplacer("/", "_").Replace(d.name)+"-reg.sock")

@@ -26,19 +26,10 @@ func TestThirtyDriversRegister(t *testing.T) {
 	e := newEnv(t)
 	e.dumpOnFailure()
 	ds := mixed(30)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	p := mrproc.Start(t, e.writeConfig(ds))
 	kubelet.WaitFor(t, registerTimeout, "30 drivers registered in kubelet", func() bool { return e.allRegistered(ds) })
-	kubelet.WaitFor(t, registerTimeout, "30 drivers Registered in multireg", func() bool {
-		for _, d := range ds {
-			if p.Phase(d.name) != "Registered" {
-				return false
-			}
-		}
-		return true
-	})
+	kubelet.WaitFor(t, registerTimeout, "30 drivers Registered in multireg", func() bool { return registeredIn(p, ds) })
 	for _, d := range ds {
 		if c := e.k.Counts(d.name); c.Registrations != 1 || c.RegistrationFailures != 0 {
 			t.Errorf("%s: %+v, want exactly one registration", d.name, c)
@@ -146,9 +137,7 @@ func TestDeletedSocketReregisters(t *testing.T) {
 	e := newEnv(t)
 	e.dumpOnFailure()
 	ds := mixed(3)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	mrproc.Start(t, e.writeConfig(ds))
 	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })
 	victim := ds[1]
@@ -172,9 +161,7 @@ func TestDriverRestartReregisters(t *testing.T) {
 	e := newEnv(t)
 	e.dumpOnFailure()
 	ds := mixed(3)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	p := mrproc.Start(t, e.writeConfig(ds))
 	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })
 	for _, d := range ds {
@@ -196,9 +183,7 @@ func TestRestartAndShutdown(t *testing.T) {
 	e := newEnv(t)
 	e.dumpOnFailure()
 	ds := mixed(6)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	cfg := e.writeConfig(ds)
 
 	p := mrproc.Start(t, cfg)
@@ -236,14 +221,7 @@ func TestRestartAndShutdown(t *testing.T) {
 	})
 
 	p = mrproc.Start(t, cfg, "--cleanup-on-exit")
-	kubelet.WaitFor(t, registerTimeout, "registered by the third run", func() bool {
-		for _, d := range ds {
-			if e.k.Counts(d.name).Registrations != before[d.name]+1 || !e.k.Registered(d.name) {
-				return false
-			}
-		}
-		return true
-	})
+	kubelet.WaitFor(t, registerTimeout, "registered by the third run", func() bool { return e.registeredAgain(ds, before) })
 	p.Signal(t, syscall.SIGTERM)
 	if code := p.Wait(t, exitTimeout); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
@@ -265,9 +243,7 @@ func TestFileInTheWayIsUntouched(t *testing.T) {
 	e := newEnv(t)
 	e.dumpOnFailure()
 	ds := mixed(6)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	blocked := ds[2]
 	if err := os.MkdirAll(e.reg, 0o750); err != nil {
 		t.Fatal(err)
@@ -296,9 +272,7 @@ func TestSecondInstanceWaitsAndTakesOver(t *testing.T) {
 	e := newEnv(t)
 	e.dumpOnFailure()
 	ds := mixed(3)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	cfg := e.writeConfig(ds)
 	first := mrproc.Start(t, cfg)
 	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })

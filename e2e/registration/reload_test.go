@@ -65,20 +65,11 @@ func (e *env) inodes(ds []driver) map[string]uint64 {
 // waits until kubelet has registered all of them.
 func (e *env) startAll(cm *configMap, ds []driver) *mrproc.Process {
 	e.t.Helper()
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
+	e.startEndpoints(ds)
 	cm.write(e.configContent(ds))
 	p := mrproc.Start(e.t, cm.path())
 	kubelet.WaitFor(e.t, registerTimeout, "every driver registered", func() bool { return e.allRegistered(ds) })
-	kubelet.WaitFor(e.t, registerTimeout, "every driver Registered in multireg", func() bool {
-		for _, d := range ds {
-			if p.Phase(d.name) != "Registered" {
-				return false
-			}
-		}
-		return true
-	})
+	kubelet.WaitFor(e.t, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
 	return p
 }
 
