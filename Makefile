@@ -3,27 +3,28 @@
 GO       ?= go
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 FUZZTIME ?= 20s
 # KUBE=1.35 runs the demo against kubelet 1.35's plugin manager instead of 1.36's.
 KUBE     ?= 1.36
 MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
 
-.PHONY: all build demo test unit fuzz vet fmt-check e2e
+.PHONY: all build demo test unit fuzz vet fmt-check e2e manifests
 
 all: build
 
 ## build: the multireg binary in bin/, static and stamped with the version.
+## (the very command the Dockerfile's build stage runs: hack/build-binary.sh)
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/multireg ./cmd/multireg
+	VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) hack/build-binary.sh bin/multireg
 
 ## demo: multireg registering three drivers with kubelet's real plugin manager, one after a failure.
 demo: build
-	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg
+	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg -config ../examples/local/config.yaml
 
 ## test: everything CI runs: formatting, vet, unit tests with the race detector, a fuzz smoke
-## run, and the end-to-end tests against kubelet 1.36 and 1.35.
-test: fmt-check vet unit fuzz e2e
+## run, the image's build command, the end-to-end tests against kubelet 1.36 and 1.35, and the
+## shipped manifests and Helm chart.
+test: fmt-check vet unit fuzz build e2e manifests
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -42,3 +43,8 @@ fuzz:
 ## e2e: the built binary against the real kubelet plugin manager, kubelet 1.36 and 1.35 (-race).
 e2e:
 	$(MAKE) -C e2e vet test
+
+## manifests: examples/ and the Helm chart decode strictly into their Kubernetes types, their
+## multireg configs validate, and their paths agree with the DaemonSet's mounts.
+manifests:
+	$(MAKE) -C e2e/manifests fmt vet tidy-check test

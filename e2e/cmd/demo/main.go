@@ -4,7 +4,10 @@
 // fail the CSI driver's first registration, so the demo also shows multireg recreating the
 // socket and the registration succeeding on the retry.
 //
-// Usage: demo -multireg bin/multireg
+// The drivers file is examples/local/config.yaml, with its /tmp/multireg-demo prefix moved to
+// a fresh temporary directory.
+//
+// Usage: demo -multireg bin/multireg -config examples/local/config.yaml
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/plugins"
@@ -29,23 +33,28 @@ import (
 
 func main() {
 	bin := flag.String("multireg", "bin/multireg", "path to the multireg binary")
+	cfgPath := flag.String("config", "examples/local/config.yaml", "the drivers file to run; its paths under /tmp/multireg-demo are moved to a temporary directory")
 	timeout := flag.Duration("timeout", 60*time.Second, "give up if the drivers are not all registered by then")
 	flag.Parse()
-	if err := run(*bin, *timeout, os.Stdout); err != nil {
+	if err := run(*bin, *cfgPath, *timeout, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-type plugin struct{ name, typ, file string }
+// localPrefix is where examples/local/config.yaml puts everything.
+const localPrefix = "/tmp/multireg-demo"
 
-var demoPlugins = []plugin{
-	{"nfs.csi.k8s.io", "CSIPlugin", "csi-nfs.sock"},
-	{"gpu.example.com", "DRAPlugin", "dra-gpu.sock"},
-	{"example.com/fpga", "DevicePlugin", "dp-fpga.sock"},
+// drivers is what the demo reads of the drivers file: the drivers to serve and to watch.
+type drivers struct {
+	Drivers []struct {
+		Name     string `json:"name"`
+		Type     string `json:"type"`
+		Endpoint string `json:"endpoint"`
+	} `json:"drivers"`
 }
 
-func run(bin string, timeout time.Duration, out io.Writer) error {
+func run(bin, cfgPath string, timeout time.Duration, out io.Writer) error {
 	bin, err := filepath.Abs(bin)
 	if err != nil {
 		return err
@@ -58,6 +67,15 @@ func run(bin string, timeout time.Duration, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	tmpl, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return err
+	}
+	content := strings.ReplaceAll(string(tmpl), localPrefix, dir)
+	var ds drivers
+	if err := yaml.Unmarshal([]byte(content), &ds); err != nil || len(ds.Drivers) == 0 {
+		return fmt.Errorf("%s: no drivers to show (%v)", cfgPath, err)
+	}
 	reg := filepath.Join(dir, "plugins_registry")
 	var print sync.Mutex
 	say := func(who, format string, args ...any) {
@@ -86,33 +104,30 @@ func run(bin string, timeout time.Duration, out io.Writer) error {
 	defer k.Stop()
 	say("demo", "kubelet %s plugin manager watches %s", kubelet.Version(), reg)
 
-	for _, p := range demoPlugins {
-		ep, err := plugins.Start(filepath.Join(dir, "plugins", p.file), p.typ, p.name)
+	for _, d := range ds.Drivers {
+		ep, err := plugins.Start(d.Endpoint, d.Type, d.Name)
 		if err != nil {
 			return err
 		}
 		defer ep.Stop()
-		say("demo", "%s %s serves %s", p.typ, p.name, ep.Path)
+		say("demo", "%s %s serves %s", d.Type, d.Name, ep.Path)
 	}
-	k.FailRegistrations("nfs.csi.k8s.io", 1)
-	say("demo", "kubelet will fail the first registration of nfs.csi.k8s.io")
+	failing := ds.Drivers[0].Name
+	k.FailRegistrations(failing, 1)
+	say("demo", "kubelet will fail the first registration of %s", failing)
 
 	cfg := filepath.Join(dir, "drivers.yaml")
-	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\n", reg)
-	b.WriteString("defaults:\n  backoff: {initialInterval: 2s}\ndrivers:\n")
-	for _, p := range demoPlugins {
-		fmt.Fprintf(&b, "  - name: %s\n    type: %s\n    endpoint: %s\n", p.name, p.typ, filepath.Join(dir, "plugins", p.file))
-	}
-	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(content), 0o644); err != nil {
 		return err
 	}
-	say("demo", "drivers file %s:", cfg)
-	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
-		say("demo", "  %s", line)
+	say("demo", "drivers file %s (%s in %s):", cfgPath, localPrefix, dir)
+	for _, line := range strings.Split(strings.TrimSpace(content), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") && strings.TrimSpace(line) != "" {
+			say("demo", "  %s", line)
+		}
 	}
 
-	cmd := exec.Command(bin, "run", "--config", cfg)
+	cmd := exec.Command(bin, "run", "--config", cfg, "--http-endpoint", "")
 	logs, err := cmd.StderrPipe()
 	if err != nil {
 		return err
@@ -152,8 +167,8 @@ func run(bin string, timeout time.Duration, out io.Writer) error {
 		}
 		seen = len(events)
 		done := true
-		for _, p := range demoPlugins {
-			done = done && k.Registered(p.name)
+		for _, d := range ds.Drivers {
+			done = done && k.Registered(d.Name)
 		}
 		if done {
 			break

@@ -1,0 +1,284 @@
+package manifests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	releaseName      = "multireg"
+	releaseNamespace = "kube-system"
+	k3sKubeletDir    = "/var/lib/rancher/k3s/agent/kubelet"
+)
+
+func chartDir(t testing.TB) string { return filepath.Join(repoRoot(t), "charts", "multireg") }
+
+func loadChart(t testing.TB) *chart.Chart {
+	t.Helper()
+	c, err := loader.Load(chartDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// readValues reads a values file of testdata/ ("" for none).
+func readValues(t testing.TB, file string) map[string]any {
+	t.Helper()
+	if file == "" {
+		return map[string]any{}
+	}
+	v, err := chartutil.ReadValuesFile(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// renderChart is `helm template` with Helm's own Go packages: values coalesced with the chart's
+// and checked against values.schema.json, then every template rendered in strict mode (a
+// reference to a value that does not exist is an error). It returns the rendered manifests.
+func renderChart(c *chart.Chart, values map[string]any) (string, error) {
+	opts := chartutil.ReleaseOptions{Name: releaseName, Namespace: releaseNamespace, Revision: 1, IsInstall: true}
+	vals, err := chartutil.ToRenderValues(c, values, opts, chartutil.DefaultCapabilities)
+	if err != nil {
+		return "", err
+	}
+	files, err := engine.Engine{Strict: true}.Render(c, vals)
+	if err != nil {
+		return "", err
+	}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		if strings.HasSuffix(name, ".yaml") {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", name, files[name])
+	}
+	return b.String(), nil
+}
+
+// chartCases are the renders every chart test checks.
+var chartCases = []struct {
+	name   string
+	values string // in testdata/; "" for the chart's defaults
+	want   expectations
+}{
+	{"default values", "", expectations{root: kubeletRoot}},
+	{"the examples' drivers", "values-drivers.yaml", expectations{root: kubeletRoot}},
+	{"k3s", "values-k3s.yaml", expectations{root: k3sKubeletDir}},
+	{"roll on config change", "values-roll.yaml", expectations{root: kubeletRoot, rollOnConfigChange: true}},
+}
+
+// TestChartRender renders the chart with each set of values and checks every document: strict
+// decoding into its k8s.io/api type, the deployment contract (for k3s: every path under its
+// kubelet root), multireg's validation of the rendered drivers file, and the standard labels.
+func TestChartRender(t *testing.T) {
+	c := loadChart(t)
+	for _, tc := range chartCases {
+		t.Run(tc.name, func(t *testing.T) {
+			values := readValues(t, tc.values)
+			out, err := renderChart(c, values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := decodeManifests([]byte(out))
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			d := checkDeployment(t, "helm template", m, tc.want)
+
+			var cfg driversFile
+			if err := yaml.Unmarshal(d.config, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			drivers, _ := values["drivers"].([]any)
+			if len(cfg.Drivers) != len(drivers) {
+				t.Errorf("the drivers file has %d drivers; the values %d", len(cfg.Drivers), len(drivers))
+			}
+
+			want := map[string]string{
+				"app.kubernetes.io/name":       "multireg",
+				"app.kubernetes.io/instance":   releaseName,
+				"app.kubernetes.io/version":    c.Metadata.AppVersion,
+				"app.kubernetes.io/component":  "registrar",
+				"app.kubernetes.io/managed-by": "Helm",
+				"helm.sh/chart":                "multireg-" + c.Metadata.Version,
+			}
+			for _, obj := range []struct {
+				what   string
+				labels map[string]string
+			}{{"DaemonSet", d.ds.Labels}, {"ConfigMap", d.cm.Labels}} {
+				for k, v := range want {
+					if obj.labels[k] != v {
+						t.Errorf("%s label %s=%q; want %q", obj.what, k, obj.labels[k], v)
+					}
+				}
+				for k, v := range obj.labels {
+					if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+						t.Errorf("%s label %s=%q: %s", obj.what, k, v, strings.Join(errs, "; "))
+					}
+				}
+			}
+			if d.ds.Namespace != releaseNamespace || d.cm.Namespace != releaseNamespace {
+				t.Errorf("namespaces %q, %q; want the release's, %q", d.ds.Namespace, d.cm.Namespace, releaseNamespace)
+			}
+			if img := d.container.Image; !strings.HasSuffix(img, ":"+c.Metadata.AppVersion) {
+				t.Errorf("image %q; want the tag to default to appVersion %s", img, c.Metadata.AppVersion)
+			}
+		})
+	}
+}
+
+// TestChartLint is `helm lint --strict`: a warning fails too.
+func TestChartLint(t *testing.T) {
+	for _, tc := range chartCases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := lint.All(chartDir(t), readValues(t, tc.values), releaseNamespace, true)
+			for _, msg := range l.Messages {
+				if msg.Severity >= support.WarningSev {
+					t.Errorf("helm lint: %s", msg)
+				} else {
+					t.Logf("helm lint: %s", msg)
+				}
+			}
+		})
+	}
+}
+
+// TestChartRejects feeds the chart values it must refuse: values.schema.json catches shapes, the
+// templates catch endpoints that the pod could not reach.
+func TestChartRejects(t *testing.T) {
+	c := loadChart(t)
+	driver := func(extra string) string {
+		return "drivers:\n  - name: nfs.csi.k8s.io\n    type: CSIPlugin\n    endpoint: /var/lib/kubelet/plugins/csi-nfsplugin/csi.sock\n" + extra
+	}
+	tests := []struct {
+		name   string
+		values string
+		want   string
+	}{
+		{"valid", driver(""), ""},
+		{"relative kubeletDir", "kubeletDir: var/lib/kubelet\n", "at '/kubeletDir'"},
+		{"kubeletDir with trailing slash", "kubeletDir: /var/lib/kubelet/\n", "at '/kubeletDir'"},
+		{"unknown value", "kubeletdir: /var/lib/kubelet\n", "additional properties 'kubeletdir' not allowed"},
+		{"unknown driver type", strings.Replace(driver(""), "CSIPlugin", "CSI", 1), "at '/drivers/0/type'"},
+		{"misspelt driver field", driver("    socketname: x.sock\n"), "additional properties 'socketname' not allowed"},
+		{"relative endpoint", strings.Replace(driver(""), "/var/lib/kubelet/plugins/csi-nfsplugin/csi.sock", "csi.sock", 1), "at '/drivers/0/endpoint'"},
+		{"missing endpoint", "drivers:\n  - name: nfs.csi.k8s.io\n    type: CSIPlugin\n", "missing property 'endpoint'"},
+		{"bad duration", driver("    backoff: {maxInterval: 2 minutes}\n"), "at '/drivers/0/backoff/maxInterval'"},
+		{"multiplier below 1", driver("    backoff: {multiplier: 0.5}\n"), "at '/drivers/0/backoff/multiplier'"},
+		{"bad pull policy", "image: {repository: x, pullPolicy: Sometimes}\n", "at '/image/pullPolicy'"},
+		{"port out of range", "httpPort: 70000\n", "at '/httpPort'"},
+		{"drivers not a list", "drivers: {name: x}\n", "at '/drivers': got object, want array"},
+		{
+			"endpoint outside the k3s root",
+			"kubeletDir: " + k3sKubeletDir + "\n" + driver(""),
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/csi-nfsplugin/csi.sock" is not under /var/lib/rancher/k3s/agent/kubelet/plugins`,
+		},
+		{"localEndpoint outside", driver("    localEndpoint: /csi/csi.sock\n"), `drivers[0].localEndpoint: "/csi/csi.sock" is not under`},
+		{"endpoint under an extra host path", "extraHostPaths: [/run/csi]\n" + strings.Replace(driver(""), "/var/lib/kubelet/plugins/csi-nfsplugin", "/run/csi", 1), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var values map[string]any
+			if err := yaml.Unmarshal([]byte(tt.values), &values); err != nil {
+				t.Fatal(err)
+			}
+			_, err := renderChart(c, values)
+			checkErr(t, err, tt.want)
+		})
+	}
+}
+
+// TestChartConfigEditDoesNotRoll changes only the drivers: the DaemonSet must render byte for
+// byte the same (no pod restarts; multireg reloads the ConfigMap), unless rollOnConfigChange.
+func TestChartConfigEditDoesNotRoll(t *testing.T) {
+	c := loadChart(t)
+	tests := []struct {
+		roll     bool
+		wantSame bool
+	}{{false, true}, {true, false}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("rollOnConfigChange=%v", tt.roll), func(t *testing.T) {
+			render := func(drivers string) (ds, cm string) {
+				var values map[string]any
+				if err := yaml.Unmarshal(fmt.Appendf(nil, "rollOnConfigChange: %v\n%s", tt.roll, drivers), &values); err != nil {
+					t.Fatal(err)
+				}
+				out, err := renderChart(c, values)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, doc := range strings.Split(out, "\n---\n") {
+					switch {
+					case strings.Contains(doc, "\nkind: DaemonSet\n"):
+						ds = doc
+					case strings.Contains(doc, "\nkind: ConfigMap\n"):
+						cm = doc
+					}
+				}
+				if ds == "" || cm == "" {
+					t.Fatalf("no DaemonSet or ConfigMap in\n%s", out)
+				}
+				return ds, cm
+			}
+			ds1, cm1 := render("drivers:\n  - {name: nfs.csi.k8s.io, type: CSIPlugin, endpoint: /var/lib/kubelet/plugins/csi-nfsplugin/csi.sock}\n")
+			ds2, cm2 := render("drivers:\n  - {name: smb.csi.k8s.io, type: CSIPlugin, endpoint: /var/lib/kubelet/plugins/smb.csi.k8s.io/csi.sock}\n")
+			if cm1 == cm2 {
+				t.Fatal("the ConfigMap did not change with the drivers")
+			}
+			if same := ds1 == ds2; same != tt.wantSame {
+				t.Errorf("DaemonSet unchanged: %v; want %v", same, tt.wantSame)
+			}
+		})
+	}
+}
+
+// TestChartValuesDocumentKubeletRoots keeps values.yaml's list of kubelet roots honest: each
+// renders, and every path follows it.
+func TestChartValuesDocumentKubeletRoots(t *testing.T) {
+	c := loadChart(t)
+	doc, err := os.ReadFile(filepath.Join(chartDir(t), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, root := range []string{kubeletRoot, k3sKubeletDir, "/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"} {
+		t.Run(root, func(t *testing.T) {
+			if !strings.Contains(string(doc), root) {
+				t.Errorf("values.yaml does not mention %s", root)
+			}
+			out, err := renderChart(c, map[string]any{
+				"kubeletDir": root,
+				"drivers": []any{map[string]any{
+					"name": "nfs.csi.k8s.io", "type": "CSIPlugin", "endpoint": root + "/plugins/csi-nfsplugin/csi.sock",
+				}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := decodeManifests([]byte(out))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDeployment(t, "helm template --set kubeletDir="+root, m, expectations{root: root})
+		})
+	}
+}
