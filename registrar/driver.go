@@ -27,8 +27,8 @@ var (
 	errShutdown = errors.New("shutting down")
 )
 
-// dirPollInterval paces the check for a directory that cannot be watched because it does not
-// exist. It only runs in that state.
+// dirPollInterval paces the look at files whose directory inotify refuses to watch (its watch
+// limit). It only runs in that state.
 const dirPollInterval = time.Second
 
 // Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
@@ -269,20 +269,27 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 }
 
 // sleep waits for wait to pass or, with a subscription, for the endpoint's socket to be
-// created (woken). While the endpoint's directory does not exist its creation cannot be
-// watched, so sleep looks for the directory once a second and wakes when it appears. It
-// reports false when ctx ends first.
+// created (woken). While the endpoint's directory does not exist, its nearest existing
+// ancestor is watched instead, and the creation of the next directory on the way wakes the
+// loop too. It reports false when ctx ends first.
 func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription) (woken, ok bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	var wake <-chan struct{}
-	var poll <-chan time.Time
+	var wake, dirWake <-chan struct{}
+	var anc *subscription
 	if ep != nil {
 		wake = ep.c
-		if !ep.watching() {
-			tick := time.NewTicker(dirPollInterval)
-			defer tick.Stop()
-			poll = tick.C
+		if _, err := ep.rewatch(); err != nil {
+			a, appeared, err := ep.ancestor()
+			switch {
+			case appeared:
+				return true, true
+			case err != nil:
+				d.log.Debug("cannot watch for the endpoint's directory; the backoff paces the probes", "err", err)
+			default:
+				anc, dirWake = a, a.c
+				defer anc.close()
+			}
 		}
 	}
 	for {
@@ -295,9 +302,9 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription
 			if ep.take()&evCreate != 0 {
 				return true, true
 			}
-		case <-poll:
-			if renewed, err := ep.rewatch(); err == nil && renewed {
-				return true, true // the directory exists now; the socket may too
+		case <-dirWake:
+			if anc.take()&(evCreate|evResync|evDirGone) != 0 {
+				return true, true // a directory on the way appeared (or the watch was lost): look
 			}
 		}
 	}
@@ -378,23 +385,53 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 		defer timer.Stop()
 		timeout = timer.C
 	}
-	// While a directory cannot be watched (it does not exist, or inotify refused), look at
-	// the files once a second instead.
+	// A directory that does not exist cannot be watched: the endpoint's nearest existing
+	// ancestor is watched for it instead. Where inotify refuses (its watch limit), the files
+	// are looked at once a second.
 	var poll <-chan time.Time
 	var pollTicker *time.Ticker
+	var anc *subscription // the endpoint directory's ancestor, while the directory is missing
+	var ancC <-chan struct{}
 	defer func() {
 		if pollTicker != nil {
 			pollTicker.Stop()
 		}
+		if anc != nil {
+			anc.close()
+		}
 	}()
+	startPoll := func() {
+		if poll == nil {
+			pollTicker = time.NewTicker(dirPollInterval)
+			poll = pollTicker.C
+		}
+	}
 	watch := func(s *subscription) {
 		renewed, err := s.rewatch()
 		switch {
-		case err != nil && poll == nil:
-			pollTicker = time.NewTicker(dirPollInterval)
-			poll = pollTicker.C
-		case renewed:
-			s.kick(evResync) // events before the watch are lost: look now
+		case err == nil:
+			if renewed {
+				s.kick(evResync) // events before the watch are lost: look now
+			}
+			if s == ep && anc != nil {
+				anc.close()
+				anc, ancC = nil, nil
+			}
+		case s == ep && errors.Is(err, fs.ErrNotExist):
+			if anc != nil {
+				return
+			}
+			a, appeared, aerr := ep.ancestor()
+			switch {
+			case appeared:
+				ep.kick(evResync) // look again at once
+			case aerr != nil:
+				startPoll()
+			default:
+				anc, ancC = a, a.c
+			}
+		default:
+			startPoll()
 		}
 	}
 	watch(sock)
@@ -454,6 +491,14 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 			if checkEndpoint(ev&evCreate != 0, ev&(evDirGone|evResync) != 0) {
 				return ReasonEndpointRestarted, ""
 			}
+		case <-ancC:
+			anc.take()
+			// A directory on the way to the endpoint appeared: watch deeper, or the
+			// endpoint's directory itself.
+			anc.close()
+			anc, ancC = nil, nil
+			watch(ep)
+			ep.kick(evResync)
 		case <-poll:
 			if sock.watching() && ep.watching() {
 				pollTicker.Stop()

@@ -258,3 +258,43 @@ func TestHungEndpointProbedConcurrently(t *testing.T) {
 		break
 	}
 }
+
+// TestEndpointDirectoriesAppearLevelByLevel: two missing levels under the endpoint; each
+// creation is seen through the nearest existing ancestor, with no poll and no backoff wait.
+func TestEndpointDirectoriesAppearLevelByLevel(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "a", "b", "csi.sock")
+	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
+	d.Backoff.InitialInterval = time.Hour
+	d.Backoff.MaxInterval = time.Hour
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool { return statusOf(s, d.Name).Phase == WaitingForEndpoint })
+	if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Give the loop the event for a/ before b/ appears: its next wait is armed on a/.
+	eventually(t, 5*time.Second, "the quick probes after a/ appeared", func() bool {
+		return time.Until(statusOf(s, d.Name).NextAttempt) < 2*time.Second
+	})
+	startEndpoint(t, ep, "nfs.csi.k8s.io") // creates a/b/ and the socket
+	eventually(t, 5*time.Second, "the socket", func() bool { return isSocket(d.SocketPath) })
+}
+
+// TestEndpointDirectoryRecreatedWhileServing: with waitForEndpoint false the socket is
+// published at once; the endpoint's directory, missing then, is watched for through its
+// ancestor, and the endpoint is reported up as soon as it exists.
+func TestEndpointDirectoryRecreatedWhileServing(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	d.WaitForEndpoint = false
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	if statusOf(s, d.Name).EndpointUp {
+		t.Fatal("endpoint up before it exists")
+	}
+	startEndpoint(t, ep, "")
+	eventually(t, 5*time.Second, "the endpoint reported up", func() bool { return statusOf(s, d.Name).EndpointUp })
+}

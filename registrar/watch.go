@@ -3,7 +3,9 @@ package registrar
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 
@@ -181,6 +183,41 @@ func (s *subscription) rewatch() (renewed bool, err error) {
 	}
 	d.active = true
 	return true, nil
+}
+
+// ancestor returns a subscription that is kicked with evCreate when the next missing component
+// of the subscription's directory is created: the directory does not exist, so it cannot be
+// watched, but its nearest existing ancestor can. It reports appeared when the directory, or
+// that component, exists after all (it was created meanwhile); then it returns no
+// subscription. The caller closes the subscription it gets.
+func (s *subscription) ancestor() (anc *subscription, appeared bool, err error) {
+	missing := s.dir
+	for {
+		parent := filepath.Dir(missing)
+		if parent == missing {
+			return nil, true, nil // the root exists
+		}
+		if _, err := os.Stat(parent); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, false, err
+		}
+		missing = parent
+	}
+	if _, err := os.Stat(missing); err == nil {
+		return nil, true, nil
+	}
+	anc = s.w.subscribe(missing)
+	if _, err := anc.rewatch(); err != nil {
+		anc.close()
+		return nil, false, err
+	}
+	// Created between the look and the watch: its event is lost, say so now.
+	if _, err := os.Stat(missing); err == nil {
+		anc.close()
+		return nil, true, nil
+	}
+	return anc, false, nil
 }
 
 // watching reports whether the subscription's directory is watched.
