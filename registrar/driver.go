@@ -223,6 +223,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
 	// or registering its services: probe again soon, a few times, before the backoff resumes.
 	var quick time.Duration
+	var quickFor fileID // the endpoint socket a quick series was started for
 	for {
 		_, _ = ep.rewatch() // best effort: the endpoint's directory may not exist yet
 		ep.take()
@@ -241,6 +242,11 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		}
 		_, mismatch := errors.AsType[*nameMismatchError](err)
 		d.setEndpointUp(mismatch) // a driver that answers under another name is up
+		if statErr == nil && id != quickFor {
+			// A socket not seen before that does not answer yet: the driver may be between
+			// bind and listen (its Create event may have come before our watch).
+			quickFor, quick = id, quickProbeMin
+		}
 		var wait time.Duration
 		if quick > 0 && quick <= quickProbeMax {
 			wait, quick = quick, quick*2
@@ -279,7 +285,14 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription
 	var anc *subscription
 	if ep != nil {
 		wake = ep.c
-		if _, err := ep.rewatch(); err != nil {
+		renewed, err := ep.rewatch()
+		if renewed {
+			// Events before this watch are lost: the socket may have appeared since the probe.
+			if _, err := os.Lstat(d.spec.LocalEndpoint); err == nil {
+				return true, true
+			}
+		}
+		if err != nil {
 			a, appeared, err := ep.ancestor()
 			switch {
 			case appeared:
@@ -417,6 +430,8 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 				anc.close()
 				anc, ancC = nil, nil
 			}
+		case s == sock && errors.Is(err, fs.ErrNotExist):
+			s.kick(evDirGone) // the registration directory is gone, and the socket with it
 		case s == ep && errors.Is(err, fs.ErrNotExist):
 			if anc != nil {
 				return

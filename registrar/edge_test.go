@@ -269,14 +269,20 @@ func TestEndpointDirectoriesAppearLevelByLevel(t *testing.T) {
 	d.Backoff.MaxInterval = time.Hour
 	s := runSupervisor(t, Options{})
 	s.Start(d)
-	eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool { return statusOf(s, d.Name).Phase == WaitingForEndpoint })
+	backingOff := func() bool {
+		st := statusOf(s, d.Name)
+		return st.LastError != "" && time.Until(st.NextAttempt) > 10*time.Minute
+	}
+	eventually(t, 5*time.Second, "the first probe failed, the next in an hour", backingOff)
+	eventually(t, 5*time.Second, "a watch for a/", func() bool { return watchesFor(s, dir, "a") })
 	if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// Give the loop the event for a/ before b/ appears: its next wait is armed on a/.
-	eventually(t, 5*time.Second, "the quick probes after a/ appeared", func() bool {
+	eventually(t, 5*time.Second, "quick probes once a/ appeared", func() bool {
 		return time.Until(statusOf(s, d.Name).NextAttempt) < 2*time.Second
 	})
+	eventually(t, 10*time.Second, "the quick probes over, the next in an hour again", backingOff)
+	eventually(t, 5*time.Second, "a watch for a/b/", func() bool { return watchesFor(s, filepath.Join(dir, "a"), "b") })
 	startEndpoint(t, ep, "nfs.csi.k8s.io") // creates a/b/ and the socket
 	eventually(t, 5*time.Second, "the socket", func() bool { return isSocket(d.SocketPath) })
 }
@@ -297,4 +303,20 @@ func TestEndpointDirectoryRecreatedWhileServing(t *testing.T) {
 	}
 	startEndpoint(t, ep, "")
 	eventually(t, 5*time.Second, "the endpoint reported up", func() bool { return statusOf(s, d.Name).EndpointUp })
+}
+
+// watchesFor reports whether the supervisor's watcher watches dir for the file name.
+func watchesFor(s *Supervisor, dir, name string) bool {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	d, ok := s.w.dirs[dir]
+	if !ok || !d.active {
+		return false
+	}
+	for sub := range d.subs {
+		if sub.name == name {
+			return true
+		}
+	}
+	return false
 }
