@@ -354,6 +354,9 @@ func (d *driver) publish() (*generation, error) {
 		},
 		notify: d.notify,
 		onInfo: func() { d.log.Debug("kubelet called GetInfo", "generation", gen) },
+		onLate: func() {
+			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
+		},
 	}
 	g := serve(l, d.spec.SocketPath, id, rs)
 	d.mu.Lock()

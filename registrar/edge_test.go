@@ -320,3 +320,23 @@ func watchesFor(s *Supervisor, dir, name string) bool {
 	}
 	return false
 }
+
+// TestVerdictWithoutGetInfoIgnored: kubelet's client reconnects to a recreated socket at the
+// same path, so a verdict about an older socket can arrive on the new one, on a connection
+// that never asked the new one's GetInfo. It must not count.
+func TestVerdictWithoutGetInfoIgnored(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	startEndpoint(t, ep, "")
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	late := dialKubelet(t, d.SocketPath)
+	late.notify(t, false, "about an older socket")
+	never(t, time.Second, "a verdict without GetInfo counted", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase != Serving || st.Failures != 0
+	})
+	registerAndWait(t, s, d) // GetInfo, then the verdict, on one connection: counts
+}

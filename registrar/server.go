@@ -4,9 +4,11 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -19,6 +21,11 @@ type verdict struct {
 
 // registrationServer serves kubelet's Registration API on one socket generation. GetInfo is
 // answered from memory: kubelet allows it one second.
+//
+// A verdict counts only on a connection that asked this server's GetInfo. kubelet calls
+// GetInfo and NotifyRegistrationStatus on one connection, but its gRPC client reconnects to
+// the same path when the socket is recreated: a verdict about an older socket can then arrive
+// on the new one, over a connection that never asked the new one anything.
 type registrationServer struct {
 	registerapi.UnsafeRegistrationServer
 
@@ -26,21 +33,68 @@ type registrationServer struct {
 	info   *registerapi.PluginInfo
 	notify func(verdict) // must not block
 	onInfo func()        // called on every GetInfo; must not block
+	onLate func()        // called for a verdict on a connection without GetInfo; must not block
+
+	mu    sync.Mutex
+	asked map[uint64]bool // connections that called GetInfo, until they close
 }
 
 var _ registerapi.RegistrationServer = (*registrationServer)(nil)
 
-func (s *registrationServer) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	if id, ok := ctx.Value(connIDKey{}).(uint64); ok {
+		s.mu.Lock()
+		s.asked[id] = true
+		s.mu.Unlock()
+	}
 	s.onInfo()
 	return s.info, nil
 }
 
 // NotifyRegistrationStatus hands kubelet's verdict to the loop and always answers normally:
 // a failure is the loop's to handle, in the background.
-func (s *registrationServer) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	id, _ := ctx.Value(connIDKey{}).(uint64)
+	s.mu.Lock()
+	asked := s.asked[id]
+	s.mu.Unlock()
+	if !asked {
+		s.onLate()
+		return &registerapi.RegistrationStatusResponse{}, nil
+	}
 	s.notify(verdict{gen: s.gen, registered: st.PluginRegistered, msg: st.Error})
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
+
+// connIDKey carries a connection's number in the contexts of its calls.
+type connIDKey struct{}
+
+// HandleConn implements stats.Handler: a closed connection is forgotten.
+func (s *registrationServer) HandleConn(ctx context.Context, st stats.ConnStats) {
+	if _, end := st.(*stats.ConnEnd); end {
+		if id, ok := ctx.Value(connIDKey{}).(uint64); ok {
+			s.mu.Lock()
+			delete(s.asked, id)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// TagConn implements stats.Handler: it numbers the connection.
+func (s *registrationServer) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, connIDKey{}, connIDs.Add(1))
+}
+
+// TagRPC implements stats.Handler.
+func (s *registrationServer) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	return ctx
+}
+
+// HandleRPC implements stats.Handler.
+func (s *registrationServer) HandleRPC(context.Context, stats.RPCStats) {}
+
+// connIDs numbers connections across every server of the process.
+var connIDs atomic.Uint64
 
 // generation is one published registration socket and the gRPC server on it.
 type generation struct {
@@ -56,7 +110,8 @@ type generation struct {
 // connection open from GetInfo to NotifyRegistrationStatus, and the plugin's registration in
 // between may take minutes.
 func serve(l net.Listener, path string, id fileID, rs *registrationServer) *generation {
-	g := &generation{gen: rs.gen, path: path, id: id, srv: grpc.NewServer(), done: make(chan struct{})}
+	rs.asked = map[uint64]bool{}
+	g := &generation{gen: rs.gen, path: path, id: id, srv: grpc.NewServer(grpc.StatsHandler(rs)), done: make(chan struct{})}
 	registerapi.RegisterRegistrationServer(g.srv, rs)
 	go func() {
 		defer close(g.done)
