@@ -49,6 +49,9 @@ type Options struct {
 	// once the configuration is applied. multireg takes the new directory's lock here, and
 	// releases the old one in done.
 	MoveDir func(dir string) (done func(), err error)
+	// Applied, if set, is called with every configuration once it is applied, the initial
+	// one included. multireg records the sockets it owns here.
+	Applied func(*config.RegistrarConfig)
 	// Debounce is how long the file must be quiet before it is read (DefaultDebounce).
 	Debounce time.Duration
 	// Resync re-reads the file this often even without an event (DefaultResync).
@@ -122,6 +125,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 	r.applied = r.opts.Initial
 	r.seen = contentKey(r.opts.InitialContent, nil)
 	r.apply(config.Diff(nil, r.applied))
+	r.notifyApplied()
 	now := time.Now()
 	r.setState(func(s *State) {
 		*s = State{Path: r.opts.Path, Generation: 1, LastReloadSuccessful: true, LastReloadTime: now, LastSuccessTime: now}
@@ -208,6 +212,7 @@ func (r *Reloader) reload() {
 	r.apply(plan)
 	r.applied = cfg
 	moved()
+	r.notifyApplied()
 	r.setState(func(s *State) {
 		s.Generation++
 		s.LastReloadSuccessful = true
@@ -237,6 +242,12 @@ func (r *Reloader) apply(p config.Plan) {
 	}
 	for _, d := range p.Changed {
 		r.opts.Apply.Start(d)
+	}
+}
+
+func (r *Reloader) notifyApplied() {
+	if r.opts.Applied != nil {
+		r.opts.Applied(r.applied)
 	}
 }
 

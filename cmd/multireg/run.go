@@ -62,6 +62,12 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		lock.Release()
 	}()
 
+	// Sockets of drivers removed from the file while no multireg ran: nothing else would
+	// ever remove them, and kubelet would keep those plugins.
+	if _, err := registrar.RemoveOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
+		log.Warn("look for sockets of drivers no longer configured", "err", err)
+	}
+
 	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup})
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
@@ -72,6 +78,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		InitialContent: content,
 		Apply:          sup,
 		Log:            log,
+		Applied: func(c *config.RegistrarConfig) {
+			if err := registrar.RecordOwned(c.RegistrationDir, socketNames(c)); err != nil {
+				log.Warn("the sockets of drivers removed while multireg does not run may stay", "err", err)
+			}
+		},
 		MoveDir: func(dir string) (func(), error) {
 			next, err := registrar.TryLock(dir, log)
 			if err != nil {
@@ -159,6 +170,15 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		lost = cause
 	}
 	return errors.Join(lost, rlErr, supErr, httpErr)
+}
+
+// socketNames returns the socket file names of the configured drivers.
+func socketNames(c *config.RegistrarConfig) []string {
+	names := make([]string, len(c.Drivers))
+	for i, d := range c.Drivers {
+		names[i] = d.SocketName
+	}
+	return names
 }
 
 // lockRefresh is how often run checks that it still holds the registration directory.

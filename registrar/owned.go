@@ -1,0 +1,76 @@
+package registrar
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// OwnedName is the file in the registration directory that records which sockets multireg
+// owns. A driver removed from the drivers file while multireg was not running (killed, or
+// stopped and edited) leaves a socket nothing else would ever remove, and kubelet would keep
+// the plugin registered; a restarted multireg removes the recorded sockets that are no longer
+// configured. The leading dot makes kubelet ignore it.
+const OwnedName = ".multireg.sockets"
+
+// RecordOwned records the socket file names multireg owns in dir, replacing the previous
+// record in one step.
+func RecordOwned(dir string, names []string) error {
+	names = slices.Sorted(slices.Values(names))
+	var b bytes.Buffer
+	b.WriteString("# Registration sockets owned by multireg; it removes those no longer configured.\n")
+	for _, n := range names {
+		b.WriteString(n + "\n")
+	}
+	tmp := filepath.Join(dir, OwnedName+".tmp")
+	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("record owned sockets: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, OwnedName)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("record owned sockets: %w", err)
+	}
+	return nil
+}
+
+// RemoveOrphans removes the sockets recorded in dir whose names are not in keep, if nothing
+// listens on them: sockets of drivers removed from the file while multireg did not run. A
+// live socket (another registrar's) and anything that is not a socket stay. It returns the
+// paths removed.
+func RemoveOrphans(dir string, keep []string, log *slog.Logger) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, OwnedName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read owned sockets: %w", err)
+	}
+	var removed []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		name := strings.TrimSpace(sc.Text())
+		if name == "" || strings.HasPrefix(name, "#") || strings.ContainsRune(name, '/') || slices.Contains(keep, name) {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		if _, mode, err := statID(path); err != nil || mode&fs.ModeSocket == 0 {
+			continue
+		}
+		if err := removeStale(path); err != nil {
+			log.Warn("remove the socket of a driver no longer configured", "socket", path, "err", err)
+			continue
+		}
+		if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+			log.Info("removed the socket of a driver no longer configured; kubelet deregisters it", "socket", path)
+			removed = append(removed, path)
+		}
+	}
+	return removed, nil
+}

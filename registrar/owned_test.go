@@ -1,0 +1,48 @@
+package registrar
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestRemoveOrphans(t *testing.T) {
+	dir := shortDir(t)
+	stale := func(name string) {
+		l, err := listenUnlinked(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close() // the file stays, nothing listens
+	}
+	stale("gone-reg.sock")                                           // recorded, no longer configured: removed
+	stale("kept-reg.sock")                                           // recorded and configured: stays (it will be renamed over)
+	stale("foreign-reg.sock")                                        // never recorded: not ours, stays
+	live, err := listenUnlinked(filepath.Join(dir, "live-reg.sock")) // recorded, but someone serves it: stays
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	if err := os.WriteFile(filepath.Join(dir, "file-reg.sock"), []byte("x"), 0o644); err != nil { // recorded, not a socket: stays
+		t.Fatal(err)
+	}
+	if err := RecordOwned(dir, []string{"kept-reg.sock", "gone-reg.sock", "live-reg.sock", "file-reg.sock"}); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := RemoveOrphans(dir, []string{"kept-reg.sock"}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "gone-reg.sock"); len(removed) != 1 || removed[0] != want {
+		t.Errorf("removed %q, want only %s", removed, want)
+	}
+	for _, name := range []string{"kept-reg.sock", "foreign-reg.sock", "live-reg.sock", "file-reg.sock"} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s: %v, want it left alone", name, err)
+		}
+	}
+	// No record at all (a first run): nothing to do.
+	if removed, err := RemoveOrphans(shortDir(t), nil, testLogger(t)); err != nil || len(removed) != 0 {
+		t.Errorf("without a record: %q, %v", removed, err)
+	}
+}
