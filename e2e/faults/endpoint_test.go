@@ -1,0 +1,205 @@
+package faults
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/mrproc"
+)
+
+// Fault: a driver's endpoint dies (its socket removed, as a crashing driver leaves it) and
+// comes back. While it is down the registration stays — same socket, no deregistration —
+// and /status shows the endpoint down; when it returns the driver is registered again once.
+func TestEndpointDiesAndReturns(t *testing.T) {
+	t.Parallel()
+	for i, typ := range []string{"CSIPlugin", "DRAPlugin", "DevicePlugin"} {
+		t.Run(typ, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ds := mixed("e", 6)
+			victim := ds[i]
+			others := without(ds, victim.name)
+			p := e.startAll(ds)
+			before := e.snap(others)
+			sock := idOf(e.socketPath(victim))
+			regs := e.k.Counts(victim.name).Registrations
+
+			e.stopEndpoint(victim)
+			waitDriver(t, p, victim.name, "/status to show the endpoint down", func(d driverStatus) bool { return !d.EndpointUp })
+			kubelet.Never(t, quietPeriod, "the registration of a driver whose endpoint is down moved", func() bool {
+				c := e.k.Counts(victim.name)
+				return !e.k.Registered(victim.name) || c.Deregistrations != 0 || idOf(e.socketPath(victim)) != sock
+			})
+			if d, _ := status(t, p).driver(victim.name); d.Phase != "Registered" {
+				t.Errorf("phase %q while the endpoint is down, want Registered", d.Phase)
+			}
+
+			e.startEndpoint(victim)
+			kubelet.WaitFor(t, registerTimeout, "the driver registered again once its endpoint is back", func() bool {
+				return e.k.Counts(victim.name).Registrations == regs+1 && e.k.Registered(victim.name)
+			})
+			waitDriver(t, p, victim.name, "Registered with the endpoint up", func(d driverStatus) bool { return d.Phase == "Registered" && d.EndpointUp })
+			waitCount(t, p, "driver endpoint restarted; registering again", victim.name, 1)
+			e.assertUnmoved(before, others)
+			e.holdUnmoved(before, others)
+		})
+	}
+}
+
+// Fault: a CSI driver's endpoint answers GetPluginInfo with another name than the configured
+// one. multireg never publishes a socket for it — kubelet never hears of either name — and
+// /status says why, naming both. Once the endpoint answers to the right name, it registers.
+func TestEndpointWrongCSIName(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("w", 6)
+	victim := driver{name: "right.csi.example.com", typ: "CSIPlugin"}
+	const wrong = "wrong.csi.example.com"
+	for _, d := range ds {
+		e.startEndpoint(d)
+	}
+	e.startEndpointAs(victim, wrong)
+	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
+	e.waitRegistered(p, ds)
+	before := e.snap(ds)
+
+	d := waitDriver(t, p, victim.name, "/status to name both names", func(d driverStatus) bool {
+		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, `"`+wrong+`"`) && strings.Contains(d.LastError, `"`+victim.name+`"`)
+	})
+	t.Logf("lastError: %s", d.LastError)
+	kubelet.Never(t, quietPeriod, "the misnamed driver reached kubelet", func() bool {
+		return len(e.k.EventsFor(victim.name)) != 0 || len(e.k.EventsFor(wrong)) != 0 || isExisting(e.socketPath(victim))
+	})
+	if d, _ := status(t, p).driver(victim.name); d.Phase == "Registered" {
+		t.Error("the misnamed driver is Registered in /status")
+	}
+
+	e.stopEndpoint(victim)
+	e.startEndpoint(victim)
+	kubelet.WaitFor(t, registerTimeout, "the driver registered under its configured name", func() bool { return e.k.Registered(victim.name) })
+	waitPhases(t, p, []driver{victim}, "Registered")
+	if len(e.k.EventsFor(wrong)) != 0 {
+		t.Errorf("kubelet heard of %s", wrong)
+	}
+	e.assertUnmoved(before, ds)
+}
+
+// Fault: a registered CSI driver restarts under another name. multireg withdraws its socket
+// (kubelet deregisters the configured name, and never hears the other), /status names both
+// names, and the driver registers again when it answers to its name.
+func TestEndpointRestartsUnderAnotherName(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("n", 6)
+	victim := ds[3] // a CSI driver
+	others := without(ds, victim.name)
+	p := e.startAll(ds)
+	before := e.snap(others)
+	const wrong = "impostor.csi.example.com"
+
+	e.stopEndpoint(victim)
+	e.startEndpointAs(victim, wrong)
+	kubelet.WaitFor(t, registerTimeout, "kubelet to deregister the driver that changed its name", func() bool {
+		return !e.k.Registered(victim.name) && e.k.Counts(victim.name).Deregistrations == 1
+	})
+	waitDriver(t, p, victim.name, "/status to name both names", func(d driverStatus) bool {
+		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, wrong) && strings.Contains(d.LastError, victim.name)
+	})
+	if isExisting(e.socketPath(victim)) {
+		t.Error("the withdrawn driver's socket is still there")
+	}
+	if len(e.k.EventsFor(wrong)) != 0 {
+		t.Errorf("kubelet heard of %s", wrong)
+	}
+
+	e.stopEndpoint(victim)
+	e.startEndpoint(victim)
+	kubelet.WaitFor(t, registerTimeout, "the driver registered again under its name", func() bool {
+		return e.k.Registered(victim.name) && e.k.Counts(victim.name).Registrations == 2
+	})
+	waitPhases(t, p, []driver{victim}, "Registered")
+	e.assertUnmoved(before, others)
+}
+
+// Fault: a hung endpoint: a CSI driver's socket accepts connections and never answers. Its
+// probe times out (it is simply not ready), nothing is published for it, and the other
+// drivers, started at the same time, register meanwhile. When a working driver replaces the
+// hung one, it registers.
+func TestHungEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("h", 6)
+	victim := driver{name: "hung.csi.example.com", typ: "CSIPlugin"}
+	for _, d := range ds {
+		e.startEndpoint(d)
+	}
+	hung := hangingListener(t, e.endpointPath(victim))
+	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
+	e.waitRegistered(p, ds)
+	before := e.snap(ds)
+	d := waitDriver(t, p, victim.name, "/status to say the hung endpoint does not answer", func(d driverStatus) bool {
+		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, "GetPluginInfo")
+	})
+	t.Logf("lastError: %s", d.LastError)
+	kubelet.Never(t, quietPeriod, "the hung driver was published", func() bool {
+		return isExisting(e.socketPath(victim)) || len(e.k.EventsFor(victim.name)) != 0
+	})
+
+	hung()
+	e.startEndpoint(victim)
+	kubelet.WaitFor(t, registerTimeout, "the driver registered once its endpoint answers", func() bool { return e.k.Registered(victim.name) })
+	waitPhases(t, p, []driver{victim}, "Registered")
+	e.assertUnmoved(before, ds)
+}
+
+// hangingListener listens on path, accepts every connection and never reads nor writes. The
+// returned func closes everything and removes the socket; it also runs at cleanup.
+func hangingListener(t *testing.T, path string) func() {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			l.Close() // unlinks path
+			<-done
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func isExisting(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
