@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -15,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/plugins"
 )
 
 // Soak limits.
@@ -555,34 +554,17 @@ func (s *soak) checkForeignFiles() {
 }
 
 // serveForeign serves the Registration API of a CSI driver on path until the test ends, as
-// another registrar would, accepting every verdict.
+// another registrar would, accepting every verdict. The file stays after it stops: the soak
+// checks it after the test's last look.
 func serveForeign(t *testing.T, path, name, endpoint string) {
 	t.Helper()
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	r, err := plugins.ServeRegistrar(path, &registerapi.PluginInfo{
+		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.SetUnlinkOnClose(false) // the soak checks the file after the test's last look
-	srv := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(srv, foreignRegistrar{info: &registerapi.PluginInfo{
-		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
-	}})
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(l) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
-}
-
-type foreignRegistrar struct {
-	registerapi.UnimplementedRegistrationServer
-	info *registerapi.PluginInfo
-}
-
-func (f foreignRegistrar) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	return f.info, nil
-}
-
-func (foreignRegistrar) NotifyRegistrationStatus(context.Context, *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	return &registerapi.RegistrationStatusResponse{}, nil
+	t.Cleanup(r.Stop)
 }
 
 func names(ds []driver) []string {

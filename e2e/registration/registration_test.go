@@ -3,20 +3,17 @@
 package registration
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/plugins"
 )
 
 // 1. Thirty drivers of all three types in one file all reach Registered, in kubelet and in
@@ -79,33 +76,13 @@ func TestFailedRegistrationIsRetried(t *testing.T) {
 // every verdict: a registrar that does not recreate its socket.
 func serveWithoutRecreate(t *testing.T, path, name, endpoint string) {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", path)
+	r, err := plugins.ServeRegistrar(path, &registerapi.PluginInfo{
+		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(srv, staticRegistrar{info: &registerapi.PluginInfo{
-		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
-	}})
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(l) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
-}
-
-type staticRegistrar struct {
-	registerapi.UnimplementedRegistrationServer
-	info *registerapi.PluginInfo
-}
-
-func (s staticRegistrar) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	return s.info, nil
-}
-
-func (staticRegistrar) NotifyRegistrationStatus(context.Context, *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	return &registerapi.RegistrationStatusResponse{}, nil
+	t.Cleanup(r.Stop)
 }
 
 // 3. One driver whose endpoint never comes up does not delay the other 29.
