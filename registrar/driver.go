@@ -139,9 +139,6 @@ func (d *driver) run(ctx context.Context) {
 
 		g, err := d.publish()
 		if err != nil {
-			d.mu.Lock()
-			d.st.Attempts++
-			d.mu.Unlock()
 			d.count(ResultPublishFailed, "")
 			if !d.backOff(ctx, b, fmt.Errorf("publish socket: %w", err)) {
 				return
@@ -327,11 +324,14 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription
 func (d *driver) publish() (*generation, error) {
 	// The new generation is current before its socket can be dialled, so that no verdict
 	// for it is mistaken for a stale one.
+	// The attempt is counted before the socket is visible, so that whoever sees the socket
+	// sees the attempt too.
 	d.mu.Lock()
 	prev := d.gen
 	d.gen++
 	gen := d.gen
 	d.pending = nil
+	d.st.Attempts++
 	d.mu.Unlock()
 
 	l, id, err := publish(d.spec.SocketPath)
@@ -359,9 +359,6 @@ func (d *driver) publish() (*generation, error) {
 		},
 	}
 	g := serve(l, d.spec.SocketPath, id, rs)
-	d.mu.Lock()
-	d.st.Attempts++
-	d.mu.Unlock()
 	d.update(Serving, "", time.Time{})
 	d.log.Debug("registration socket published", "socket", d.spec.SocketPath, "generation", gen)
 	return g, nil

@@ -46,9 +46,10 @@ func TestRegistersAndAnswersGetInfo(t *testing.T) {
 	if di, err := os.Stat(filepath.Dir(d.SocketPath)); err != nil || di.Mode().Perm() != 0o750 {
 		t.Errorf("registration directory created with %v (%v), want 0750", di.Mode().Perm(), err)
 	}
-	if st := statusOf(s, d.Name); st.Phase != Serving || !st.EndpointUp || st.Attempts != 1 {
-		t.Errorf("status before the verdict: %+v, want Serving, endpoint up, 1 attempt", st)
-	}
+	eventually(t, 5*time.Second, "Serving, endpoint up, 1 attempt before the verdict", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == Serving && st.EndpointUp && st.Attempts == 1
+	})
 
 	info := register(t, d.SocketPath, true, "")
 	want := &registerapi.PluginInfo{
