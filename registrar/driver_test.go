@@ -140,9 +140,10 @@ func TestDeletedSocketIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, time.Second, "socket recreated within 1s", func() bool { return isSocket(d.SocketPath) })
-	if st := statusOf(s, d.Name); st.Phase != Serving || st.Attempts != 2 {
-		t.Errorf("status after recreation: %+v, want Serving, 2 attempts", st)
-	}
+	eventually(t, 5*time.Second, "Serving, 2 attempts after the recreation", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == Serving && st.Attempts == 2
+	})
 	register(t, d.SocketPath, true, "")
 	eventually(t, 5*time.Second, "Registered again", func() bool { return statusOf(s, d.Name).Phase == Registered })
 }
