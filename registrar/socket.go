@@ -137,7 +137,11 @@ func renameOnto(tmp, path string, exists bool) error {
 		case err == nil:
 			return nil
 		case errors.Is(err, unix.EEXIST):
-			// Something appeared at path: exchange with it below.
+			// Something appeared at path: leave it alone unless it is a socket (a stale
+			// one is exchanged below). The exchange still guards the instant between.
+			if _, err := checkSocketOrMissing(path); err != nil {
+				return err
+			}
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
 			return checkedRename(tmp, path)
 		default:
