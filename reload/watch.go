@@ -40,8 +40,12 @@ func (w *dirWatcher) run(ctx context.Context, kick func()) {
 	if watching {
 		kick() // the file may have changed between its first read and this watch
 	}
+	// The retry ticker runs only while the directory is not watched: no wake-ups otherwise.
 	retry := time.NewTicker(rewatchInterval)
 	defer retry.Stop()
+	if watching {
+		retry.Stop()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -52,6 +56,7 @@ func (w *dirWatcher) run(ctx context.Context, kick func()) {
 			}
 			if ev.Name == w.dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
 				watching = false // inotify dropped the watch with the directory
+				retry.Reset(rewatchInterval)
 			}
 			kick()
 		case err, ok := <-w.fs.Errors:
@@ -63,6 +68,7 @@ func (w *dirWatcher) run(ctx context.Context, kick func()) {
 		case <-retry.C:
 			if !watching {
 				if watching = w.add(); watching {
+					retry.Stop()
 					kick()
 				}
 			}
