@@ -8,7 +8,7 @@ FUZZTIME ?= 20s
 KUBE     ?= 1.36
 MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
 
-.PHONY: all build demo test unit fuzz vet fmt-check e2e manifests
+.PHONY: all build demo test unit fuzz vet fmt-check e2e manifests bench
 
 all: build
 
@@ -49,3 +49,8 @@ e2e:
 ## multireg configs validate, and their paths agree with the DaemonSet's mounts.
 manifests:
 	$(MAKE) -C e2e/manifests fmt vet tidy-check test
+
+## bench: bin/multireg against kubelet's real plugin manager, beside the sidecar baseline, into
+## BENCHMARKS.md (about 25 min; not part of test).
+bench: build
+	MULTIREG_BIN=$(CURDIR)/bin/multireg $(MAKE) -C e2e bench
