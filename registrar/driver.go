@@ -185,14 +185,12 @@ func (d *driver) run(ctx context.Context) {
 // restarting multireg does not deregister every plugin at once.
 func (d *driver) shutdown(cause error, cur *generation) {
 	remove := errors.Is(cause, errRemoved) || d.cleanup
-	if cur != nil {
+	switch {
+	case cur != nil && remove:
+		d.retire(cur)
+	case cur != nil:
 		cur.stop()
-		if remove {
-			if _, err := removeIfOurs(cur.path, cur.id); err != nil {
-				d.log.Warn("remove registration socket", "socket", cur.path, "err", err)
-			}
-		}
-	} else if remove {
+	case remove:
 		// A socket left by an earlier run of multireg that this run never replaced.
 		if err := removeStale(d.spec.SocketPath); err != nil {
 			d.log.Warn("remove stale registration socket", "socket", d.spec.SocketPath, "err", err)
