@@ -1,0 +1,135 @@
+package endpoints
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+)
+
+// DRASupportedServices are the services a DRA endpoint serves, most preferred first, as a DRA
+// registration lists them in PluginInfo.SupportedVersions.
+var DRASupportedServices = []string{drapbv1.DRAPluginService, drapbv1beta1.DRAPluginService}
+
+// DRAOptions describes the DRA kubelet plugin StartDRA serves.
+type DRAOptions struct {
+	// DriverName is the DRA driver's name. The kubelet takes it from the registration; the
+	// endpoint names it in its errors. Required.
+	DriverName string
+}
+
+// DRA is a DRA kubelet plugin endpoint serving the DRAPlugin service in versions v1 and
+// v1beta1. When the kubelet registers a DRA driver it creates a gRPC connection to the endpoint
+// and asks it to connect at once, and it treats the driver as usable while that connection is
+// up; with the ResourceHealthStatus feature (beta, on by default in 1.36) it also calls
+// v1alpha1.DRAResourceHealth/NodeWatchResources, every 5 s while that fails. This endpoint leaves
+// the health service unimplemented: the kubelet logs the error and carries on.
+type DRA struct {
+	srv *server
+
+	mu    sync.Mutex
+	conns int
+	calls map[string]int // full method name → RPCs received
+}
+
+// StartDRA serves a DRA kubelet plugin on the unix socket path until Stop.
+func StartDRA(path string, opts DRAOptions) (*DRA, error) {
+	if opts.DriverName == "" {
+		return nil, errors.New("dra endpoint: driverName: must not be empty")
+	}
+	d := &DRA{calls: make(map[string]int)}
+	v1 := draServer{d: d}
+	srv, err := serve(path, func(s *grpc.Server) {
+		drapbv1.RegisterDRAPluginServer(s, v1)
+		drapbv1beta1.RegisterDRAPluginServer(s, drapbv1beta1.V1ServerWrapper{DRAPluginServer: v1})
+	}, grpc.StatsHandler(draStats{d: d}))
+	if err != nil {
+		return nil, fmt.Errorf("dra endpoint %q: %w", opts.DriverName, err)
+	}
+	d.srv = srv
+	return d, nil
+}
+
+// Path returns the socket path the endpoint serves on.
+func (d *DRA) Path() string { return d.srv.path }
+
+// Stop stops serving and removes the socket if it is still the endpoint's own. It blocks until
+// the server's goroutines have exited and is idempotent.
+func (d *DRA) Stop() { d.srv.stop() }
+
+// Connections reports how many client connections the endpoint has accepted since start.
+func (d *DRA) Connections() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.conns
+}
+
+// Calls reports how many RPCs named method the endpoint has received since start, whatever their
+// outcome, including RPCs of services it does not serve. method is either a full gRPC method name
+// such as drapbv1.DRAPlugin_NodePrepareResources_FullMethodName, or a bare method name such as
+// "NodePrepareResources", which counts the method in every service.
+func (d *DRA) Calls(method string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if strings.Contains(method, "/") {
+		return d.calls[method]
+	}
+	n := 0
+	for full, c := range d.calls {
+		if full[strings.LastIndex(full, "/")+1:] == method {
+			n += c
+		}
+	}
+	return n
+}
+
+// draServer serves DRAPlugin v1: every claim is prepared with no devices, and unprepared.
+type draServer struct {
+	drapbv1.UnimplementedDRAPluginServer
+	d *DRA
+}
+
+func (draServer) NodePrepareResources(_ context.Context, req *drapbv1.NodePrepareResourcesRequest) (*drapbv1.NodePrepareResourcesResponse, error) {
+	resp := &drapbv1.NodePrepareResourcesResponse{Claims: make(map[string]*drapbv1.NodePrepareResourceResponse)}
+	for _, claim := range req.GetClaims() {
+		resp.Claims[claim.GetUid()] = &drapbv1.NodePrepareResourceResponse{}
+	}
+	return resp, nil
+}
+
+func (draServer) NodeUnprepareResources(_ context.Context, req *drapbv1.NodeUnprepareResourcesRequest) (*drapbv1.NodeUnprepareResourcesResponse, error) {
+	resp := &drapbv1.NodeUnprepareResourcesResponse{Claims: make(map[string]*drapbv1.NodeUnprepareResourceResponse)}
+	for _, claim := range req.GetClaims() {
+		resp.Claims[claim.GetUid()] = &drapbv1.NodeUnprepareResourceResponse{}
+	}
+	return resp, nil
+}
+
+// draStats counts connections and RPCs as the gRPC server sees them, so that connections without
+// RPCs and RPCs to services the endpoint does not serve are counted too.
+type draStats struct{ d *DRA }
+
+func (h draStats) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	h.d.mu.Lock()
+	defer h.d.mu.Unlock()
+	h.d.calls[info.FullMethodName]++
+	return ctx
+}
+
+func (draStats) HandleRPC(context.Context, stats.RPCStats) {}
+
+func (draStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (h draStats) HandleConn(_ context.Context, s stats.ConnStats) {
+	if _, ok := s.(*stats.ConnBegin); ok {
+		h.d.mu.Lock()
+		defer h.d.mu.Unlock()
+		h.d.conns++
+	}
+}
