@@ -1,0 +1,242 @@
+package images
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"multireg.dev/multireg/e2e/node/cluster"
+)
+
+// TestImport imports a pause image into a private containerd, as the e2e cluster does, and
+// checks that containerd stores it under Ref, unpacked, and that it runs.
+func TestImport(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: containerd mounts overlayfs to unpack images")
+	}
+	for _, bin := range []string{"containerd", "ctr"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("needs %s: %v", bin, err)
+		}
+	}
+	address := startContainerd(t)
+
+	dir := t.TempDir()
+	im := pauseImage(t, dir)
+	tarPath := filepath.Join(dir, "pause.tar")
+	if err := im.WriteTarball(tarPath); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a second import is harmless
+		start := time.Now()
+		if err := Import(t.Context(), address, "k8s.io", tarPath); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("Import: %v", time.Since(start))
+	}
+
+	refs := strings.Fields(ctr(t, address, "images", "ls", "-q"))
+	if !slices.Equal(refs, []string{im.Ref}) {
+		t.Errorf("images in k8s.io: %q, want [%q]", refs, im.Ref)
+	}
+	// Unpacked: the layer's snapshot is named by its chain ID, the diff ID for one layer.
+	img, err := tarball.ImageFromPath(tarPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapshots := ctr(t, address, "snapshots", "ls")
+	if chainID := cfg.RootFS.DiffIDs[0].String(); !strings.Contains(snapshots, chainID) {
+		t.Errorf("snapshots:\n%s\nwant %s (the unpacked layer)", snapshots, chainID)
+	}
+
+	t.Run("run", func(t *testing.T) { runPause(t, address, im.Ref) })
+}
+
+// runPause runs ref with `ctr run` until /pause is its process, then kills it. Whether pause
+// exits 0 on SIGTERM is cmd/pause's test: here a signal could arrive before it is ready.
+func runPause(t *testing.T, address, ref string) {
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skipf("needs runc: %v", err)
+	}
+	const id = "pause-e2e"
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var output bytes.Buffer
+	run := exec.CommandContext(ctx, "ctr", "--address", address, "--namespace", "k8s.io",
+		"run", "--rm", ref, id)
+	run.Stdout, run.Stderr = &output, &output
+	run.WaitDelay = 10 * time.Second
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = run.Wait() // 137 after SIGKILL
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		// Leave no shim behind, whatever failed: it would keep the rootfs mounted.
+		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "task", "kill", "-s", "SIGKILL", id).Run()
+		cancel()
+		<-exited
+		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "task", "delete", "-f", id).Run()
+		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "container", "delete", id).Run()
+	})
+
+	running := pollUntil(20*time.Second, func() bool {
+		pid := taskPID(address, id)
+		if pid == "" {
+			return false
+		}
+		exe, err := os.Readlink("/proc/" + pid + "/exe")
+		return err == nil && exe == "/pause"
+	})
+	if !running {
+		t.Fatalf("/pause is not the process of task %s after 20s; ctr run: %s", id, output.String())
+	}
+	ctr(t, address, "task", "kill", "--signal", "SIGKILL", id)
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ctr run still runs 20s after SIGKILL: %s", output.String())
+	}
+}
+
+// taskPID returns the host PID of the task id, or "" while it has none.
+func taskPID(address, id string) string {
+	out, err := exec.Command("ctr", "--address", address, "-n", "k8s.io", "task", "ls").Output()
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// ctr runs ctr against the containerd at address in namespace k8s.io and returns its stdout.
+func ctr(t *testing.T, address string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("ctr", append([]string{"--address", address, "--namespace", "k8s.io"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ctr %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return string(out)
+}
+
+// startContainerd starts a containerd without the CRI plugin, with all its state in a new
+// directory under /tmp (unix socket paths must stay under 108 bytes), and returns its
+// socket. Cleanup stops it (SIGTERM, SIGKILL after 10s), unmounts what it left mounted under
+// that directory and removes it.
+func startContainerd(t *testing.T) string {
+	dir, err := os.MkdirTemp("/tmp", "img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	address := filepath.Join(dir, "containerd.sock")
+	created := cluster.AbsentHostDirs()
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = %q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), address)
+	configPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logFile, err := os.Create(filepath.Join(dir, "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, "containerd", "--config", configPath)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-exited
+		logFile.Close()
+		if t.Failed() {
+			if log, err := os.ReadFile(logFile.Name()); err == nil {
+				t.Logf("containerd (%v):\n%s", waitErr, log)
+			}
+		}
+		if err := cluster.UnmountBelow(dir); err != nil {
+			t.Error(err)
+		}
+		// containerd and runc also create directories at fixed paths (/run/containerd/…,
+		// a k8s.io cgroup per hierarchy): those that were not there before go again.
+		if err := cluster.RemoveEmptyDirs(created); err != nil {
+			t.Error(err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Error(err)
+		}
+	})
+
+	ready := pollUntil(20*time.Second, func() bool {
+		select {
+		case <-exited:
+			return true
+		default:
+		}
+		return exec.Command("ctr", "--address", address, "version").Run() == nil
+	})
+	select {
+	case <-exited:
+		t.Fatalf("containerd exited: %v", waitErr)
+	default:
+	}
+	if !ready {
+		t.Fatal("containerd does not answer after 20s")
+	}
+	return address
+}
+
+// pollUntil reports whether cond became true before timeout passed.
+func pollUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
