@@ -1,0 +1,131 @@
+package cluster
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Cleanup, from the state file alone (as cmd/cleanup runs it after a test binary died):
+// a recorded process that still runs is stopped, a recorded PID that now runs another
+// program is left alone, every mount below the directory is undone (deepest first, also a
+// path mounted twice), a recorded host file is removed and a recorded host directory
+// removed only if empty.
+func TestCleanupFromStateFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	dir, err := os.MkdirTemp("/tmp", "mrc.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = UnmountBelow(dir); os.RemoveAll(dir) })
+	host := t.TempDir()
+
+	sleepBin, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := exec.Command(sleepBin, "300")
+	other := exec.Command(sleepBin, "300")
+	for _, c := range []*exec.Cmd{ours, other} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oursDone := make(chan error, 1)
+	go func() { oursDone <- ours.Wait() }()
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+
+	// Mounts: a bind of a onto itself (as kubelet does with its root), and b twice.
+	a, b := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubelet", "pods", "x")
+	for _, p := range []string{a, b} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range [][2]string{{a, a}, {host, b}, {host, b}} {
+		if err := unix.Mount(m[0], m[1], "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("mount %s on %s: %v", m[0], m[1], err)
+		}
+	}
+
+	hostFile := filepath.Join(host, "kubelet.sock")
+	emptyDir := filepath.Join(host, "device-plugins")
+	busyDir := filepath.Join(host, "netns")
+	for _, d := range []string{emptyDir, busyDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	foreign := filepath.Join(busyDir, "someone-elses")
+	for _, f := range []string{hostFile, foreign} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	st := newStateStore(dir)
+	if err := st.update(func(s *state) {
+		s.PIDs["kubelet"] = pidRecord{PID: ours.Process.Pid, Exe: sleepBin}
+		// The same PID's program is not what was recorded: a recycled PID.
+		s.PIDs["etcd"] = pidRecord{PID: other.Process.Pid, Exe: "/usr/bin/etcd"}
+		s.HostFiles = []string{hostFile}
+		s.HostDirs = []string{emptyDir, busyDir}
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	err = Cleanup(dir)
+	// The only failure: the directory that holds a file that is not ours stays.
+	if err == nil || !strings.Contains(err.Error(), busyDir) || strings.Count(err.Error(), "\n") != 0 {
+		t.Errorf("Cleanup: %v; want exactly one error, naming %s", err, busyDir)
+	}
+	select {
+	case <-oursDone:
+	default:
+		t.Errorf("the recorded process (pid %d) still runs", ours.Process.Pid)
+	}
+	if !pidIs(pidRecord{PID: other.Process.Pid, Exe: sleepBin}) {
+		t.Errorf("a process whose PID was recorded for another program was stopped")
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), dir) {
+		t.Errorf("mounts below %s remain:\n%s", dir, mounts)
+	}
+	for _, gone := range []string{hostFile, emptyDir} {
+		if _, err := os.Lstat(gone); !os.IsNotExist(err) {
+			t.Errorf("%s: still there (%v)", gone, err)
+		}
+	}
+	if _, err := os.Stat(foreign); err != nil {
+		t.Errorf("a file Cleanup does not own was removed: %v", err)
+	}
+	// Idempotent: a second run finds nothing more to do than the same refusal.
+	if err := Cleanup(dir); err == nil || !strings.Contains(err.Error(), busyDir) {
+		t.Errorf("second Cleanup: %v", err)
+	}
+}
+
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/tmp/a`:                `/tmp/a`,
+		`/tmp/with\040space`:    `/tmp/with space`,
+		`/tmp/tab\011and\134bs`: "/tmp/tab\tand\\bs",
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Cleanup of a directory without a state file (nothing was started) does nothing.
+func TestCleanupWithoutState(t *testing.T) {
+	if err := Cleanup(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+}

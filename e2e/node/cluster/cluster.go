@@ -1,0 +1,340 @@
+// Package cluster brings up a single-node Kubernetes on this machine for multireg's node
+// end-to-end test: etcd and containerd from the distribution's packages, kube-apiserver,
+// kube-controller-manager, kube-scheduler and kubelet built from source (build-kube.sh),
+// everything on 127.0.0.1 or unix sockets below one short directory, and tears it down again
+// — processes by PID, mounts, the network bridge, the sysctls kubelet changes — even after a
+// failure (Cleanup, cmd/cleanup).
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// NodeName is the node's name. kubelet refuses a loopback node IP, so the API server reaches
+// kubelet by this host name (--kubelet-preferred-address-types=Hostname,…): `kubectl logs`,
+// `exec` and the node proxy then work on 127.0.0.1.
+const NodeName = "localhost"
+
+// Options configure Start.
+type Options struct {
+	// Dir is the cluster's directory: short (unix socket paths below it must stay under 108
+	// bytes), existing and empty. Everything the cluster writes goes there but for the few
+	// files kubelet writes at fixed paths (see Cleanup).
+	Dir string
+	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl.
+	BinDir string
+	// Images are image tarballs imported into containerd before kubelet starts.
+	Images []string
+	// PauseImage is the sandbox image reference (an imported image: nothing is pulled).
+	PauseImage string
+	// Log receives a line per step.
+	Log io.Writer
+}
+
+// Cluster is a running single-node cluster.
+type Cluster struct {
+	opts   Options
+	pki    *pki
+	state  *stateStore
+	procs  map[string]*proc
+	phases []Phase
+
+	Client kubernetes.Interface
+	// Kubeconfig is an admin kubeconfig (for kubectl).
+	Kubeconfig string
+	// KubeletRoot is kubelet's --root-dir; PluginsRegistry and PluginsDir are below it.
+	KubeletRoot, PluginsRegistry, PluginsDir string
+	// ContainerdAddress is containerd's socket.
+	ContainerdAddress string
+	apiServerURL      string
+	ports             map[string]int
+}
+
+// Phase is a step of the cluster's life and how long it took.
+type Phase struct {
+	Name     string
+	Duration time.Duration
+}
+
+// Bridge is the CNI bridge of the pods' network.
+const Bridge = "mrn0"
+
+// podCIDR must not collide with the host's networks; Start checks it does not.
+const podCIDR = "10.88.77.0/24"
+
+// Start brings the cluster up to a Ready node with a CSINode object. On error everything it
+// started is torn down again.
+func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errNotRoot
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	c = &Cluster{
+		opts:              opts,
+		state:             newStateStore(opts.Dir),
+		procs:             map[string]*proc{},
+		Kubeconfig:        filepath.Join(opts.Dir, "admin.kubeconfig"),
+		KubeletRoot:       filepath.Join(opts.Dir, "kubelet"),
+		ContainerdAddress: filepath.Join(opts.Dir, "containerd", "c.sock"),
+		ports:             map[string]int{},
+	}
+	c.PluginsRegistry = filepath.Join(c.KubeletRoot, "plugins_registry")
+	c.PluginsDir = filepath.Join(c.KubeletRoot, "plugins")
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w\n%s", err, c.Logs(20))
+			if serr := c.Stop(); serr != nil {
+				err = fmt.Errorf("%w\nteardown: %v", err, serr)
+			}
+			c = nil
+		}
+	}()
+	if err := c.preflight(); err != nil {
+		return c, err
+	}
+	for _, dir := range []string{c.logDir(), c.KubeletRoot} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return c, err
+		}
+	}
+	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "controller-manager", "scheduler"} {
+		if c.ports[name], err = freePort(); err != nil {
+			return c, err
+		}
+	}
+	c.apiServerURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
+
+	steps := []struct {
+		name string
+		f    func(context.Context) error
+	}{
+		{"certificates (openssl)", c.makePKI},
+		{"etcd", c.startEtcd},
+		{"kube-apiserver", c.startAPIServer},
+		{"containerd + images", c.startContainerd},
+		{"kubelet → node Ready", c.startKubelet},
+		{"controller-manager + scheduler", c.startControllers},
+	}
+	for _, s := range steps {
+		if err := c.Phase(s.name, func() error { return s.f(ctx) }); err != nil {
+			return c, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return c, nil
+}
+
+// Phase runs f as a named, timed phase of the run.
+func (c *Cluster) Phase(name string, f func() error) error {
+	start := time.Now()
+	fmt.Fprintf(c.opts.Log, "=== %s …\n", name)
+	err := f()
+	d := time.Since(start)
+	c.phases = append(c.phases, Phase{Name: name, Duration: d})
+	if err != nil {
+		fmt.Fprintf(c.opts.Log, "=== %s: FAILED after %s: %v\n", name, d.Round(time.Millisecond), err)
+	} else {
+		fmt.Fprintf(c.opts.Log, "=== %s: %s\n", name, d.Round(time.Millisecond))
+	}
+	return err
+}
+
+// Phases returns the phases so far, in order.
+func (c *Cluster) Phases() []Phase { return append([]Phase(nil), c.phases...) }
+
+func (c *Cluster) logDir() string { return filepath.Join(c.opts.Dir, "logs") }
+
+// Logs returns the last n lines of every component's log, for a failure report.
+func (c *Cluster) Logs(n int) string {
+	var b strings.Builder
+	for _, name := range []string{"etcd", "kube-apiserver", "containerd", "kubelet", "kube-controller-manager", "kube-scheduler"} {
+		p := filepath.Join(c.logDir(), name+".log")
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "----- last %d lines of %s -----\n%s\n", n, p, tail(p, n))
+	}
+	return b.String()
+}
+
+// LogPath is the log file of a component (kubelet, containerd, …).
+func (c *Cluster) LogPath(name string) string { return filepath.Join(c.logDir(), name+".log") }
+
+func (c *Cluster) preflight() error {
+	var missing []string
+	for _, b := range []string{"etcd", "containerd", "ctr", "runc", "openssl", "ip", "mount"} {
+		if _, err := lookPath(b); err != nil {
+			missing = append(missing, b)
+		}
+	}
+	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(c.opts.BinDir, b)); err != nil {
+			missing = append(missing, filepath.Join(c.opts.BinDir, b))
+		}
+	}
+	for _, b := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBinDir, b)); err != nil {
+			missing = append(missing, filepath.Join(cniBinDir, b))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing: %s (make e2e-node installs the packages: etcd-server containerd containernetworking-plugins openssl iproute2)", strings.Join(missing, ", "))
+	}
+	// kubelet always serves its device-plugin registration socket at this fixed path and
+	// deletes every socket in its directory at start: a kubelet of this host would lose its
+	// device plugins.
+	if conn, err := net.Dial("unix", deviceManagerSocket); err == nil {
+		conn.Close()
+		return fmt.Errorf("a kubelet already runs on this machine (%s answers); the test cluster would take over its device-plugin directory", deviceManagerSocket)
+	}
+	if _, err := os.Stat("/sys/class/net/" + Bridge); err == nil {
+		return fmt.Errorf("network interface %s exists already (a test cluster still running, or left over: go run ./cmd/cleanup DIR)", Bridge)
+	}
+	if out, err := runFor(10*time.Second, "ip", "-4", "route", "show", "to", "match", "10.88.77.1"); err == nil && strings.Contains(out, "10.88.77") {
+		return fmt.Errorf("the pods' network %s overlaps a route of this host: %s", podCIDR, strings.TrimSpace(out))
+	}
+	sysctls, err := readSysctls()
+	if err != nil {
+		return err
+	}
+	return c.state.update(func(s *state) {
+		s.Sysctls = sysctls
+		s.Bridge = Bridge
+		s.NetnsBefore = listNetns()
+		s.ContainerdAddress = c.ContainerdAddress
+	})
+}
+
+func (c *Cluster) makePKI(ctx context.Context) (err error) {
+	c.pki, err = makePKI(ctx, filepath.Join(c.opts.Dir, "pki"), NodeName)
+	if err != nil {
+		return err
+	}
+	if err := kubeconfig(c.Kubeconfig, c.apiServerURL, c.pki.caCert, c.pki.adminToken); err != nil {
+		return err
+	}
+	return kubeconfig(c.kubeletKubeconfig(), c.apiServerURL, c.pki.caCert, c.pki.kubeletToken)
+}
+
+func (c *Cluster) kubeletKubeconfig() string { return filepath.Join(c.opts.Dir, "kubelet.kubeconfig") }
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	client := fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd"])
+	peer := fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd-peer"])
+	if _, err := c.startProc("etcd", mustLookPath("etcd"),
+		"--name=e2e", "--data-dir="+filepath.Join(c.opts.Dir, "etcd"),
+		"--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
+		"--initial-cluster=e2e="+peer, "--unsafe-no-fsync",
+	); err != nil {
+		return err
+	}
+	return c.waitHTTP(ctx, "etcd", client+"/health", nil)
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	p := c.pki
+	if _, err := c.startProc("kube-apiserver", filepath.Join(c.opts.BinDir, "kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.ports["etcd"]),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.ports["apiserver"]),
+		"--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverKey,
+		"--client-ca-file="+p.caCert, "--token-auth-file="+p.tokenFile,
+		"--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+p.saPub, "--service-account-signing-key-file="+p.saKey,
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--kubelet-client-certificate="+p.kubeletClientCert, "--kubelet-client-key="+p.kubeletClientKey,
+		"--kubelet-preferred-address-types=Hostname,InternalIP",
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+	); err != nil {
+		return err
+	}
+	if err := c.waitHTTP(ctx, "kube-apiserver", c.apiServerURL+"/readyz", &p.adminToken); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	c.Client, err = kubernetes.NewForConfig(cfg)
+	return err
+}
+
+// waitHTTP polls url until it answers 200, failing early if the component exited.
+func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	hc := insecureClient()
+	return poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
+		if p := c.procs[name]; p != nil {
+			if done, err := p.exited(); done {
+				return false, fmt.Errorf("%s exited: %v; see %s", name, err, p.log)
+			}
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if token != nil {
+			req.Header.Set("Authorization", "Bearer "+*token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, err
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+		}
+		return true, nil
+	})
+}
+
+// exitedErr turns an exited component into an error that stops a poll at once.
+func (c *Cluster) exitedErr(name string) error {
+	if p := c.procs[name]; p != nil {
+		if done, err := p.exited(); done {
+			return fmt.Errorf("%w: %s exited (%v); last lines of %s:\n%s", errExited, name, err, p.log, tail(p.log, 30))
+		}
+	}
+	return nil
+}
+
+var errExited = errors.New("component exited")
+
+// Stop tears the cluster down: components in order, then Cleanup. It is safe to call on a
+// partly started cluster and more than once.
+func (c *Cluster) Stop() error {
+	var errs []error
+	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kubelet"} {
+		if p := c.procs[name]; p != nil {
+			errs = append(errs, p.stop(10*time.Second))
+		}
+	}
+	if p := c.procs["containerd"]; p != nil {
+		if done, _ := p.exited(); !done {
+			errs = append(errs, removeTasks(c.ContainerdAddress))
+		}
+	}
+	for _, name := range []string{"kube-apiserver", "containerd", "etcd"} {
+		if p := c.procs[name]; p != nil {
+			errs = append(errs, p.stop(10*time.Second))
+		}
+	}
+	errs = append(errs, Cleanup(c.opts.Dir))
+	return errors.Join(errs...)
+}

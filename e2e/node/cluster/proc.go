@@ -1,0 +1,190 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// proc is one component of the cluster, started by this process and waited for by it.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed once cmd.Wait returned
+	err  error         // cmd.Wait's result, valid after done
+}
+
+// startProc starts bin with args, its output appended to logDir/name.log, and records its
+// PID in the state file so that Cleanup can stop it even if this process dies.
+func (c *Cluster) startProc(name, bin string, args ...string) (*proc, error) {
+	logPath := filepath.Join(c.logDir(), name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = f
+	cmd.Stderr = f
+	// Own process group: a Ctrl-C of `make` reaches the test, which stops the components
+	// in order, instead of killing them all at once mid-teardown.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	c.procs[name] = p
+	if err := c.state.update(func(s *state) { s.PIDs[name] = pidRecord{PID: cmd.Process.Pid, Exe: bin} }); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// exited reports whether the process has ended, and how.
+func (p *proc) exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// stop sends SIGTERM, waits up to grace, then SIGKILLs and waits for the process to be gone.
+func (p *proc) stop(grace time.Duration) error {
+	if done, _ := p.exited(); done {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+	}
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s did not stop within %s of SIGTERM: killed", p.name, grace)
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s (pid %d) still runs 10s after SIGKILL", p.name, p.cmd.Process.Pid)
+	}
+}
+
+// stopPID stops a process this package started in an earlier run (recorded in the state
+// file), after checking that the PID still names the same program.
+func stopPID(name string, rec pidRecord, grace time.Duration) error {
+	if !pidIs(rec) {
+		return nil
+	}
+	_ = syscall.Kill(rec.PID, syscall.SIGTERM)
+	if waitGone(rec, grace) {
+		return nil
+	}
+	_ = syscall.Kill(rec.PID, syscall.SIGKILL)
+	if waitGone(rec, 10*time.Second) {
+		return nil
+	}
+	return fmt.Errorf("%s (pid %d) still runs after SIGKILL", name, rec.PID)
+}
+
+// pidIs reports whether rec.PID is alive and runs rec.Exe (not a recycled PID). A zombie
+// counts as gone.
+func pidIs(rec pidRecord) bool {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", rec.PID))
+	if err != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", rec.PID))
+	if err == nil {
+		// "pid (comm) S ...": the state letter follows the last ')'.
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			return false
+		}
+	}
+	want, err := filepath.EvalSymlinks(rec.Exe)
+	if err != nil {
+		want = rec.Exe
+	}
+	return strings.TrimSuffix(exe, " (deleted)") == want
+}
+
+func waitGone(rec pidRecord, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if !pidIs(rec) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond) // polling another process's exit
+	}
+}
+
+// poll calls cond every interval until it returns true or an error, or ctx ends; the error
+// then names what was awaited and the last reason cond gave.
+func poll(ctx context.Context, interval time.Duration, what string, cond func() (bool, error)) error {
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), last)
+			}
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		case <-time.After(interval):
+		}
+	}
+}
+
+// tail returns the last n lines of a file, for failure reports.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// run runs a short command and returns its combined output; the error includes it.
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// runFor is run with a time limit.
+func runFor(d time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return run(ctx, name, args...)
+}
+
+var errNotRoot = errors.New("the single-node cluster needs root: it mounts, sets sysctls, runs containerd and creates a network bridge")
+
+func itoa(i int) string { return strconv.Itoa(i) }
