@@ -8,7 +8,7 @@ FUZZTIME ?= 20s
 KUBE     ?= 1.36
 MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
 
-.PHONY: all build demo test unit fuzz vet fmt-check e2e manifests bench
+.PHONY: all build demo test unit fuzz vet fmt-check e2e manifests e2e-node bench
 
 all: build
 
@@ -23,8 +23,8 @@ demo: build
 
 ## test: everything CI runs: formatting, vet, unit tests with the race detector, a fuzz smoke
 ## run, the image's build command, the end-to-end tests against kubelet 1.36 and 1.35, and the
-## shipped manifests and Helm chart.
-test: fmt-check vet unit fuzz build e2e manifests
+## shipped manifests and Helm chart, and the single-node Kubernetes test (as root).
+test: fmt-check vet unit fuzz build e2e manifests e2e-node
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -49,6 +49,13 @@ e2e:
 ## multireg configs validate, and their paths agree with the DaemonSet's mounts.
 manifests:
 	$(MAKE) -C e2e/manifests fmt vet tidy-check test
+
+## e2e-node: a real single-node Kubernetes built from source (kubelet, API server, controller
+## manager, scheduler; etcd and containerd from Debian) with bin/multireg on the host and as the
+## shipped DaemonSet: CSINode, device capacity, DRA, a kubelet restart, ConfigMap edits, a
+## rollout restart. Needs root; installs its Debian packages; caches the Kubernetes binaries.
+e2e-node: build
+	$(MAKE) -C e2e/node fmt tidy-check test MULTIREG=$(CURDIR)/bin/multireg
 
 ## bench: bin/multireg against kubelet's real plugin manager, beside the sidecar baseline, into
 ## BENCHMARKS.md (about 25 min; not part of test).

@@ -1,0 +1,205 @@
+package node_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"multireg.dev/multireg/e2e/node/cluster"
+	"multireg.dev/multireg/e2e/node/images"
+)
+
+var (
+	kubeBin     = flag.String("kube-bin", "", "directory of the Kubernetes binaries (build-kube.sh)")
+	multiregBin = flag.String("multireg", "", "the multireg binary users get (hack/build-binary.sh): run on the host and put in the image")
+	examplesDir = flag.String("examples", "../../examples", "the shipped examples/ directory (DaemonSet and kustomization)")
+	workDir     = flag.String("dir", "", "the cluster's directory: short, empty (default: a new one in /tmp)")
+)
+
+// Image references as containerd's CRI plugin knows them after `ctr images import`.
+const (
+	pauseRef    = "docker.io/multireg/pause:e2e"
+	multiregRef = "docker.io/multireg/multireg:e2e"
+)
+
+// The cluster every scenario runs on, brought up once by TestMain.
+var cl *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) (code int) {
+	if *kubeBin == "" || *multiregBin == "" {
+		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin and -multireg are required; run it with `make e2e-node` from the repository root")
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "e2e-node: FAIL: needs root: the single-node cluster mounts, sets sysctls, runs containerd and creates a network bridge (CI runs it as root)")
+		return 1
+	}
+	dir := *workDir
+	if dir == "" {
+		d, err := os.MkdirTemp("/tmp", "mrn.")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		dir = d
+	}
+	var phases []cluster.Phase
+	timed := func(name string, f func() error) error {
+		start := time.Now()
+		fmt.Printf("=== %s …\n", name)
+		err := f()
+		phases = append(phases, cluster.Phase{Name: name, Duration: time.Since(start)})
+		if err != nil {
+			fmt.Printf("=== %s: FAILED after %s\n", name, time.Since(start).Round(time.Millisecond))
+		}
+		return err
+	}
+	defer func() { printPhases(phases) }()
+
+	ctx := context.Background()
+	var tarballs []string
+	if err := timed("images (pause, multireg)", func() error {
+		var err error
+		tarballs, err = buildImages(ctx, filepath.Join(dir, "images"))
+		return err
+	}); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e-node:", err)
+		return 1
+	}
+	var err error
+	cl, err = cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: *kubeBin, Images: tarballs, PauseImage: pauseRef, Log: os.Stdout})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e-node: cluster:", err)
+		return 1
+	}
+	phases = append(phases, cl.Phases()...)
+	// Ctrl-C or a SIGTERM mid-test: the components run in their own process groups and would
+	// outlive this binary, so tear the cluster down before exiting.
+	sigC := make(chan os.Signal, 1)
+	signal.Notify(sigC, os.Interrupt, syscall.SIGTERM)
+	stopSignals := make(chan struct{})
+	signalsDone := make(chan struct{})
+	go func() {
+		defer close(signalsDone)
+		select {
+		case sig := <-sigC:
+			fmt.Fprintf(os.Stderr, "e2e-node: %v: tearing the cluster down\n", sig)
+			if err := cl.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "e2e-node: teardown:", err)
+			}
+			os.Exit(1)
+		case <-stopSignals:
+		}
+	}()
+	defer func() {
+		signal.Stop(sigC)
+		close(stopSignals)
+		<-signalsDone
+	}()
+	defer func() {
+		if err := timed("teardown", func() error {
+			deleteWorkloads(cl)
+			return cl.Stop()
+		}); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e-node: teardown:", err)
+			code = 1
+		}
+	}()
+	testsStart := time.Now()
+	code = m.Run()
+	phases = append(phases, cluster.Phase{Name: "scenarios", Duration: time.Since(testsStart)})
+	phases = append(phases, scenarioPhases...)
+	for _, f := range figures {
+		fmt.Println("e2e-node figure:", f)
+	}
+	if code != 0 {
+		fmt.Println(cl.Logs(40))
+	}
+	return code
+}
+
+// scenarioPhases are the scenarios' durations, and figures the measurements the scenarios
+// report, for the summary.
+var (
+	scenarioPhases []cluster.Phase
+	figures        []string
+)
+
+func buildImages(ctx context.Context, dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	pause, err := images.BuildPause(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	imgs := []images.Image{
+		{Ref: pauseRef, Files: []images.File{{Path: "/pause", Source: pause, Mode: 0o755}}, Entrypoint: []string{"/pause"}},
+		// The binary users get, as the Dockerfile installs it (there on a distroless base,
+		// here alone: multireg needs no file of the base image).
+		{Ref: multiregRef, Files: []images.File{{Path: "/multireg", Source: *multiregBin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"},
+	}
+	var tars []string
+	for i, im := range imgs {
+		p := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
+		if err := im.WriteTarball(p); err != nil {
+			return nil, err
+		}
+		tars = append(tars, p)
+	}
+	return tars, nil
+}
+
+// deleteWorkloads removes the DaemonSets the scenarios created and waits (bounded) for their
+// pods to be gone, so that kubelet stops the containers before it is stopped.
+func deleteWorkloads(c *cluster.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dss := c.Client.AppsV1().DaemonSets("kube-system")
+	list, err := dss.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for _, ds := range list.Items {
+		_ = dss.Delete(ctx, ds.Name, metav1.DeleteOptions{})
+	}
+	for ctx.Err() == nil {
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func printPhases(phases []cluster.Phase) {
+	if len(phases) == 0 {
+		return
+	}
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "phase\tseconds\t")
+	for _, p := range phases {
+		fmt.Fprintf(w, "%s\t%.1f\t\n", p.Name, p.Duration.Seconds())
+	}
+	w.Flush()
+	fmt.Printf("\ne2e-node phases:\n%s", b.String())
+}

@@ -1,0 +1,407 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/e2e/node/endpoints"
+)
+
+// The host scenarios' drivers: two CSI drivers, a device plugin with 3 devices and a DRA
+// driver, each a real endpoint of its API that kubelet's own handler talks to.
+const (
+	csiA     = "alpha.csi.multireg.test"
+	csiB     = "beta.csi.multireg.test"
+	csiC     = "gamma.csi.multireg.test" // scenario 2: NodeGetInfo fails twice
+	widget   = "example.com/widget"
+	draName  = "dra.multireg.test"
+	nWidgets = 3
+)
+
+type hostDrivers struct {
+	a, b, c *endpoints.CSI
+	dp      *endpoints.DevicePlugin
+	dra     *endpoints.DRA
+}
+
+func endpointPath(dir, file string) string { return filepath.Join(cl.PluginsDir, dir, file) }
+
+func hostConfig(drivers ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: multireg.dev/v1alpha1
+kind: RegistrarConfig
+registrationDir: %s
+defaults:
+  backoff:
+    initialInterval: 500ms
+    maxInterval: 5s
+drivers:
+`, cl.PluginsRegistry)
+	for _, d := range drivers {
+		b.WriteString(d)
+	}
+	return b.String()
+}
+
+func driverEntry(name, typ, endpoint string, extra ...string) string {
+	s := fmt.Sprintf("  - name: %s\n    type: %s\n    endpoint: %s\n", name, typ, endpoint)
+	for _, e := range extra {
+		s += "    " + e + "\n"
+	}
+	return s
+}
+
+var (
+	entryA   = func() string { return driverEntry(csiA, "CSIPlugin", endpointPath("alpha", "csi.sock")) }
+	entryB   = func() string { return driverEntry(csiB, "CSIPlugin", endpointPath("beta", "csi.sock")) }
+	entryC   = func() string { return driverEntry(csiC, "CSIPlugin", endpointPath("gamma", "csi.sock")) }
+	entryDP  = func() string { return driverEntry(widget, "DevicePlugin", endpointPath("widget", "dp.sock")) }
+	entryDRA = func() string { return driverEntry(draName, "DRAPlugin", endpointPath("dra", "dra.sock")) }
+)
+
+// TestNode runs the scenarios in order on the one cluster: multireg on the host registering
+// every kind of plugin (1), a rejection by kubelet's CSI handler (2), a kubelet restart (3), a
+// driver removed and put back (4); then the shipped DaemonSet (5).
+func TestNode(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "config.yaml")
+	var eps hostDrivers
+	start := func(f func() error) {
+		t.Helper()
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(func() (err error) {
+		eps.a, err = endpoints.StartCSI(endpointPath("alpha", "csi.sock"), endpoints.CSIOptions{Name: csiA, NodeID: "alpha-node-1"})
+		return err
+	})
+	t.Cleanup(eps.a.Stop)
+	start(func() (err error) {
+		eps.b, err = endpoints.StartCSI(endpointPath("beta", "csi.sock"), endpoints.CSIOptions{Name: csiB, NodeID: "beta-node-1"})
+		return err
+	})
+	t.Cleanup(eps.b.Stop)
+	start(func() (err error) {
+		eps.dp, err = endpoints.StartDevicePlugin(endpointPath("widget", "dp.sock"), endpoints.DeviceOptions{ResourceName: widget, Devices: nWidgets})
+		return err
+	})
+	t.Cleanup(eps.dp.Stop)
+	start(func() (err error) {
+		eps.dra, err = endpoints.StartDRA(endpointPath("dra", "dra.sock"), endpoints.DRAOptions{DriverName: draName})
+		return err
+	})
+	t.Cleanup(eps.dra.Stop)
+	// Scenario 2's driver; its endpoint runs from the start, multireg learns of it there.
+	start(func() (err error) {
+		eps.c, err = endpoints.StartCSI(endpointPath("gamma", "csi.sock"), endpoints.CSIOptions{Name: csiC, NodeID: "gamma-node-1", FailNodeGetInfo: 2})
+		return err
+	})
+	t.Cleanup(eps.c.Stop)
+
+	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA()))
+	// --cleanup-on-exit: the DaemonSet of scenario 5 starts from an empty registry.
+	mr := startHostMultireg(t, config, "--cleanup-on-exit")
+
+	ok := scenario(t, "1-csi-device-dra-registered", func(t *testing.T) { scenarioAll(t, mr, &eps) }) &&
+		scenario(t, "2-csi-nodegetinfo-fails-twice", func(t *testing.T) { scenarioRejected(t, mr, &eps, config) }) &&
+		scenario(t, "3-kubelet-restart", func(t *testing.T) { scenarioKubeletRestart(t, mr, &eps) }) &&
+		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) })
+	if !ok {
+		return
+	}
+	// Hand the node over: multireg on the host removes its sockets, every driver leaves.
+	mr.stop(t)
+	waitUntil(t, 30*time.Second, "CSINode empty after the host multireg stopped", func(ctx context.Context) (bool, string) {
+		drivers, err := csiNodeDrivers(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(drivers) == 0, fmt.Sprint(drivers)
+	})
+	scenario(t, "5-daemonset-as-shipped", scenarioDaemonSet)
+}
+
+// 1. Every kind of plugin registered by multireg reaches kubelet's real handler: CSINode
+// lists both CSI drivers with the node IDs their NodeGetInfo returned, node capacity shows the
+// 3 devices, and kubelet holds the DRA plugin registered.
+func scenarioAll(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
+	d := waitUntil(t, 60*time.Second, "both CSI drivers in CSINode with their node IDs", func(ctx context.Context) (bool, string) {
+		drivers, err := csiNodeDrivers(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return drivers[csiA] == "alpha-node-1" && drivers[csiB] == "beta-node-1", fmt.Sprint(drivers)
+	})
+	t.Logf("CSINode lists %s and %s %.1fs after multireg started", csiA, csiB, d.Seconds())
+	d = waitUntil(t, 60*time.Second, "node capacity "+widget, func(ctx context.Context) (bool, string) {
+		c, a, err := capacity(ctx, widget)
+		if err != nil {
+			return false, err.Error()
+		}
+		return c == nWidgets && a == nWidgets, fmt.Sprintf("capacity %d, allocatable %d", c, a)
+	})
+	t.Logf("node.status shows %d %s (after another %.1fs)", nWidgets, widget, d.Seconds())
+	waitUntil(t, 30*time.Second, "kubelet holds every plugin registered", func(ctx context.Context) (bool, string) {
+		reg, err := kubeletRegistered(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range []string{csiA, csiB, widget, draName} {
+			if !reg[regSocket(n)] {
+				return false, fmt.Sprintf("%s not registered; kubelet holds %v", n, reg)
+			}
+		}
+		return true, ""
+	})
+	if eps.dra.Connections() == 0 {
+		t.Errorf("kubelet's DRA manager never connected to the DRA endpoint")
+	}
+	if opened, open := eps.dp.ListAndWatchStreams(); opened < 1 || open != 1 {
+		t.Errorf("ListAndWatch streams: %d opened, %d open; want kubelet's one open stream", opened, open)
+	}
+	waitAllRegistered(t, mr, csiA, csiB, widget, draName)
+}
+
+func waitAllRegistered(t *testing.T, mr *hostMultireg, names ...string) map[string]driverStatus {
+	t.Helper()
+	var st map[string]driverStatus
+	waitUntil(t, 30*time.Second, "multireg reports every driver Registered", func(ctx context.Context) (bool, string) {
+		var err error
+		st, err = mr.status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range names {
+			if st[n].Phase != "Registered" {
+				return false, fmt.Sprintf("%s: %+v", n, st[n])
+			}
+		}
+		return true, ""
+	})
+	return st
+}
+
+// 2. A CSI driver whose NodeGetInfo fails twice: kubelet's CSI handler rejects the
+// registration, multireg reports kubelet's reason and retries (recreating its socket, since
+// kubelet ≤ 1.35 would not retry by itself), and the driver ends up in CSINode.
+func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config string) {
+	before := inodes(csiA, csiB, widget, draName)
+	// A slow first retry keeps kubelet's verdict visible in /status for a while.
+	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(),
+		entryC()+"    backoff:\n      initialInterval: 2s\n      maxInterval: 4s\n"))
+	var reason string
+	waitUntil(t, 30*time.Second, "multireg's /status shows kubelet's rejection of "+csiC, func(ctx context.Context) (bool, string) {
+		st, err := mr.status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		s := st[csiC]
+		reason = s.LastError
+		return s.Failures >= 1 && strings.Contains(s.LastError, "injected"), fmt.Sprintf("%+v", s)
+	})
+	t.Logf("multireg /status lastError of %s: %q", csiC, reason)
+	d := waitUntil(t, 60*time.Second, csiC+" in CSINode", func(ctx context.Context) (bool, string) {
+		drivers, err := csiNodeDrivers(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return drivers[csiC] == "gamma-node-1", fmt.Sprint(drivers)
+	})
+	st := waitAllRegistered(t, mr, csiA, csiB, csiC, widget, draName)
+	okCalls, failed := eps.c.NodeGetInfoCalls()
+	t.Logf("%s in CSINode %.1fs after its rejection was seen; NodeGetInfo: %d failed, %d ok; multireg: %d attempts, %d failures",
+		csiC, d.Seconds(), failed, okCalls, st[csiC].Attempts, st[csiC].Failures)
+	if failed != 2 || okCalls < 1 {
+		t.Errorf("NodeGetInfo calls: %d failed, %d ok; want 2 failed then at least 1 ok", failed, okCalls)
+	}
+	if st[csiC].Failures != 2 {
+		t.Errorf("multireg counted %d failures for %s, want kubelet's 2 rejections", st[csiC].Failures, csiC)
+	}
+	assertSame(t, "sockets of the other drivers", before, inodes(csiA, csiB, widget, draName))
+}
+
+// 3. kubelet restarts: every registration comes back (seen at the endpoints and in the new
+// kubelet's plugin manager), and multireg is untouched: same process, same sockets.
+func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
+	all := []string{csiA, csiB, csiC, widget, draName}
+	before := waitAllRegistered(t, mr, all...)
+	regsBefore, err := mr.registrations(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	socks := inodes(all...)
+	pid := mr.pid()
+	aOK, _ := eps.a.NodeGetInfoCalls()
+	bOK, _ := eps.b.NodeGetInfoCalls()
+	cOK, _ := eps.c.NodeGetInfoCalls()
+	streams, _ := eps.dp.ListAndWatchStreams()
+	conns := eps.dra.Connections()
+	oldKubelet := cl.KubeletPID()
+
+	if err := cl.StopKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := cl.StartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubelet restarted (pid %d → %d), node Ready after %.1fs", oldKubelet, cl.KubeletPID(), time.Since(start).Seconds())
+	waitUntil(t, 60*time.Second, "the new kubelet registers every plugin again", func(ctx context.Context) (bool, string) {
+		reg, err := kubeletRegistered(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range all {
+			if !reg[regSocket(n)] {
+				return false, n + " not registered yet"
+			}
+		}
+		a, _ := eps.a.NodeGetInfoCalls()
+		b, _ := eps.b.NodeGetInfoCalls()
+		c, _ := eps.c.NodeGetInfoCalls()
+		s, open := eps.dp.ListAndWatchStreams()
+		switch {
+		case a <= aOK || b <= bOK || c <= cOK:
+			return false, "a CSI endpoint got no new NodeGetInfo"
+		case s <= streams || open != 1:
+			return false, fmt.Sprintf("device plugin: %d streams opened (before %d), %d open", s, streams, open)
+		case eps.dra.Connections() <= conns:
+			return false, "no new connection to the DRA endpoint"
+		}
+		return true, ""
+	})
+	t.Logf("every plugin registered with the new kubelet %.1fs after it started", time.Since(start).Seconds())
+	waitUntil(t, 60*time.Second, "node capacity "+widget+" after the restart", func(ctx context.Context) (bool, string) {
+		c, a, err := capacity(ctx, widget)
+		return err == nil && c == nWidgets && a == nWidgets, fmt.Sprintf("capacity %d allocatable %d %v", c, a, err)
+	})
+	after := waitAllRegistered(t, mr, all...)
+	if !mr.running() || mr.pid() != pid {
+		t.Errorf("multireg did not survive kubelet's restart")
+	}
+	assertSame(t, "registration sockets (multireg untouched)", socks, inodes(all...))
+	// Untouched: no socket published again (attempts), no failure; kubelet's new
+	// registration on the same socket is counted among the accepted ones.
+	regsAfter, err := mr.registrations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range all {
+		if after[n].Attempts != before[n].Attempts || after[n].Failures != before[n].Failures {
+			t.Errorf("%s: attempts %d → %d, failures %d → %d; want no new socket and no failure",
+				n, before[n].Attempts, after[n].Attempts, before[n].Failures, after[n].Failures)
+		}
+		if regsAfter[n] != regsBefore[n]+1 {
+			t.Errorf("%s: registrations accepted by kubelet %d → %d, want one more (the new kubelet's)", n, regsBefore[n], regsAfter[n])
+		}
+	}
+	drivers, err := csiNodeDrivers(ctx)
+	if err != nil || drivers[csiA] == "" || drivers[csiB] == "" || drivers[csiC] == "" {
+		t.Errorf("CSINode after the restart: %v %v", drivers, err)
+	}
+}
+
+// 4. A CSI driver removed from the drivers file leaves CSINode; put back, it returns. Nothing
+// else in CSINode, node capacity, the other sockets or the other endpoints moves.
+func scenarioRemoveRestore(t *testing.T, mr *hostMultireg, eps *hostDrivers, config string) {
+	others := []string{csiA, csiC, widget, draName}
+	waitAllRegistered(t, mr, append(others, csiB)...)
+	socks := inodes(others...)
+	csinode, err := csiNodeDrivers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	aOK, _ := eps.a.NodeGetInfoCalls()
+	cOK, _ := eps.c.NodeGetInfoCalls()
+	streams, _ := eps.dp.ListAndWatchStreams()
+	conns := eps.dra.Connections()
+	unchanged := func(when string) {
+		t.Helper()
+		assertSame(t, "other drivers' sockets "+when, socks, inodes(others...))
+		a, _ := eps.a.NodeGetInfoCalls()
+		c, _ := eps.c.NodeGetInfoCalls()
+		s, open := eps.dp.ListAndWatchStreams()
+		if a != aOK || c != cOK || s != streams || open != 1 || eps.dra.Connections() != conns {
+			t.Errorf("%s: another driver was registered again: NodeGetInfo %s %d→%d, %s %d→%d; ListAndWatch %d→%d (%d open); DRA connections %d→%d",
+				when, csiA, aOK, a, csiC, cOK, c, streams, s, open, conns, eps.dra.Connections())
+		}
+		if c, a, err := capacity(context.Background(), widget); err != nil || c != nWidgets || a != nWidgets {
+			t.Errorf("%s: capacity %d allocatable %d (%v), want %d", when, c, a, err, nWidgets)
+		}
+	}
+
+	cEntry := entryC() + "    backoff:\n      initialInterval: 2s\n      maxInterval: 4s\n"
+	start := time.Now()
+	writeFileAtomic(t, config, hostConfig(entryA(), entryDP(), entryDRA(), cEntry))
+	waitUntil(t, 30*time.Second, csiB+" leaves CSINode", func(ctx context.Context) (bool, string) {
+		drivers, err := csiNodeDrivers(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		_, in := drivers[csiB]
+		return !in, fmt.Sprint(drivers)
+	})
+	t.Logf("%s left CSINode %.1fs after the edit", csiB, time.Since(start).Seconds())
+	if _, err := os.Lstat(regSocket(csiB)); !os.IsNotExist(err) {
+		t.Errorf("%s's socket still there after its removal: %v", csiB, err)
+	}
+	wantOthers := map[string]string{csiA: csinode[csiA], csiC: csinode[csiC]}
+	assertCSINode(t, wantOthers, csiB)
+	unchanged("after the removal")
+
+	start = time.Now()
+	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(), cEntry))
+	waitUntil(t, 30*time.Second, csiB+" back in CSINode", func(ctx context.Context) (bool, string) {
+		drivers, err := csiNodeDrivers(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return drivers[csiB] == "beta-node-1", fmt.Sprint(drivers)
+	})
+	t.Logf("%s back in CSINode %.1fs after the edit", csiB, time.Since(start).Seconds())
+	assertCSINode(t, wantOthers, "")
+	unchanged("after the restore")
+}
+
+func assertCSINode(t *testing.T, want map[string]string, absent string) {
+	t.Helper()
+	drivers, err := csiNodeDrivers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, id := range want {
+		if drivers[n] != id {
+			t.Errorf("CSINode %s: node ID %q, want %q (unchanged)", n, drivers[n], id)
+		}
+	}
+	if _, in := drivers[absent]; absent != "" && in {
+		t.Errorf("CSINode still lists %s", absent)
+	}
+}
+
+func inodes(names ...string) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, n := range names {
+		m[n] = inode(regSocket(n))
+	}
+	return m
+}
+
+func assertSame(t *testing.T, what string, before, after map[string]uint64) {
+	t.Helper()
+	for n, ino := range before {
+		if ino == 0 {
+			t.Errorf("%s: %s had no socket", what, n)
+		} else if after[n] != ino {
+			t.Errorf("%s: %s's socket changed (inode %d → %d)", what, n, ino, after[n])
+		}
+	}
+}
