@@ -5,7 +5,7 @@
 #
 # The binaries are kept in OUTDIR, stamped with the release so that they
 # report it (without -ldflags they say v0.0.0), and rebuilt only when the
-# release or the Go toolchain changes: a cold build takes minutes on two
+# release, the Go toolchain or kube/go.mod changes: a cold build takes minutes on two
 # cores, a warm one nothing.
 set -eu
 out=${1:?usage: build-kube.sh OUTDIR}
@@ -13,7 +13,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/kube"
 
 version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
-stamp="$version $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH)"
+# The stamp: the release, the toolchain, and the module files (a changed replace rebuilds).
+stamp="$version $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH) $(cat go.mod go.sum | sha256sum | cut -c1-16)"
 cmds="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
 
 mkdir -p "$out"

@@ -5,11 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -33,7 +32,7 @@ type hostMultireg struct {
 
 func startHostMultireg(t *testing.T, config string, extra ...string) *hostMultireg {
 	t.Helper()
-	port, err := freePort()
+	port, err := cluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,11 +45,18 @@ func startHostMultireg(t *testing.T, config string, extra ...string) *hostMultir
 	args := append([]string{"run", "--config", config, "--http-endpoint", m.addr}, extra...)
 	m.cmd = exec.Command(*multiregBin, args...)
 	m.cmd.Stdout, m.cmd.Stderr = f, f
+	// Its own process group, as the cluster's components: a Ctrl-C reaches the test, which
+	// stops it in order.
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = m.cmd.Wait(); close(m.done) }()
 	t.Cleanup(func() { m.stop(t) })
+	// Recorded with the cluster's processes: cmd/cleanup stops it if this binary dies.
+	if err := cl.Track("multireg-host", m.cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
 	return m
 }
 
@@ -65,7 +71,7 @@ func (m *hostMultireg) stop(t *testing.T) {
 	select {
 	case <-m.done:
 		if code := m.cmd.ProcessState.ExitCode(); code != 0 {
-			t.Errorf("multireg exited with %d after SIGTERM; log:\n%s", code, readTail(m.log, 30))
+			t.Errorf("multireg exited with %d after SIGTERM; log:\n%s", code, cluster.Tail(m.log, 30))
 		}
 	case <-time.After(15 * time.Second):
 		_ = m.cmd.Process.Kill()
@@ -123,35 +129,18 @@ func statusAt(ctx context.Context, url string) (map[string]driverStatus, error) 
 // registrations returns multireg's count of registrations kubelet accepted, per driver
 // (multireg_registration_attempts_total{result="registered"}): it grows when kubelet
 // registers a driver again on the same socket, as after a kubelet restart.
-func (m *hostMultireg) registrations(ctx context.Context) (map[string]int, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.addr+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
+func (m *hostMultireg) registrations(ctx context.Context, names ...string) (map[string]int, error) {
+	text, err := m.metrics(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
 	out := map[string]int{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "multireg_registration_attempts_total{") || !strings.Contains(line, `result="registered"`) {
-			continue
-		}
-		m := registeredMetric.FindStringSubmatch(line)
-		if m == nil {
-			return nil, fmt.Errorf("unexpected metric line %q", line)
-		}
-		n, err := strconv.Atoi(m[2])
-		if err != nil {
-			return nil, fmt.Errorf("metric line %q: %w", line, err)
-		}
-		out[m[1]] = n
+	for _, n := range names {
+		v, _ := metric(text, "multireg_registration_attempts_total", map[string]string{"driver": n, "result": "registered"})
+		out[n] = int(v)
 	}
-	return out, sc.Err()
+	return out, nil
 }
-
-var registeredMetric = regexp.MustCompile(`driver="([^"]+)".* (\d+)$`)
 
 // writeFileAtomic replaces path with content by a rename, as editors and config management do.
 func writeFileAtomic(t *testing.T, path, content string) {
@@ -233,34 +222,31 @@ func kubeletRegistered(ctx context.Context) (map[string]bool, error) {
 	return out, sc.Err()
 }
 
-// inode returns the inode of path's file, 0 if it does not exist.
-func inode(path string) uint64 {
+// fileID identifies a file: inode and change time (an inode number alone is often reused at
+// once for a socket created anew).
+type fileID struct {
+	ino   uint64
+	ctime syscall.Timespec
+}
+
+// ident returns path's fileID, the zero value if it does not exist.
+func ident(path string) fileID {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(path, &st); err != nil {
-		return 0
+		return fileID{}
 	}
-	return st.Ino
+	return fileID{st.Ino, st.Ctim}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// tempDir is a new directory below the cluster's, which goes with it even if this binary
+// dies (unlike t.TempDir's).
+func tempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp(cl.Dir(), "test.")
 	if err != nil {
-		return 0, err
+		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func readTail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return d
 }
 
 // scenario runs one scenario as a subtest and records its duration for the phase summary.
@@ -271,7 +257,74 @@ func scenario(t *testing.T, name string, f func(t *testing.T)) bool {
 	return ok
 }
 
-// regSocket is the registration socket multireg publishes for a driver by default.
-func regSocket(name string) string {
-	return filepath.Join(cl.PluginsRegistry, strings.NewReplacer("/", "_").Replace(name)+"-reg.sock")
+// sockets maps each driver to the registration socket multireg reported for it in /status.
+var sockets = map[string]string{}
+
+func socketOf(t *testing.T, name string) string {
+	t.Helper()
+	p, ok := sockets[name]
+	if !ok {
+		t.Fatalf("no registration socket known for %s: it was never seen Registered", name)
+	}
+	return p
+}
+
+// stays polls cond for d and fails the test if it ever stops holding: "nothing else moves"
+// is judged over a few reconcile passes, not at the instant the awaited change appeared.
+func stays(t *testing.T, d time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		if ok, why := cond(ctx); !ok {
+			if ctx.Err() != nil {
+				return // the deadline cut a request short: not a failure of cond
+			}
+			t.Errorf("%s: no longer so: %s", what, why)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// metric returns the value of the series name{labels…} in a Prometheus text exposition; ok
+// is false if there is none.
+func metric(text, name string, labels map[string]string) (value float64, ok bool) {
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			match = match && strings.Contains(line, fmt.Sprintf("%s=%q", k, v))
+		}
+		if !match {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, false
+		}
+		return v, true
+	}
+	return 0, false
+}
+
+func (m *hostMultireg) metrics(ctx context.Context) (string, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.addr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }

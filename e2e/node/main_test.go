@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -13,9 +14,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"multireg.dev/multireg/e2e/node/cluster"
+	"multireg.dev/multireg/e2e/node/hostpaths"
 	"multireg.dev/multireg/e2e/node/images"
 )
 
@@ -26,11 +29,9 @@ var (
 	workDir     = flag.String("dir", "", "the cluster's directory: short, empty (default: a new one in /tmp)")
 )
 
-// Image references as containerd's CRI plugin knows them after `ctr images import`.
-const (
-	pauseRef    = "docker.io/multireg/pause:e2e"
-	multiregRef = "docker.io/multireg/multireg:e2e"
-)
+// The multireg image's reference, as containerd's CRI plugin knows it after `ctr images
+// import` (the pause image's is images.PauseRef).
+const multiregRef = "docker.io/multireg/multireg:e2e"
 
 // The cluster every scenario runs on, brought up once by TestMain.
 var cl *cluster.Cluster
@@ -57,18 +58,16 @@ func runMain(m *testing.M) (code int) {
 			return 1
 		}
 		dir = d
+		// Removed after the teardown (deferred first, so run last), unless something is
+		// still mounted below it.
+		defer func() {
+			if err := hostpaths.UnmountBelow(dir); err == nil {
+				_ = os.RemoveAll(dir)
+			}
+		}()
 	}
 	var phases []cluster.Phase
-	timed := func(name string, f func() error) error {
-		start := time.Now()
-		fmt.Printf("=== %s …\n", name)
-		err := f()
-		phases = append(phases, cluster.Phase{Name: name, Duration: time.Since(start)})
-		if err != nil {
-			fmt.Printf("=== %s: FAILED after %s\n", name, time.Since(start).Round(time.Millisecond))
-		}
-		return err
-	}
+	timed := func(name string, f func() error) error { return cluster.TimePhase(os.Stdout, &phases, name, f) }
 	defer func() { printPhases(phases) }()
 
 	ctx := context.Background()
@@ -82,7 +81,7 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	var err error
-	cl, err = cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: *kubeBin, Images: tarballs, PauseImage: pauseRef, Log: os.Stdout})
+	cl, err = cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: *kubeBin, Images: tarballs, PauseImage: images.PauseRef, Log: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e-node: cluster:", err)
 		return 1
@@ -99,7 +98,7 @@ func runMain(m *testing.M) (code int) {
 		select {
 		case sig := <-sigC:
 			fmt.Fprintf(os.Stderr, "e2e-node: %v: tearing the cluster down\n", sig)
-			if err := cl.Stop(); err != nil {
+			if err := errors.Join(deleteWorkloads(cl), cl.Stop()); err != nil {
 				fmt.Fprintln(os.Stderr, "e2e-node: teardown:", err)
 			}
 			os.Exit(1)
@@ -113,8 +112,7 @@ func runMain(m *testing.M) (code int) {
 	}()
 	defer func() {
 		if err := timed("teardown", func() error {
-			deleteWorkloads(cl)
-			return cl.Stop()
+			return errors.Join(deleteWorkloads(cl), cl.Stop())
 		}); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e-node: teardown:", err)
 			code = 1
@@ -144,47 +142,47 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	pause, err := images.BuildPause(ctx, dir)
+	pause, err := images.WritePause(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
-	imgs := []images.Image{
-		{Ref: pauseRef, Files: []images.File{{Path: "/pause", Source: pause, Mode: 0o755}}, Entrypoint: []string{"/pause"}},
-		// The binary users get, as the Dockerfile installs it (there on a distroless base,
-		// here alone: multireg needs no file of the base image).
-		{Ref: multiregRef, Files: []images.File{{Path: "/multireg", Source: *multiregBin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"},
+	// The binary users get, as the Dockerfile installs it (there on a distroless base, here
+	// alone: multireg needs no file of the base image).
+	mr := images.Image{Ref: multiregRef, Files: []images.File{{Path: "/multireg", Source: *multiregBin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"}
+	tar := filepath.Join(dir, "multireg.tar")
+	if err := mr.WriteTarball(tar); err != nil {
+		return nil, err
 	}
-	var tars []string
-	for i, im := range imgs {
-		p := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
-		if err := im.WriteTarball(p); err != nil {
-			return nil, err
-		}
-		tars = append(tars, p)
-	}
+	tars := []string{pause, tar}
 	return tars, nil
 }
 
 // deleteWorkloads removes the DaemonSets the scenarios created and waits (bounded) for their
 // pods to be gone, so that kubelet stops the containers before it is stopped.
-func deleteWorkloads(c *cluster.Cluster) {
+func deleteWorkloads(c *cluster.Cluster) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	dss := c.Client.AppsV1().DaemonSets("kube-system")
 	list, err := dss.List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return
+		return fmt.Errorf("list DaemonSets: %w", err)
 	}
 	for _, ds := range list.Items {
-		_ = dss.Delete(ctx, ds.Name, metav1.DeleteOptions{})
+		if err := dss.Delete(ctx, ds.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete DaemonSet %s: %w", ds.Name, err)
+		}
 	}
-	for ctx.Err() == nil {
+	for {
 		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{})
-		if err != nil || len(pods.Items) == 0 {
-			return
+		if err == nil && len(pods.Items) == 0 {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
+			if err == nil {
+				return fmt.Errorf("%d pods still there after 90s (the teardown removes their containers)", len(pods.Items))
+			}
+			return err
 		case <-time.After(250 * time.Millisecond):
 		}
 	}

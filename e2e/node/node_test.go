@@ -68,7 +68,7 @@ var (
 // every kind of plugin (1), a rejection by kubelet's CSI handler (2), a kubelet restart (3), a
 // driver removed and put back (4); then the shipped DaemonSet (5).
 func TestNode(t *testing.T) {
-	dir := t.TempDir()
+	dir := tempDir(t)
 	config := filepath.Join(dir, "config.yaml")
 	var eps hostDrivers
 	start := func(f func() error) {
@@ -106,9 +106,10 @@ func TestNode(t *testing.T) {
 
 	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA()))
 	// --cleanup-on-exit: the DaemonSet of scenario 5 starts from an empty registry.
+	mrStart := time.Now()
 	mr := startHostMultireg(t, config, "--cleanup-on-exit")
 
-	ok := scenario(t, "1-csi-device-dra-registered", func(t *testing.T) { scenarioAll(t, mr, &eps) }) &&
+	ok := scenario(t, "1-csi-device-dra-registered", func(t *testing.T) { scenarioAll(t, mr, &eps, mrStart) }) &&
 		scenario(t, "2-csi-nodegetinfo-fails-twice", func(t *testing.T) { scenarioRejected(t, mr, &eps, config) }) &&
 		scenario(t, "3-kubelet-restart", func(t *testing.T) { scenarioKubeletRestart(t, mr, &eps) }) &&
 		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) })
@@ -129,52 +130,69 @@ func TestNode(t *testing.T) {
 
 // 1. Every kind of plugin registered by multireg reaches kubelet's real handler: CSINode
 // lists both CSI drivers with the node IDs their NodeGetInfo returned, node capacity shows the
-// 3 devices, and kubelet holds the DRA plugin registered.
-func scenarioAll(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
-	d := waitUntil(t, 60*time.Second, "both CSI drivers in CSINode with their node IDs", func(ctx context.Context) (bool, string) {
+// 3 devices, kubelet's DRA manager connects to the DRA endpoint, and multireg reports each
+// driver Registered: kubelet's own verdict, sent after its handler's RegisterPlugin succeeded.
+func scenarioAll(t *testing.T, mr *hostMultireg, eps *hostDrivers, mrStart time.Time) {
+	waitUntil(t, 60*time.Second, "both CSI drivers in CSINode with their node IDs", func(ctx context.Context) (bool, string) {
 		drivers, err := csiNodeDrivers(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		return drivers[csiA] == "alpha-node-1" && drivers[csiB] == "beta-node-1", fmt.Sprint(drivers)
 	})
-	t.Logf("CSINode lists %s and %s %.1fs after multireg started", csiA, csiB, d.Seconds())
-	d = waitUntil(t, 60*time.Second, "node capacity "+widget, func(ctx context.Context) (bool, string) {
+	t.Logf("CSINode lists %s and %s %.1fs after multireg started", csiA, csiB, time.Since(mrStart).Seconds())
+	waitUntil(t, 60*time.Second, "node capacity "+widget, func(ctx context.Context) (bool, string) {
 		c, a, err := capacity(ctx, widget)
 		if err != nil {
 			return false, err.Error()
 		}
 		return c == nWidgets && a == nWidgets, fmt.Sprintf("capacity %d, allocatable %d", c, a)
 	})
-	t.Logf("node.status shows %d %s (after another %.1fs)", nWidgets, widget, d.Seconds())
-	waitUntil(t, 30*time.Second, "kubelet holds every plugin registered", func(ctx context.Context) (bool, string) {
-		reg, err := kubeletRegistered(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, n := range []string{csiA, csiB, widget, draName} {
-			if !reg[regSocket(n)] {
-				return false, fmt.Sprintf("%s not registered; kubelet holds %v", n, reg)
-			}
-		}
-		return true, ""
-	})
+	t.Logf("node.status shows %d %s %.1fs after multireg started", nWidgets, widget, time.Since(mrStart).Seconds())
+	all := []string{csiA, csiB, widget, draName}
+	waitAllRegistered(t, mr, all...)
+	waitKubeletHolds(t, all...)
 	if eps.dra.Connections() == 0 {
 		t.Errorf("kubelet's DRA manager never connected to the DRA endpoint")
 	}
 	if opened, open := eps.dp.ListAndWatchStreams(); opened < 1 || open != 1 {
 		t.Errorf("ListAndWatch streams: %d opened, %d open; want kubelet's one open stream", opened, open)
 	}
-	waitAllRegistered(t, mr, csiA, csiB, widget, draName)
 }
 
+// waitKubeletHolds waits until kubelet's plugin manager holds every named driver's socket
+// (plugin_manager_total_plugins{state="actual_state_of_world"}, from kubelet's metrics).
+func waitKubeletHolds(t *testing.T, names ...string) {
+	t.Helper()
+	waitUntil(t, 30*time.Second, "kubelet's plugin manager holds every plugin", func(ctx context.Context) (bool, string) {
+		reg, err := kubeletRegistered(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range names {
+			if !reg[socketOf(t, n)] {
+				return false, fmt.Sprintf("%s not held; kubelet holds %v", n, reg)
+			}
+		}
+		return true, ""
+	})
+}
+
+// waitAllRegistered waits until multireg on the host reports every named driver Registered,
+// notes their sockets, and returns the status.
 func waitAllRegistered(t *testing.T, mr *hostMultireg, names ...string) map[string]driverStatus {
 	t.Helper()
+	return waitRegisteredAt(t, "multireg on the host", "http://"+mr.addr+"/status", names...)
+}
+
+// waitRegisteredAt waits until the multireg whose /status is url reports every named driver
+// Registered, notes their sockets, and returns the status.
+func waitRegisteredAt(t *testing.T, who, url string, names ...string) map[string]driverStatus {
+	t.Helper()
 	var st map[string]driverStatus
-	waitUntil(t, 30*time.Second, "multireg reports every driver Registered", func(ctx context.Context) (bool, string) {
+	waitUntil(t, 30*time.Second, who+" reports every driver Registered", func(ctx context.Context) (bool, string) {
 		var err error
-		st, err = mr.status(ctx)
-		if err != nil {
+		if st, err = statusAt(ctx, url); err != nil {
 			return false, err.Error()
 		}
 		for _, n := range names {
@@ -184,17 +202,20 @@ func waitAllRegistered(t *testing.T, mr *hostMultireg, names ...string) map[stri
 		}
 		return true, ""
 	})
+	for _, n := range names {
+		sockets[n] = st[n].Socket
+	}
 	return st
 }
 
 // 2. A CSI driver whose NodeGetInfo fails twice: kubelet's CSI handler rejects the
-// registration, multireg reports kubelet's reason and retries (recreating its socket, since
+// registration, multireg reports kubelet's reason and retries by recreating its socket (since
 // kubelet ≤ 1.35 would not retry by itself), and the driver ends up in CSINode.
 func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config string) {
-	before := inodes(csiA, csiB, widget, draName)
+	others := []string{csiA, csiB, widget, draName}
+	before := idents(t, others...)
 	// A slow first retry keeps kubelet's verdict visible in /status for a while.
-	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(),
-		entryC()+"    backoff:\n      initialInterval: 2s\n      maxInterval: 4s\n"))
+	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(), entryCSlow()))
 	var reason string
 	waitUntil(t, 30*time.Second, "multireg's /status shows kubelet's rejection of "+csiC, func(ctx context.Context) (bool, string) {
 		st, err := mr.status(ctx)
@@ -206,36 +227,47 @@ func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config s
 		return s.Failures >= 1 && strings.Contains(s.LastError, "injected"), fmt.Sprintf("%+v", s)
 	})
 	t.Logf("multireg /status lastError of %s: %q", csiC, reason)
-	d := waitUntil(t, 60*time.Second, csiC+" in CSINode", func(ctx context.Context) (bool, string) {
+	start := time.Now()
+	waitUntil(t, 60*time.Second, csiC+" in CSINode", func(ctx context.Context) (bool, string) {
 		drivers, err := csiNodeDrivers(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		return drivers[csiC] == "gamma-node-1", fmt.Sprint(drivers)
 	})
-	st := waitAllRegistered(t, mr, csiA, csiB, csiC, widget, draName)
+	st := waitAllRegistered(t, mr, append(others, csiC)...)
 	okCalls, failed := eps.c.NodeGetInfoCalls()
-	t.Logf("%s in CSINode %.1fs after its rejection was seen; NodeGetInfo: %d failed, %d ok; multireg: %d attempts, %d failures",
-		csiC, d.Seconds(), failed, okCalls, st[csiC].Attempts, st[csiC].Failures)
+	t.Logf("%s in CSINode %.1fs after its rejection was seen; NodeGetInfo: %d failed, %d ok; multireg: %d sockets published, %d failures",
+		csiC, time.Since(start).Seconds(), failed, okCalls, st[csiC].Attempts, st[csiC].Failures)
 	if failed != 2 || okCalls < 1 {
 		t.Errorf("NodeGetInfo calls: %d failed, %d ok; want 2 failed then at least 1 ok", failed, okCalls)
 	}
-	if st[csiC].Failures != 2 {
-		t.Errorf("multireg counted %d failures for %s, want kubelet's 2 rejections", st[csiC].Failures, csiC)
+	// Each rejection made multireg publish a new socket: 3 in all, 2 recreated for "rejected".
+	if st[csiC].Failures != 2 || st[csiC].Attempts != 3 {
+		t.Errorf("multireg for %s: %d failures, %d sockets published; want kubelet's 2 rejections, each answered by a new socket (3)",
+			csiC, st[csiC].Failures, st[csiC].Attempts)
 	}
-	assertSame(t, "sockets of the other drivers", before, inodes(csiA, csiB, widget, draName))
-}
-
-// 3. kubelet restarts: every registration comes back (seen at the endpoints and in the new
-// kubelet's plugin manager), and multireg is untouched: same process, same sockets.
-func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
-	all := []string{csiA, csiB, csiC, widget, draName}
-	before := waitAllRegistered(t, mr, all...)
-	regsBefore, err := mr.registrations(context.Background())
+	text, err := mr.metrics(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	socks := inodes(all...)
+	if v, _ := metric(text, "multireg_socket_recreations_total", map[string]string{"driver": csiC, "reason": "rejected"}); v != 2 {
+		t.Errorf("multireg_socket_recreations_total{driver=%q,reason=\"rejected\"} = %v, want 2", csiC, v)
+	}
+	assertSame(t, "sockets of the other drivers", before, idents(t, others...))
+}
+
+// 3. kubelet restarts: every registration comes back (seen at the endpoints, in the new
+// kubelet's plugin manager, and as one more accepted registration per driver in multireg's
+// metrics), and multireg is untouched: same process, same sockets, nothing published again.
+func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
+	all := []string{csiA, csiB, csiC, widget, draName}
+	before := waitAllRegistered(t, mr, all...)
+	regsBefore, err := mr.registrations(context.Background(), all...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socks := idents(t, all...)
 	pid := mr.pid()
 	aOK, _ := eps.a.NodeGetInfoCalls()
 	bOK, _ := eps.b.NodeGetInfoCalls()
@@ -248,22 +280,13 @@ func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	startCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := cl.StartKubelet(ctx); err != nil {
+	if err := cl.StartKubelet(startCtx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("kubelet restarted (pid %d → %d), node Ready after %.1fs", oldKubelet, cl.KubeletPID(), time.Since(start).Seconds())
 	waitUntil(t, 60*time.Second, "the new kubelet registers every plugin again", func(ctx context.Context) (bool, string) {
-		reg, err := kubeletRegistered(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, n := range all {
-			if !reg[regSocket(n)] {
-				return false, n + " not registered yet"
-			}
-		}
 		a, _ := eps.a.NodeGetInfoCalls()
 		b, _ := eps.b.NodeGetInfoCalls()
 		c, _ := eps.c.NodeGetInfoCalls()
@@ -276,71 +299,111 @@ func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 		case eps.dra.Connections() <= conns:
 			return false, "no new connection to the DRA endpoint"
 		}
+		// kubelet's verdict, sent after RegisterPlugin returned: one more accepted
+		// registration per driver.
+		regs, err := mr.registrations(ctx, all...)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range all {
+			if regs[n] != regsBefore[n]+1 {
+				return false, fmt.Sprintf("%s: %d registrations accepted (before %d)", n, regs[n], regsBefore[n])
+			}
+		}
 		return true, ""
 	})
 	t.Logf("every plugin registered with the new kubelet %.1fs after it started", time.Since(start).Seconds())
+	waitKubeletHolds(t, all...)
 	waitUntil(t, 60*time.Second, "node capacity "+widget+" after the restart", func(ctx context.Context) (bool, string) {
 		c, a, err := capacity(ctx, widget)
 		return err == nil && c == nWidgets && a == nWidgets, fmt.Sprintf("capacity %d allocatable %d %v", c, a, err)
 	})
-	after := waitAllRegistered(t, mr, all...)
-	if !mr.running() || mr.pid() != pid {
-		t.Errorf("multireg did not survive kubelet's restart")
-	}
-	assertSame(t, "registration sockets (multireg untouched)", socks, inodes(all...))
-	// Untouched: no socket published again (attempts), no failure; kubelet's new
-	// registration on the same socket is counted among the accepted ones.
-	regsAfter, err := mr.registrations(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range all {
-		if after[n].Attempts != before[n].Attempts || after[n].Failures != before[n].Failures {
-			t.Errorf("%s: attempts %d → %d, failures %d → %d; want no new socket and no failure",
-				n, before[n].Attempts, after[n].Attempts, before[n].Failures, after[n].Failures)
+	// Untouched, over a few reconcile passes: exactly one new registration each, the same
+	// sockets, no socket published again, no failure, the same process.
+	stays(t, 2500*time.Millisecond, "multireg untouched by kubelet's restart", func(ctx context.Context) (bool, string) {
+		regs, err := mr.registrations(ctx, all...)
+		if err != nil {
+			return false, err.Error()
 		}
-		if regsAfter[n] != regsBefore[n]+1 {
-			t.Errorf("%s: registrations accepted by kubelet %d → %d, want one more (the new kubelet's)", n, regsBefore[n], regsAfter[n])
+		st, err := mr.status(ctx)
+		if err != nil {
+			return false, err.Error()
 		}
-	}
-	drivers, err := csiNodeDrivers(ctx)
+		for _, n := range all {
+			if regs[n] != regsBefore[n]+1 {
+				return false, fmt.Sprintf("%s: %d registrations accepted, want %d", n, regs[n], regsBefore[n]+1)
+			}
+			if st[n].Phase != "Registered" || st[n].Attempts != before[n].Attempts || st[n].Failures != before[n].Failures {
+				return false, fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n])
+			}
+		}
+		if !mr.running() || mr.pid() != pid {
+			return false, "multireg did not survive kubelet's restart"
+		}
+		return true, ""
+	})
+	assertSame(t, "registration sockets (multireg untouched)", socks, idents(t, all...))
+	drivers, err := csiNodeDrivers(context.Background())
 	if err != nil || drivers[csiA] == "" || drivers[csiB] == "" || drivers[csiC] == "" {
 		t.Errorf("CSINode after the restart: %v %v", drivers, err)
 	}
 }
 
 // 4. A CSI driver removed from the drivers file leaves CSINode; put back, it returns. Nothing
-// else in CSINode, node capacity, the other sockets or the other endpoints moves.
+// else in CSINode, node capacity, the other sockets or the other endpoints moves, over a few
+// reconcile passes after each change.
 func scenarioRemoveRestore(t *testing.T, mr *hostMultireg, eps *hostDrivers, config string) {
 	others := []string{csiA, csiC, widget, draName}
-	waitAllRegistered(t, mr, append(others, csiB)...)
-	socks := inodes(others...)
+	before := waitAllRegistered(t, mr, append(others, csiB)...)
+	socks := idents(t, others...)
 	csinode, err := csiNodeDrivers(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantOthers := map[string]string{csiA: csinode[csiA], csiC: csinode[csiC]}
 	aOK, _ := eps.a.NodeGetInfoCalls()
 	cOK, _ := eps.c.NodeGetInfoCalls()
 	streams, _ := eps.dp.ListAndWatchStreams()
 	conns := eps.dra.Connections()
 	unchanged := func(when string) {
 		t.Helper()
-		assertSame(t, "other drivers' sockets "+when, socks, inodes(others...))
-		a, _ := eps.a.NodeGetInfoCalls()
-		c, _ := eps.c.NodeGetInfoCalls()
-		s, open := eps.dp.ListAndWatchStreams()
-		if a != aOK || c != cOK || s != streams || open != 1 || eps.dra.Connections() != conns {
-			t.Errorf("%s: another driver was registered again: NodeGetInfo %s %d→%d, %s %d→%d; ListAndWatch %d→%d (%d open); DRA connections %d→%d",
-				when, csiA, aOK, a, csiC, cOK, c, streams, s, open, conns, eps.dra.Connections())
-		}
-		if c, a, err := capacity(context.Background(), widget); err != nil || c != nWidgets || a != nWidgets {
-			t.Errorf("%s: capacity %d allocatable %d (%v), want %d", when, c, a, err, nWidgets)
-		}
+		stays(t, 2500*time.Millisecond, "nothing else moves "+when, func(ctx context.Context) (bool, string) {
+			a, _ := eps.a.NodeGetInfoCalls()
+			c, _ := eps.c.NodeGetInfoCalls()
+			s, open := eps.dp.ListAndWatchStreams()
+			if a != aOK || c != cOK || s != streams || open != 1 || eps.dra.Connections() != conns {
+				return false, fmt.Sprintf("another driver was registered again: NodeGetInfo %s %d→%d, %s %d→%d; ListAndWatch %d→%d (%d open); DRA connections %d→%d",
+					csiA, aOK, a, csiC, cOK, c, streams, s, open, conns, eps.dra.Connections())
+			}
+			if c, a, err := capacity(ctx, widget); err != nil || c != nWidgets || a != nWidgets {
+				return false, fmt.Sprintf("capacity %d allocatable %d (%v), want %d", c, a, err, nWidgets)
+			}
+			drivers, err := csiNodeDrivers(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			for n, id := range wantOthers {
+				if drivers[n] != id {
+					return false, fmt.Sprintf("CSINode %s: node ID %q, want %q", n, drivers[n], id)
+				}
+			}
+			st, err := mr.status(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, n := range others {
+				if st[n].Phase != "Registered" || st[n].Attempts != before[n].Attempts {
+					return false, fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n])
+				}
+			}
+			return true, ""
+		})
+		assertSame(t, "other drivers' sockets "+when, socks, idents(t, others...))
 	}
 
-	cEntry := entryC() + "    backoff:\n      initialInterval: 2s\n      maxInterval: 4s\n"
+	bSocket := socketOf(t, csiB)
 	start := time.Now()
-	writeFileAtomic(t, config, hostConfig(entryA(), entryDP(), entryDRA(), cEntry))
+	writeFileAtomic(t, config, hostConfig(entryA(), entryDP(), entryDRA(), entryCSlow()))
 	waitUntil(t, 30*time.Second, csiB+" leaves CSINode", func(ctx context.Context) (bool, string) {
 		drivers, err := csiNodeDrivers(ctx)
 		if err != nil {
@@ -350,15 +413,13 @@ func scenarioRemoveRestore(t *testing.T, mr *hostMultireg, eps *hostDrivers, con
 		return !in, fmt.Sprint(drivers)
 	})
 	t.Logf("%s left CSINode %.1fs after the edit", csiB, time.Since(start).Seconds())
-	if _, err := os.Lstat(regSocket(csiB)); !os.IsNotExist(err) {
+	if _, err := os.Lstat(bSocket); !os.IsNotExist(err) {
 		t.Errorf("%s's socket still there after its removal: %v", csiB, err)
 	}
-	wantOthers := map[string]string{csiA: csinode[csiA], csiC: csinode[csiC]}
-	assertCSINode(t, wantOthers, csiB)
 	unchanged("after the removal")
 
 	start = time.Now()
-	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(), cEntry))
+	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(), entryCSlow()))
 	waitUntil(t, 30*time.Second, csiB+" back in CSINode", func(ctx context.Context) (bool, string) {
 		drivers, err := csiNodeDrivers(ctx)
 		if err != nil {
@@ -367,41 +428,30 @@ func scenarioRemoveRestore(t *testing.T, mr *hostMultireg, eps *hostDrivers, con
 		return drivers[csiB] == "beta-node-1", fmt.Sprint(drivers)
 	})
 	t.Logf("%s back in CSINode %.1fs after the edit", csiB, time.Since(start).Seconds())
-	assertCSINode(t, wantOthers, "")
 	unchanged("after the restore")
 }
 
-func assertCSINode(t *testing.T, want map[string]string, absent string) {
-	t.Helper()
-	drivers, err := csiNodeDrivers(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for n, id := range want {
-		if drivers[n] != id {
-			t.Errorf("CSINode %s: node ID %q, want %q (unchanged)", n, drivers[n], id)
-		}
-	}
-	if _, in := drivers[absent]; absent != "" && in {
-		t.Errorf("CSINode still lists %s", absent)
-	}
+// entryCSlow is scenario 2's driver with a slow first retry.
+func entryCSlow() string {
+	return entryC() + "    backoff:\n      initialInterval: 2s\n      maxInterval: 4s\n"
 }
 
-func inodes(names ...string) map[string]uint64 {
-	m := map[string]uint64{}
+func idents(t *testing.T, names ...string) map[string]fileID {
+	t.Helper()
+	m := map[string]fileID{}
 	for _, n := range names {
-		m[n] = inode(regSocket(n))
+		m[n] = ident(socketOf(t, n))
 	}
 	return m
 }
 
-func assertSame(t *testing.T, what string, before, after map[string]uint64) {
+func assertSame(t *testing.T, what string, before, after map[string]fileID) {
 	t.Helper()
-	for n, ino := range before {
-		if ino == 0 {
+	for n, id := range before {
+		if id == (fileID{}) {
 			t.Errorf("%s: %s had no socket", what, n)
-		} else if after[n] != ino {
-			t.Errorf("%s: %s's socket changed (inode %d → %d)", what, n, ino, after[n])
+		} else if after[n] != id {
+			t.Errorf("%s: %s's socket changed (%+v → %+v)", what, n, id, after[n])
 		}
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"multireg.dev/multireg/e2e/node/hostpaths"
 )
 
 // Cleanup, from the state file alone (as cmd/cleanup runs it after a test binary died):
 // a recorded process that still runs is stopped, a recorded PID that now runs another
-// program is left alone, every mount below the directory is undone (deepest first, also a
+// program or started at another time is left alone, every mount below the directory is undone (deepest first, also a
 // path mounted twice), a recorded host file is removed and a recorded host directory
 // removed only if empty.
 func TestCleanupFromStateFile(t *testing.T) {
@@ -23,7 +25,7 @@ func TestCleanupFromStateFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = UnmountBelow(dir); os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = hostpaths.UnmountBelow(dir); os.RemoveAll(dir) })
 	host := t.TempDir()
 
 	sleepBin, err := exec.LookPath("sleep")
@@ -32,14 +34,24 @@ func TestCleanupFromStateFile(t *testing.T) {
 	}
 	ours := exec.Command(sleepBin, "300")
 	other := exec.Command(sleepBin, "300")
-	for _, c := range []*exec.Cmd{ours, other} {
+	later := exec.Command(sleepBin, "300")
+	for _, c := range []*exec.Cmd{ours, other, later} {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	oursDone := make(chan error, 1)
 	go func() { oursDone <- ours.Wait() }()
-	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	t.Cleanup(func() {
+		for _, c := range []*exec.Cmd{other, later} {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	})
+	laterStart, err := startTime(later.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Mounts: a bind of a onto itself (as kubelet does with its root), and b twice.
 	a, b := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubelet", "pods", "x")
@@ -72,6 +84,8 @@ func TestCleanupFromStateFile(t *testing.T) {
 	st := newStateStore(dir)
 	if err := st.update(func(s *state) {
 		s.PIDs["kubelet"] = pidRecord{PID: ours.Process.Pid, Exe: sleepBin}
+		// The same program, started at another time: a recycled PID too.
+		s.PIDs["multireg-host"] = pidRecord{PID: later.Process.Pid, Exe: sleepBin, Start: laterStart + 1}
 		// The same PID's program is not what was recorded: a recycled PID.
 		s.PIDs["etcd"] = pidRecord{PID: other.Process.Pid, Exe: "/usr/bin/etcd"}
 		s.HostFiles = []string{hostFile}
@@ -93,6 +107,9 @@ func TestCleanupFromStateFile(t *testing.T) {
 	if !pidIs(pidRecord{PID: other.Process.Pid, Exe: sleepBin}) {
 		t.Errorf("a process whose PID was recorded for another program was stopped")
 	}
+	if !pidIs(pidRecord{PID: later.Process.Pid, Exe: sleepBin, Start: laterStart}) {
+		t.Errorf("a process whose PID was recorded with another start time was stopped")
+	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if strings.Contains(string(mounts), dir) {
 		t.Errorf("mounts below %s remain:\n%s", dir, mounts)
@@ -108,18 +125,6 @@ func TestCleanupFromStateFile(t *testing.T) {
 	// Idempotent: a second run finds nothing more to do than the same refusal.
 	if err := Cleanup(dir); err == nil || !strings.Contains(err.Error(), busyDir) {
 		t.Errorf("second Cleanup: %v", err)
-	}
-}
-
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{
-		`/tmp/a`:                `/tmp/a`,
-		`/tmp/with\040space`:    `/tmp/with space`,
-		`/tmp/tab\011and\134bs`: "/tmp/tab\tand\\bs",
-	} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
 	}
 }
 

@@ -8,6 +8,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +17,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -45,6 +49,9 @@ type Options struct {
 
 // Cluster is a running single-node cluster.
 type Cluster struct {
+	mu      sync.Mutex // guards procs and stopped: Stop may run on a signal mid-test
+	stopped bool
+
 	opts   Options
 	pki    *pki
 	state  *stateStore
@@ -103,6 +110,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			c = nil
 		}
 	}()
+	if _, err := os.Stat(filepath.Join(opts.Dir, stateFile)); err == nil {
+		// Not c: Stop would undo the other run's state.
+		return nil, fmt.Errorf("%s holds a cluster's state already (running, or left over: go run ./cmd/cleanup %s)", opts.Dir, opts.Dir)
+	}
 	if err := c.preflight(); err != nil {
 		return c, err
 	}
@@ -112,7 +123,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 	}
 	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "controller-manager", "scheduler"} {
-		if c.ports[name], err = freePort(); err != nil {
+		if c.ports[name], err = FreePort(); err != nil {
 			return c, err
 		}
 	}
@@ -137,23 +148,33 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	return c, nil
 }
 
-// Phase runs f as a named, timed phase of the run.
+// Phase runs f as a named, timed phase of the cluster's life.
 func (c *Cluster) Phase(name string, f func() error) error {
+	return TimePhase(c.opts.Log, &c.phases, name, f)
+}
+
+// TimePhase runs f, appends its name and duration to phases, and writes a line to log when
+// it starts and when it ends.
+func TimePhase(log io.Writer, phases *[]Phase, name string, f func() error) error {
 	start := time.Now()
-	fmt.Fprintf(c.opts.Log, "=== %s …\n", name)
+	fmt.Fprintf(log, "=== %s …\n", name)
 	err := f()
 	d := time.Since(start)
-	c.phases = append(c.phases, Phase{Name: name, Duration: d})
+	*phases = append(*phases, Phase{Name: name, Duration: d})
 	if err != nil {
-		fmt.Fprintf(c.opts.Log, "=== %s: FAILED after %s: %v\n", name, d.Round(time.Millisecond), err)
+		fmt.Fprintf(log, "=== %s: FAILED after %s: %v\n", name, d.Round(time.Millisecond), err)
 	} else {
-		fmt.Fprintf(c.opts.Log, "=== %s: %s\n", name, d.Round(time.Millisecond))
+		fmt.Fprintf(log, "=== %s: %s\n", name, d.Round(time.Millisecond))
 	}
 	return err
 }
 
 // Phases returns the phases so far, in order.
 func (c *Cluster) Phases() []Phase { return append([]Phase(nil), c.phases...) }
+
+// Dir is the cluster's directory; a test may keep its own files below it (they go with it,
+// even when the test binary dies).
+func (c *Cluster) Dir() string { return c.opts.Dir }
 
 func (c *Cluster) logDir() string { return filepath.Join(c.opts.Dir, "logs") }
 
@@ -165,7 +186,7 @@ func (c *Cluster) Logs(n int) string {
 		if _, err := os.Stat(p); err != nil {
 			continue
 		}
-		fmt.Fprintf(&b, "----- last %d lines of %s -----\n%s\n", n, p, tail(p, n))
+		fmt.Fprintf(&b, "----- last %d lines of %s -----\n%s\n", n, p, Tail(p, n))
 	}
 	return b.String()
 }
@@ -200,6 +221,10 @@ func (c *Cluster) preflight() error {
 		conn.Close()
 		return fmt.Errorf("a kubelet already runs on this machine (%s answers); the test cluster would take over its device-plugin directory", deviceManagerSocket)
 	}
+	// …and a stopped kubelet's device plugins would lose their sockets and checkpoint.
+	if ents, err := os.ReadDir(filepath.Dir(deviceManagerSocket)); err == nil && len(ents) > 0 {
+		return fmt.Errorf("%s is not empty: a kubelet of this machine keeps its device plugins there, and the test's kubelet would delete their sockets and overwrite its checkpoint", filepath.Dir(deviceManagerSocket))
+	}
 	if _, err := os.Stat("/sys/class/net/" + Bridge); err == nil {
 		return fmt.Errorf("network interface %s exists already (a test cluster still running, or left over: go run ./cmd/cleanup DIR)", Bridge)
 	}
@@ -213,7 +238,6 @@ func (c *Cluster) preflight() error {
 	return c.state.update(func(s *state) {
 		s.Sysctls = sysctls
 		s.Bridge = Bridge
-		s.NetnsBefore = listNetns()
 		s.ContainerdAddress = c.ContainerdAddress
 	})
 }
@@ -281,8 +305,16 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	hc := insecureClient()
+	if token != nil {
+		// The admin token goes only to the API server, verified by the cluster's CA.
+		var err error
+		if hc, err = c.caClient(); err != nil {
+			return err
+		}
+	}
+	defer hc.CloseIdleConnections()
 	return poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
-		if p := c.procs[name]; p != nil {
+		if p := c.proc(name); p != nil {
 			if done, err := p.exited(); done {
 				return false, fmt.Errorf("%s exited: %v; see %s", name, err, p.log)
 			}
@@ -304,11 +336,25 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string)
 	})
 }
 
+// caClient is an HTTP client that trusts only the cluster's CA (the API server's
+// certificate).
+func (c *Cluster) caClient() (*http.Client, error) {
+	pem, err := os.ReadFile(c.pki.caCert)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no certificate", c.pki.caCert)
+	}
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
+}
+
 // exitedErr turns an exited component into an error that stops a poll at once.
 func (c *Cluster) exitedErr(name string) error {
-	if p := c.procs[name]; p != nil {
+	if p := c.proc(name); p != nil {
 		if done, err := p.exited(); done {
-			return fmt.Errorf("%w: %s exited (%v); last lines of %s:\n%s", errExited, name, err, p.log, tail(p.log, 30))
+			return fmt.Errorf("%w: %s exited (%v); last lines of %s:\n%s", errExited, name, err, p.log, Tail(p.log, 30))
 		}
 	}
 	return nil
@@ -319,19 +365,28 @@ var errExited = errors.New("component exited")
 // Stop tears the cluster down: components in order, then Cleanup. It is safe to call on a
 // partly started cluster and more than once.
 func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
 	var errs []error
+	// The callers' tracked processes first (multireg on the host): they use the cluster.
+	for name, rec := range c.state.get().PIDs {
+		if !slices.Contains(componentOrder, name) {
+			errs = append(errs, stopPID(name, rec, 10*time.Second))
+		}
+	}
 	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kubelet"} {
-		if p := c.procs[name]; p != nil {
+		if p := c.proc(name); p != nil {
 			errs = append(errs, p.stop(10*time.Second))
 		}
 	}
-	if p := c.procs["containerd"]; p != nil {
+	if p := c.proc("containerd"); p != nil {
 		if done, _ := p.exited(); !done {
 			errs = append(errs, removeTasks(c.ContainerdAddress))
 		}
 	}
 	for _, name := range []string{"kube-apiserver", "containerd", "etcd"} {
-		if p := c.procs[name]; p != nil {
+		if p := c.proc(name); p != nil {
 			errs = append(errs, p.stop(10*time.Second))
 		}
 	}

@@ -18,6 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"multireg.dev/multireg/e2e/node/hostpaths"
+	"multireg.dev/multireg/e2e/node/images"
 )
 
 const (
@@ -54,6 +57,8 @@ state = %q
   sandbox_image = %q
   restrict_oom_score_adj = true
   enable_selinux = false
+  # The pods' network namespaces below the state directory, not in the host's /run/netns.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -65,8 +70,10 @@ state = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.ContainerdAddress, c.opts.PauseImage,
-		filepath.Join(dir, "runc"), cniBinDir, cniConf)
+		filepath.Join(dir, "runc"), cniBinDir, cniConf, filepath.Join(dir, "opt"))
 	configPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err
@@ -111,7 +118,7 @@ state = %q
 		return err
 	}
 	for _, img := range c.opts.Images {
-		if _, err := run(ctx, "ctr", "--address", c.ContainerdAddress, "--namespace", "k8s.io", "images", "import", img); err != nil {
+		if err := images.Import(ctx, c.ContainerdAddress, "k8s.io", img); err != nil {
 			return err
 		}
 	}
@@ -139,6 +146,9 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 		"--hostname-override="+NodeName,
 		"--v=2",
 	); err != nil {
+		return err
+	}
+	if err := c.waitHTTP(ctx, "kubelet", fmt.Sprintf("http://127.0.0.1:%d/healthz", c.ports["kubelet-healthz"]), nil); err != nil {
 		return err
 	}
 	return c.WaitNodeReady(ctx, time.Now(), 3*time.Minute)
@@ -189,24 +199,14 @@ authorization:
 	return os.WriteFile(c.kubeletConfigPath(), []byte(cfg), 0o644)
 }
 
-// hostDirs are the directories outside the cluster's own that kubelet, containerd and the
-// CNI plugins create at fixed paths (kubelet's device-plugin directory, the pods' network
-// namespaces, the CNI result cache, containerd's shim sockets and FIFOs, runc's state for
-// ctr), parents first; hostFiles the files kubelet leaves there.
-var (
-	hostDirs = []string{
-		"/var/lib/kubelet", "/var/lib/kubelet/device-plugins",
-		"/run/netns", "/var/lib/cni", "/var/lib/cni/results",
-		"/run/containerd", "/run/containerd/s", "/run/containerd/fifo", "/run/containerd/runc", "/run/containerd/runc/k8s.io",
-	}
-	hostFiles = []string{deviceManagerSocket, deviceCheckpoint}
-)
+// hostFiles are the files kubelet writes at fixed paths outside its root.
+var hostFiles = []string{deviceManagerSocket, deviceCheckpoint}
 
-// recordHostPaths notes, before the components first create them, which of hostDirs (and
-// the k8s.io cgroups) and hostFiles do not exist yet, so that Cleanup removes exactly those
+// recordHostPaths notes, before the components first create them, which of the fixed host
+// directories (hostpaths.Absent) and hostFiles do not exist yet, so that Cleanup removes exactly those
 // (directories only if empty).
 func (c *Cluster) recordHostPaths() error {
-	dirs := AbsentHostDirs()
+	dirs := hostpaths.Absent()
 	var files []string
 	for _, f := range hostFiles {
 		if _, err := os.Lstat(f); errors.Is(err, fs.ErrNotExist) {
@@ -232,9 +232,9 @@ func appendNew(list []string, add ...string) []string {
 	return list
 }
 
-// WaitNodeReady waits until the node is Ready, as reported by a kubelet heartbeat at or after
-// since (a Ready condition left by a previous kubelet does not count), and its CSINode object
-// exists.
+// WaitNodeReady waits until the node is Ready, as reported by a kubelet heartbeat in a later
+// second than since (a Ready condition left by a previous kubelet does not count; heartbeat
+// times have a resolution of one second), and its CSINode object exists.
 func (c *Cluster) WaitNodeReady(ctx context.Context, since time.Time, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
@@ -250,8 +250,7 @@ func (c *Cluster) WaitNodeReady(ctx context.Context, since time.Time, d time.Dur
 		var why string
 		for _, cond := range node.Status.Conditions {
 			if cond.Type == corev1.NodeReady {
-				// Heartbeat times have a resolution of one second.
-				fresh := !cond.LastHeartbeatTime.Time.Before(since.Truncate(time.Second))
+				fresh := cond.LastHeartbeatTime.Unix() > since.Unix()
 				ready = cond.Status == corev1.ConditionTrue && fresh
 				why = cond.Message
 				if !fresh {
@@ -312,7 +311,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 
 // StopKubelet stops kubelet (SIGTERM, as systemd does), leaving everything else running.
 func (c *Cluster) StopKubelet() error {
-	p := c.procs["kubelet"]
+	p := c.proc("kubelet")
 	if p == nil {
 		return errors.New("kubelet was not started")
 	}
@@ -322,7 +321,7 @@ func (c *Cluster) StopKubelet() error {
 // StartKubelet starts kubelet again with the same configuration and waits for the node to be
 // Ready.
 func (c *Cluster) StartKubelet(ctx context.Context) error {
-	if p := c.procs["kubelet"]; p != nil {
+	if p := c.proc("kubelet"); p != nil {
 		if done, _ := p.exited(); !done {
 			return errors.New("kubelet is running")
 		}
@@ -332,7 +331,7 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 
 // KubeletPID is the running kubelet's PID (0 if none).
 func (c *Cluster) KubeletPID() int {
-	if p := c.procs["kubelet"]; p != nil {
+	if p := c.proc("kubelet"); p != nil {
 		if done, _ := p.exited(); !done {
 			return p.cmd.Process.Pid
 		}
@@ -382,7 +381,8 @@ func (c *Cluster) KubeletMetrics(ctx context.Context) (string, error) {
 	return string(b), nil
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"multireg.dev/multireg/e2e/node/wait"
 )
 
 // proc is one component of the cluster, started by this process and waited for by it.
@@ -25,6 +27,14 @@ type proc struct {
 // startProc starts bin with args, its output appended to logDir/name.log, and records its
 // PID in the state file so that Cleanup can stop it even if this process dies.
 func (c *Cluster) startProc(name, bin string, args ...string) (*proc, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return nil, fmt.Errorf("start %s: the cluster is being torn down", name)
+	}
+	if abs, err := filepath.Abs(bin); err == nil {
+		bin = abs
+	}
 	logPath := filepath.Join(c.logDir(), name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -46,10 +56,48 @@ func (c *Cluster) startProc(name, bin string, args ...string) (*proc, error) {
 		close(p.done)
 	}()
 	c.procs[name] = p
-	if err := c.state.update(func(s *state) { s.PIDs[name] = pidRecord{PID: cmd.Process.Pid, Exe: bin} }); err != nil {
-		return p, err
+	return p, c.Track(name, cmd.Process.Pid)
+}
+
+// Track records a process the caller started (multireg on the host, say) in the state file,
+// so that Cleanup stops it too, before the cluster's components, should the caller die
+// without stopping it. The process must be running.
+func (c *Cluster) Track(name string, pid int) error {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return fmt.Errorf("track %s: %w", name, err)
 	}
-	return p, nil
+	start, err := startTime(pid)
+	if err != nil {
+		return fmt.Errorf("track %s: %w", name, err)
+	}
+	return c.state.update(func(s *state) { s.PIDs[name] = pidRecord{PID: pid, Exe: exe, Start: start} })
+}
+
+// startTime is a process's start time, in clock ticks since boot (field 22 of
+// /proc/PID/stat).
+func startTime(pid int) (uint64, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// "pid (comm) S ppid …": comm may hold spaces; the fields after it are plain.
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
+	}
+	return strconv.ParseUint(f[19], 10, 64) // field 22 overall, the 20th after comm
+}
+
+// proc returns the named component, nil if it was never started.
+func (c *Cluster) proc(name string) *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.procs[name]
 }
 
 // exited reports whether the process has ended, and how.
@@ -99,17 +147,23 @@ func stopPID(name string, rec pidRecord, grace time.Duration) error {
 	return fmt.Errorf("%s (pid %d) still runs after SIGKILL", name, rec.PID)
 }
 
-// pidIs reports whether rec.PID is alive and runs rec.Exe (not a recycled PID). A zombie
-// counts as gone.
+// pidIs reports whether rec.PID is alive and is the recorded process: the same program,
+// started at the same time (not a recycled PID). A zombie counts as gone.
 func pidIs(rec pidRecord) bool {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", rec.PID))
 	if err != nil {
 		return false
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", rec.PID))
-	if err == nil {
-		// "pid (comm) S ...": the state letter follows the last ')'.
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state letter follows the last ')'.
+	if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		return false
+	}
+	if rec.Start != 0 {
+		if start, err := startTime(rec.PID); err != nil || start != rec.Start {
 			return false
 		}
 	}
@@ -121,16 +175,7 @@ func pidIs(rec pidRecord) bool {
 }
 
 func waitGone(rec pidRecord, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if !pidIs(rec) {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond) // polling another process's exit
-	}
+	return wait.Until(d, 50*time.Millisecond, func() bool { return !pidIs(rec) })
 }
 
 // poll calls cond every interval until it returns true or an error, or ctx ends; the error
@@ -156,13 +201,18 @@ func poll(ctx context.Context, interval time.Duration, what string, cond func() 
 	}
 }
 
-// tail returns the last n lines of a file, for failure reports.
-func tail(path string, n int) string {
+// Tail returns the last n lines of a file, for failure reports.
+func Tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return LastLines(string(b), n)
+}
+
+// LastLines returns the last n lines of s.
+func LastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

@@ -7,12 +7,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"multireg.dev/multireg/e2e/node/hostpaths"
 )
 
 // stateFile, in the cluster's directory, records everything Cleanup must undo: the PIDs it
@@ -21,9 +21,12 @@ import (
 // change, so that `go run ./cmd/cleanup DIR` can undo a run that died without its teardown.
 const stateFile = "state.json"
 
+// pidRecord identifies a process: its PID, its program (absolute) and its start time in
+// clock ticks since boot, so that a recycled PID is never taken for it.
 type pidRecord struct {
-	PID int    `json:"pid"`
-	Exe string `json:"exe"`
+	PID   int    `json:"pid"`
+	Exe   string `json:"exe"`
+	Start uint64 `json:"start"`
 }
 
 type state struct {
@@ -33,9 +36,6 @@ type state struct {
 	Bridge  string            `json:"bridge,omitempty"`
 	// ContainerdAddress is the private containerd's socket, for removing its tasks.
 	ContainerdAddress string `json:"containerdAddress,omitempty"`
-	// NetnsBefore lists /run/netns before the cluster started: namespaces created later
-	// (by the CNI plugins for pods) are the cluster's.
-	NetnsBefore []string `json:"netnsBefore"`
 	// HostFiles are files outside the directory that kubelet creates at fixed paths
 	// (/var/lib/kubelet/device-plugins/…); HostDirs the directories created for them, deepest
 	// last. Only these are removed.
@@ -74,8 +74,13 @@ func (st *stateStore) get() state {
 	return st.s
 }
 
-// The sysctls kubelet's container manager sets at start (unless protectKernelDefaults).
-var kubeletSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
+// The sysctls the cluster changes: those kubelet's container manager sets at start (unless
+// protectKernelDefaults) and IP forwarding, which the CNI bridge plugin turns on for its
+// gateway.
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward",
+}
 
 func readSysctls() (map[string]string, error) {
 	m := map[string]string{}
@@ -89,14 +94,8 @@ func readSysctls() (map[string]string, error) {
 	return m, nil
 }
 
-func listNetns() []string {
-	ents, _ := os.ReadDir("/run/netns")
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	return names
-}
+// componentOrder is the order in which Cleanup stops the cluster's components.
+var componentOrder = []string{"kube-scheduler", "kube-controller-manager", "kubelet", "kube-apiserver", "containerd", "etcd"}
 
 // Cleanup undoes a cluster from its directory's state file: it stops the recorded processes
 // that still run (checking each PID still runs the same program), removes the private
@@ -117,8 +116,14 @@ func Cleanup(dir string) error {
 		return fmt.Errorf("%s: %w", filepath.Join(dir, stateFile), err)
 	}
 	var errs []error
-	// Clients first, servers last: what talks to the API server and containerd, then them.
-	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kubelet"} {
+	// The test's own processes (multireg on the host), then clients before servers: what
+	// talks to the API server and containerd, then them.
+	for name, rec := range s.PIDs {
+		if !slices.Contains(componentOrder, name) {
+			errs = append(errs, stopPID(name, rec, 10*time.Second))
+		}
+	}
+	for _, name := range componentOrder[:3] {
 		if rec, ok := s.PIDs[name]; ok {
 			errs = append(errs, stopPID(name, rec, 10*time.Second))
 		}
@@ -128,28 +133,19 @@ func Cleanup(dir string) error {
 			errs = append(errs, removeTasks(s.ContainerdAddress))
 		}
 	}
-	for _, name := range []string{"kube-apiserver", "containerd", "etcd"} {
+	for _, name := range componentOrder[3:] {
 		if rec, ok := s.PIDs[name]; ok {
 			errs = append(errs, stopPID(name, rec, 10*time.Second))
 		}
 	}
 	if s.ContainerdAddress != "" {
 		errs = append(errs, killShims(s.ContainerdAddress))
+		// A container whose shim was killed (containerd gone before its tasks) still runs:
+		// runc, whose state is below dir, stops it.
+		errs = append(errs, deleteContainers(filepath.Join(dir, "containerd", "runc", "k8s.io")))
 	}
-	before := map[string]bool{}
-	for _, n := range s.NetnsBefore {
-		before[n] = true
-	}
-	for _, n := range listNetns() {
-		if !before[n] && strings.HasPrefix(n, "cni-") {
-			p := filepath.Join("/run/netns", n)
-			errs = append(errs, unmount(p))
-			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	errs = append(errs, UnmountBelow(dir))
+	errs = append(errs, hostpaths.UnmountBelow(dir))
+	errs = append(errs, removeLinksInto("/var/log/containers", dir))
 	if s.Bridge != "" {
 		if _, err := os.Stat("/sys/class/net/" + s.Bridge); err == nil {
 			_, err := runFor(10*time.Second, "ip", "link", "delete", s.Bridge)
@@ -157,6 +153,9 @@ func Cleanup(dir string) error {
 		}
 	}
 	for k, v := range s.Sysctls {
+		if now, err := os.ReadFile("/proc/sys/" + k); err == nil && strings.TrimSpace(string(now)) == v {
+			continue
+		}
 		errs = append(errs, os.WriteFile("/proc/sys/"+k, []byte(v), 0o644))
 	}
 	for _, f := range s.HostFiles {
@@ -164,51 +163,20 @@ func Cleanup(dir string) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, RemoveEmptyDirs(s.HostDirs))
+	errs = append(errs, hostpaths.RemoveEmptyDirs(s.HostDirs))
 	return errors.Join(errs...)
-}
-
-// RemoveEmptyDirs removes dirs, last first, each only if it is empty (a directory that holds
-// something it did not expect is not its to remove: that is an error naming it). Gone
-// already is fine.
-func RemoveEmptyDirs(dirs []string) error {
-	var errs []error
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("leaving %s: %w", dirs[i], err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// AbsentHostDirs returns the directories outside a cluster's own that kubelet, containerd,
-// runc and the CNI plugins create at fixed paths (see hostDirs) and the k8s.io cgroup runc
-// creates in every cgroup hierarchy, which do not exist now: those that appear later are
-// the cluster's (or a test's containerd's), for RemoveEmptyDirs.
-func AbsentHostDirs() []string {
-	candidates := append([]string(nil), hostDirs...)
-	if hiers, err := os.ReadDir("/sys/fs/cgroup"); err == nil {
-		candidates = append(candidates, "/sys/fs/cgroup/k8s.io") // cgroup v2
-		for _, h := range hiers {
-			if h.IsDir() {
-				candidates = append(candidates, filepath.Join("/sys/fs/cgroup", h.Name(), "k8s.io"))
-			}
-		}
-	}
-	var absent []string
-	for _, d := range candidates {
-		if _, err := os.Lstat(d); errors.Is(err, fs.ErrNotExist) {
-			absent = append(absent, d)
-		}
-	}
-	return absent
 }
 
 // removeTasks kills and deletes every task and container of the private containerd's
 // Kubernetes namespace, so that no shim or container outlives the cluster.
 func removeTasks(address string) error {
+	deadline := time.Now().Add(time.Minute)
 	ctr := func(args ...string) (string, error) {
-		return runFor(10*time.Second, "ctr", append([]string{"--address", address, "--namespace", "k8s.io"}, args...)...)
+		d := min(10*time.Second, time.Until(deadline))
+		if d <= 0 {
+			return "", fmt.Errorf("ctr %s: no time left of removeTasks' minute", strings.Join(args, " "))
+		}
+		return runFor(d, "ctr", append([]string{"--address", address, "--namespace", "k8s.io"}, args...)...)
 	}
 	var errs []error
 	out, err := ctr("tasks", "list", "--quiet")
@@ -217,10 +185,10 @@ func removeTasks(address string) error {
 	}
 	for _, id := range strings.Fields(out) {
 		_, _ = ctr("tasks", "kill", "--signal", "SIGKILL", id)
-		// A task can be deleted only once it stopped: retry for a moment.
+		// A task can be deleted only once it stopped: retry until the deadline.
 		var derr error
-		for i := 0; i < 50; i++ {
-			if _, derr = ctr("tasks", "delete", id); derr == nil {
+		for {
+			if _, derr = ctr("tasks", "delete", id); derr == nil || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(100 * time.Millisecond) // waiting for another process's task to stop
@@ -234,6 +202,51 @@ func removeTasks(address string) error {
 	for _, id := range strings.Fields(out) {
 		_, err := ctr("containers", "delete", id)
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// deleteContainers force-deletes (SIGKILL, then the state) every container runc knows in
+// root, the cluster's own runc state directory.
+func deleteContainers(root string) error {
+	if _, err := os.Stat(root); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	runc := mustLookPath("runc")
+	out, err := runFor(10*time.Second, runc, "--root", root, "list", "--quiet")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range strings.Fields(out) {
+		_, err := runFor(10*time.Second, runc, "--root", root, "delete", "--force", id)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// removeLinksInto removes the symbolic links in dir whose target lies below root (kubelet's
+// legacy container-log links point into the cluster's pod-log directory).
+func removeLinksInto(dir, root string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		target, err := os.Readlink(p)
+		if err != nil {
+			continue // not a link
+		}
+		if strings.HasPrefix(filepath.Clean(target), filepath.Clean(root)+"/") {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -262,72 +275,11 @@ func killShims(address string) error {
 		for _, a := range args {
 			if a == address {
 				exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-				errs = append(errs, stopPID("containerd-shim", pidRecord{PID: pid, Exe: strings.TrimSuffix(exe, " (deleted)")}, 5*time.Second))
+				start, _ := startTime(pid)
+				errs = append(errs, stopPID("containerd-shim", pidRecord{PID: pid, Exe: strings.TrimSuffix(exe, " (deleted)"), Start: start}, 5*time.Second))
 				break
 			}
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// UnmountBelow unmounts every mount point at or below dir, deepest first.
-func UnmountBelow(dir string) error {
-	dir = filepath.Clean(dir)
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return err
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescapeMount(f[4])
-		if p == dir || strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	// Deepest first; a path mounted several times appears as often as it is mounted.
-	sort.SliceStable(points, func(i, j int) bool {
-		return strings.Count(points[i], "/") > strings.Count(points[j], "/")
-	})
-	var errs []error
-	for _, p := range points {
-		errs = append(errs, unmount(p))
-	}
-	return errors.Join(errs...)
-}
-
-// unmount unmounts p, falling back to a lazy unmount (bounded: it always returns at once)
-// when something still holds it.
-func unmount(p string) error {
-	err := unix.Unmount(p, 0)
-	if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-		return nil // EINVAL: not a mount point (any more)
-	}
-	if err2 := unix.Unmount(p, unix.MNT_DETACH); err2 != nil && !errors.Is(err2, unix.EINVAL) {
-		return fmt.Errorf("unmount %s: %v; lazily: %w", p, err, err2)
-	}
-	return nil
-}
-
-// unescapeMount decodes mountinfo's octal escapes (\040 for a space, …).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var c int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &c); err == nil {
-				b.WriteByte(byte(c))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -17,6 +17,22 @@ const PausePackage = "multireg.dev/multireg/e2e/node/cmd/pause"
 // static (CGO_ENABLED=0), linux/runtime.GOARCH, stripped and reproducible (-trimpath,
 // -buildvcs=false), so images holding it keep their digest across builds. It needs the go
 // command in PATH (go test puts its own first) and runs it inside this module.
+// PauseRef is the reference of the pause image WritePause writes: the sandbox image of the
+// test clusters.
+const PauseRef = "docker.io/multireg/pause:e2e"
+
+// WritePause builds the pause program into dir and writes its image (PauseRef) as dir/pause.tar,
+// whose path it returns.
+func WritePause(ctx context.Context, dir string) (string, error) {
+	bin, err := BuildPause(ctx, dir)
+	if err != nil {
+		return "", err
+	}
+	tar := filepath.Join(dir, "pause.tar")
+	im := Image{Ref: PauseRef, Files: []File{{Path: "/pause", Source: bin, Mode: 0o755}}, Entrypoint: []string{"/pause"}}
+	return tar, im.WriteTarball(tar)
+}
+
 func BuildPause(ctx context.Context, outDir string) (string, error) {
 	out := filepath.Join(outDir, "pause")
 	if err := goBuild(ctx, PausePackage, out); err != nil {

@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/node/wait"
+
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"multireg.dev/multireg/e2e/node/cluster"
+	"multireg.dev/multireg/e2e/node/hostpaths"
 )
 
 // TestImport imports a pause image into a private containerd, as the e2e cluster does, and
@@ -97,7 +99,7 @@ func runPause(t *testing.T, address, ref string) {
 		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "container", "delete", id).Run()
 	})
 
-	running := pollUntil(20*time.Second, func() bool {
+	running := wait.Until(20*time.Second, 20*time.Millisecond, func() bool {
 		pid := taskPID(address, id)
 		if pid == "" {
 			return false
@@ -153,7 +155,7 @@ func startContainerd(t *testing.T) string {
 		t.Fatal(err)
 	}
 	address := filepath.Join(dir, "containerd.sock")
-	created := cluster.AbsentHostDirs()
+	created := hostpaths.Absent()
 	config := fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -195,12 +197,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 				t.Logf("containerd (%v):\n%s", waitErr, log)
 			}
 		}
-		if err := cluster.UnmountBelow(dir); err != nil {
+		if err := hostpaths.UnmountBelow(dir); err != nil {
 			t.Error(err)
 		}
 		// containerd and runc also create directories at fixed paths (/run/containerd/…,
 		// a k8s.io cgroup per hierarchy): those that were not there before go again.
-		if err := cluster.RemoveEmptyDirs(created); err != nil {
+		if err := hostpaths.RemoveEmptyDirs(created); err != nil {
 			t.Error(err)
 		}
 		if err := os.RemoveAll(dir); err != nil {
@@ -208,7 +210,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		}
 	})
 
-	ready := pollUntil(20*time.Second, func() bool {
+	ready := wait.Until(20*time.Second, 20*time.Millisecond, func() bool {
 		select {
 		case <-exited:
 			return true
@@ -225,18 +227,4 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		t.Fatal("containerd does not answer after 20s")
 	}
 	return address
-}
-
-// pollUntil reports whether cond became true before timeout passed.
-func pollUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		<-tick.C
-	}
-	return true
 }

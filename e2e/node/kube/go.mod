@@ -1,6 +1,6 @@
 // Module kube pins the Kubernetes release whose binaries make e2e-node's
 // single-node cluster. It holds no code: its tool directives name the
-// commands hack/e2e-node-build.sh builds with `go build`.
+// commands ../build-kube.sh builds with `go build`.
 module multireg.dev/multireg/e2e/node/kube
 
 go 1.26.0

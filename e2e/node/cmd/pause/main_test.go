@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/node/wait"
+
 	"multireg.dev/multireg/e2e/node/images"
 )
 
@@ -89,7 +91,7 @@ func waitReaped(t *testing.T, pid int) {
 			t.Fatalf("pause has no child after nsenter, want the orphaned cat")
 		}
 		w.Close()
-		if pollUntil(2*time.Second, func() bool { return children(t, pid) == 0 }) {
+		if wait.Until(2*time.Second, 10*time.Millisecond, func() bool { return children(t, pid) == 0 }) {
 			return
 		}
 		t.Logf("attempt %d: pause still has %d children", attempt, children(t, pid))
@@ -120,18 +122,4 @@ func children(t *testing.T, pid int) int {
 		}
 	}
 	return n
-}
-
-// pollUntil reports whether cond became true before timeout passed.
-func pollUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		<-tick.C
-	}
-	return true
 }
