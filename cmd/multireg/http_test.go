@@ -318,9 +318,11 @@ drivers:
 	}
 
 	// The retry is accepted: everything turns green.
+	// The attempt is counted just before its socket appears: wait for both.
 	waitFor(t, "a new socket for the rejected driver", func() bool {
 		_, body := httpGet("/status")
-		return strings.Contains(body, `"attempts": 2`)
+		fi, err := os.Lstat(bad)
+		return strings.Contains(body, `"attempts": 2`) && err == nil && fi.Mode()&os.ModeSocket != 0
 	})
 	kubeletVerdict(t, bad, true, "")
 	waitFor(t, "/readyz green", func() bool { code, _ := httpGet("/readyz"); return code == 200 })
