@@ -111,13 +111,26 @@ type generation struct {
 // between may take minutes.
 func serve(l net.Listener, path string, id fileID, rs *registrationServer) *generation {
 	rs.asked = map[uint64]bool{}
-	g := &generation{gen: rs.gen, path: path, id: id, srv: grpc.NewServer(grpc.StatsHandler(rs)), done: make(chan struct{})}
+	g := &generation{gen: rs.gen, path: path, id: id, srv: grpc.NewServer(serverOptions(rs)...), done: make(chan struct{})}
 	registerapi.RegisterRegistrationServer(g.srv, rs)
 	go func() {
 		defer close(g.done)
 		_ = g.srv.Serve(l) // returns when stop closes the listener
 	}()
 	return g
+}
+
+// serverOptions are a registration server's: kubelet's calls carry a few hundred bytes, so
+// each connection's buffers are small (gRPC's default is 32 KiB each way, per connection:
+// 64 MiB when kubelet registers 1000 drivers at once) and the write buffer goes back to a
+// shared pool after each flush.
+func serverOptions(rs *registrationServer) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.StatsHandler(rs),
+		grpc.ReadBufferSize(4 << 10),
+		grpc.WriteBufferSize(4 << 10),
+		grpc.SharedWriteBuffer(true),
+	}
 }
 
 // stopGrace bounds how long a stopping generation lets calls in flight finish: the reply to
