@@ -158,6 +158,7 @@ func scenarioAll(t *testing.T, mr *hostMultireg, eps *hostDrivers, mrStart time.
 	if opened, open := eps.dp.ListAndWatchStreams(); opened < 1 || open != 1 {
 		t.Errorf("ListAndWatch streams: %d opened, %d open; want kubelet's one open stream", opened, open)
 	}
+	draClaimPod(t, eps.dra)
 }
 
 // waitKubeletHolds waits until kubelet's plugin manager holds every named driver's socket
