@@ -13,11 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"multireg.dev/multireg/e2e/node/wait"
-
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"multireg.dev/multireg/e2e/node/hostpaths"
+	"multireg.dev/multireg/e2e/node/wait"
 )
 
 // TestImport imports a pause image into a private containerd, as the e2e cluster does, and

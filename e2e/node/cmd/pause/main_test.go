@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"multireg.dev/multireg/e2e/node/wait"
-
 	"multireg.dev/multireg/e2e/node/images"
+	"multireg.dev/multireg/e2e/node/wait"
 )
 
 // TestPause runs the built binary as PID 1 of a new PID namespace, as in a pod sandbox, and
