@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -463,4 +464,30 @@ func TestCleanupOnExitRemovesSockets(t *testing.T) {
 			t.Errorf("%s after shutdown with cleanup: %v, want removed", p, err)
 		}
 	}
+}
+
+// The registration servers use 4 KiB transport buffers (server.go): messages larger than
+// them — a PluginInfo with many versions, a long rejection from kubelet — still go through
+// whole.
+func TestMessagesLargerThanTheTransportBuffers(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "csi.sock")
+	startEndpoint(t, ep, "big.csi.k8s.io")
+	d := testDriver(dir, "big.csi.k8s.io", config.CSIPlugin, ep)
+	d.SupportedVersions = nil
+	for i := range 2000 {
+		d.SupportedVersions = append(d.SupportedVersions, fmt.Sprintf("1.%d.0", i)) // ≈ 16 KiB
+	}
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+
+	reason := strings.Repeat("kubelet says no. ", 1000) // 17 KiB
+	info := register(t, d.SocketPath, false, reason)
+	if !reflect.DeepEqual(info.SupportedVersions, d.SupportedVersions) {
+		t.Errorf("GetInfo returned %d versions, want all %d", len(info.SupportedVersions), len(d.SupportedVersions))
+	}
+	eventually(t, 5*time.Second, "the whole rejection in lastError", func() bool {
+		return strings.Contains(statusOf(s, d.Name).LastError, reason)
+	})
 }

@@ -108,23 +108,23 @@ func scenarioDaemonSet(t *testing.T) {
 	figures = append(figures, fmt.Sprintf("ConfigMap edit applied → CSINode updated: %.1fs (kubelet syncFrequency 1s)", d.Seconds()))
 	// Only epsilon moved, judged over a few reconcile passes: the other two were not
 	// registered again nor their sockets published again, and multireg was not restarted.
-	stays(t, 2500*time.Millisecond, "the edit touches only "+csiE, func(ctx context.Context) (bool, string) {
+	stays(t, 2500*time.Millisecond, "the edit touches only "+csiE, func(ctx context.Context) (string, error) {
 		if d2, _ := eps[csiD].NodeGetInfoCalls(); d2 != dOK {
-			return false, fmt.Sprintf("%s registered again (NodeGetInfo %d → %d)", csiD, dOK, d2)
+			return fmt.Sprintf("%s registered again (NodeGetInfo %d → %d)", csiD, dOK, d2), nil
 		}
 		if z2, _ := eps[csiZ].NodeGetInfoCalls(); z2 != zOK {
-			return false, fmt.Sprintf("%s registered again (NodeGetInfo %d → %d)", csiZ, zOK, z2)
+			return fmt.Sprintf("%s registered again (NodeGetInfo %d → %d)", csiZ, zOK, z2), nil
 		}
 		st, err := statusAt(ctx, podStatusURL(pod))
 		if err != nil {
-			return false, err.Error()
+			return "", err
 		}
 		for _, n := range unchanged {
 			if st[n].Phase != "Registered" || st[n].Attempts != podBefore[n].Attempts {
-				return false, fmt.Sprintf("%s: %+v, before %+v", n, st[n], podBefore[n])
+				return fmt.Sprintf("%s: %+v, before %+v", n, st[n], podBefore[n]), nil
 			}
 		}
-		return true, ""
+		return "", nil
 	})
 	assertSame(t, "unedited drivers' sockets", socks, idents(t, unchanged...))
 	now := waitPodReady(t, 30*time.Second, "")

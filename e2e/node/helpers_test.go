@@ -269,22 +269,32 @@ func socketOf(t *testing.T, name string) string {
 	return p
 }
 
-// stays polls cond for d and fails the test if it ever stops holding: "nothing else moves"
-// is judged over a few reconcile passes, not at the instant the awaited change appeared.
-func stays(t *testing.T, d time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
+// stays checks, every 200 ms for d, that nothing moved: cond returns what moved, or "" if
+// nothing did, or an error when it could not look (a request failed under load: looked at
+// again next time). "Nothing else moves" is judged over a few reconcile passes, not at the
+// instant the awaited change appeared; a check that never managed to look fails.
+func stays(t *testing.T, d time.Duration, what string, cond func(ctx context.Context) (moved string, err error)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
+	looked := 0
+	var lastErr error
 	for {
-		if ok, why := cond(ctx); !ok {
-			if ctx.Err() != nil {
-				return // the deadline cut a request short: not a failure of cond
-			}
-			t.Errorf("%s: no longer so: %s", what, why)
+		moved, err := cond(ctx)
+		switch {
+		case err != nil:
+			lastErr = err
+		case moved != "":
+			t.Errorf("%s: no longer so: %s", what, moved)
 			return
+		default:
+			looked++
 		}
 		select {
 		case <-ctx.Done():
+			if looked == 0 {
+				t.Errorf("%s: could not look once in %s: %v", what, d, lastErr)
+			}
 			return
 		case <-time.After(200 * time.Millisecond):
 		}

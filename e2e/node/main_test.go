@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"text/tabwriter"
@@ -70,7 +71,11 @@ func runMain(m *testing.M) (code int) {
 	timed := func(name string, f func() error) error { return cluster.TimePhase(os.Stdout, &phases, name, f) }
 	defer func() { printPhases(phases) }()
 
-	ctx := context.Background()
+	// Ctrl-C or SIGTERM: the components run in their own process groups and would outlive
+	// this binary. During the image build and Start, ctx ends and Start tears down what it
+	// started; during the scenarios, the teardown below runs, once, and the binary exits.
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
 	var tarballs []string
 	if err := timed("images (pause, multireg)", func() error {
 		var err error
@@ -87,33 +92,27 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	phases = append(phases, cl.Phases()...)
-	// Ctrl-C or a SIGTERM mid-test: the components run in their own process groups and would
-	// outlive this binary, so tear the cluster down before exiting.
-	sigC := make(chan os.Signal, 1)
-	signal.Notify(sigC, os.Interrupt, syscall.SIGTERM)
-	stopSignals := make(chan struct{})
-	signalsDone := make(chan struct{})
+	teardown := sync.OnceValue(func() error { return errors.Join(deleteWorkloads(cl), cl.Stop()) })
+	testsDone := make(chan struct{})
+	watcherDone := make(chan struct{})
 	go func() {
-		defer close(signalsDone)
+		defer close(watcherDone)
 		select {
-		case sig := <-sigC:
-			fmt.Fprintf(os.Stderr, "e2e-node: %v: tearing the cluster down\n", sig)
-			if err := errors.Join(deleteWorkloads(cl), cl.Stop()); err != nil {
+		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, "e2e-node: interrupted: tearing the cluster down")
+			if err := teardown(); err != nil {
 				fmt.Fprintln(os.Stderr, "e2e-node: teardown:", err)
 			}
 			os.Exit(1)
-		case <-stopSignals:
+		case <-testsDone:
 		}
 	}()
 	defer func() {
-		signal.Stop(sigC)
-		close(stopSignals)
-		<-signalsDone
-	}()
-	defer func() {
-		if err := timed("teardown", func() error {
-			return errors.Join(deleteWorkloads(cl), cl.Stop())
-		}); err != nil {
+		// A signal from here on is caught (ctx) but acted on by nobody: the teardown below
+		// is already the one that runs.
+		close(testsDone)
+		<-watcherDone
+		if err := timed("teardown", teardown); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e-node: teardown:", err)
 			code = 1
 		}
@@ -157,8 +156,9 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 	return tars, nil
 }
 
-// deleteWorkloads removes the DaemonSets the scenarios created and waits (bounded) for their
-// pods to be gone, so that kubelet stops the containers before it is stopped.
+// deleteWorkloads removes what the scenarios ran — the DaemonSets of kube-system and every
+// pod — and waits (bounded) for the pods to be gone, so that kubelet stops their containers
+// and releases their claims before it is stopped.
 func deleteWorkloads(c *cluster.Cluster) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -172,15 +172,23 @@ func deleteWorkloads(c *cluster.Cluster) error {
 			return fmt.Errorf("delete DaemonSet %s: %w", ds.Name, err)
 		}
 	}
+	pods := c.Client.CoreV1().Pods(metav1.NamespaceAll)
 	for {
-		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{})
-		if err == nil && len(pods.Items) == 0 {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err == nil && len(list.Items) == 0 {
 			return nil
+		}
+		if err == nil {
+			for _, p := range list.Items {
+				if p.DeletionTimestamp == nil {
+					_ = c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():
 			if err == nil {
-				return fmt.Errorf("%d pods still there after 90s (the teardown removes their containers)", len(pods.Items))
+				return fmt.Errorf("%d pods still there after 90s (the teardown removes their containers)", len(list.Items))
 			}
 			return err
 		case <-time.After(250 * time.Millisecond):

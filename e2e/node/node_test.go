@@ -152,9 +152,10 @@ func scenarioAll(t *testing.T, mr *hostMultireg, eps *hostDrivers, mrStart time.
 	all := []string{csiA, csiB, widget, draName}
 	waitAllRegistered(t, mr, all...)
 	waitKubeletHolds(t, all...)
-	if eps.dra.Connections() == 0 {
-		t.Errorf("kubelet's DRA manager never connected to the DRA endpoint")
-	}
+	// kubelet's DRA manager connects once RegisterPlugin returned, asynchronously.
+	waitUntil(t, 30*time.Second, "kubelet's DRA manager connects to the DRA endpoint", func(context.Context) (bool, string) {
+		return eps.dra.Connections() > 0, "no connection yet"
+	})
 	if opened, open := eps.dp.ListAndWatchStreams(); opened < 1 || open != 1 {
 		t.Errorf("ListAndWatch streams: %d opened, %d open; want kubelet's one open stream", opened, open)
 	}
@@ -321,27 +322,27 @@ func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 	})
 	// Untouched, over a few reconcile passes: exactly one new registration each, the same
 	// sockets, no socket published again, no failure, the same process.
-	stays(t, 2500*time.Millisecond, "multireg untouched by kubelet's restart", func(ctx context.Context) (bool, string) {
+	stays(t, 2500*time.Millisecond, "multireg untouched by kubelet's restart", func(ctx context.Context) (string, error) {
 		regs, err := mr.registrations(ctx, all...)
 		if err != nil {
-			return false, err.Error()
+			return "", err
 		}
 		st, err := mr.status(ctx)
 		if err != nil {
-			return false, err.Error()
+			return "", err
 		}
 		for _, n := range all {
 			if regs[n] != regsBefore[n]+1 {
-				return false, fmt.Sprintf("%s: %d registrations accepted, want %d", n, regs[n], regsBefore[n]+1)
+				return fmt.Sprintf("%s: %d registrations accepted, want %d", n, regs[n], regsBefore[n]+1), nil
 			}
 			if st[n].Phase != "Registered" || st[n].Attempts != before[n].Attempts || st[n].Failures != before[n].Failures {
-				return false, fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n])
+				return fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n]), nil
 			}
 		}
 		if !mr.running() || mr.pid() != pid {
-			return false, "multireg did not survive kubelet's restart"
+			return "multireg did not survive kubelet's restart", nil
 		}
-		return true, ""
+		return "", nil
 	})
 	assertSame(t, "registration sockets (multireg untouched)", socks, idents(t, all...))
 	drivers, err := csiNodeDrivers(context.Background())
@@ -368,36 +369,40 @@ func scenarioRemoveRestore(t *testing.T, mr *hostMultireg, eps *hostDrivers, con
 	conns := eps.dra.Connections()
 	unchanged := func(when string) {
 		t.Helper()
-		stays(t, 2500*time.Millisecond, "nothing else moves "+when, func(ctx context.Context) (bool, string) {
+		stays(t, 2500*time.Millisecond, "nothing else moves "+when, func(ctx context.Context) (string, error) {
 			a, _ := eps.a.NodeGetInfoCalls()
 			c, _ := eps.c.NodeGetInfoCalls()
 			s, open := eps.dp.ListAndWatchStreams()
 			if a != aOK || c != cOK || s != streams || open != 1 || eps.dra.Connections() != conns {
-				return false, fmt.Sprintf("another driver was registered again: NodeGetInfo %s %d→%d, %s %d→%d; ListAndWatch %d→%d (%d open); DRA connections %d→%d",
-					csiA, aOK, a, csiC, cOK, c, streams, s, open, conns, eps.dra.Connections())
+				return fmt.Sprintf("another driver was registered again: NodeGetInfo %s %d→%d, %s %d→%d; ListAndWatch %d→%d (%d open); DRA connections %d→%d",
+					csiA, aOK, a, csiC, cOK, c, streams, s, open, conns, eps.dra.Connections()), nil
 			}
-			if c, a, err := capacity(ctx, widget); err != nil || c != nWidgets || a != nWidgets {
-				return false, fmt.Sprintf("capacity %d allocatable %d (%v), want %d", c, a, err, nWidgets)
+			capC, capA, err := capacity(ctx, widget)
+			if err != nil {
+				return "", err
+			}
+			if capC != nWidgets || capA != nWidgets {
+				return fmt.Sprintf("capacity %d allocatable %d, want %d", capC, capA, nWidgets), nil
 			}
 			drivers, err := csiNodeDrivers(ctx)
 			if err != nil {
-				return false, err.Error()
+				return "", err
 			}
 			for n, id := range wantOthers {
 				if drivers[n] != id {
-					return false, fmt.Sprintf("CSINode %s: node ID %q, want %q", n, drivers[n], id)
+					return fmt.Sprintf("CSINode %s: node ID %q, want %q", n, drivers[n], id), nil
 				}
 			}
 			st, err := mr.status(ctx)
 			if err != nil {
-				return false, err.Error()
+				return "", err
 			}
 			for _, n := range others {
 				if st[n].Phase != "Registered" || st[n].Attempts != before[n].Attempts {
-					return false, fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n])
+					return fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n]), nil
 				}
 			}
-			return true, ""
+			return "", nil
 		})
 		assertSame(t, "other drivers' sockets "+when, socks, idents(t, others...))
 	}

@@ -134,3 +134,23 @@ func TestCleanupWithoutState(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Start refuses a directory that holds another run's state, before it starts or changes
+// anything (a teardown would undo the other run).
+func TestStartRefusesADirectoryWithState(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("Start refuses non-root first")
+	}
+	dir := t.TempDir()
+	state := []byte(`{"pids":{"kubelet":{"pid":1,"exe":"/sbin/init"}}}`)
+	if err := os.WriteFile(filepath.Join(dir, stateFile), state, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Start(t.Context(), Options{Dir: dir, BinDir: "/nonexistent"})
+	if c != nil || err == nil || !strings.Contains(err.Error(), "holds a cluster's state already") {
+		t.Fatalf("Start = %v, %v; want a refusal naming the state", c, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, stateFile)); string(got) != string(state) {
+		t.Errorf("the other run's state was changed: %s", got)
+	}
+}

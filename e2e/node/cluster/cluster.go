@@ -34,7 +34,7 @@ const NodeName = "localhost"
 // Options configure Start.
 type Options struct {
 	// Dir is the cluster's directory: short (unix socket paths below it must stay under 108
-	// bytes), existing and empty. Everything the cluster writes goes there but for the few
+	// bytes), existing, and holding no cluster's state yet. Everything the cluster writes goes there but for the few
 	// files kubelet writes at fixed paths (see Cleanup).
 	Dir string
 	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl.
@@ -51,6 +51,9 @@ type Options struct {
 type Cluster struct {
 	mu      sync.Mutex // guards procs and stopped: Stop may run on a signal mid-test
 	stopped bool
+	// Stop tears down once; a second call (a signal during the teardown) waits for it.
+	stopOnce sync.Once
+	stopErr  error
 
 	opts   Options
 	pki    *pki
@@ -75,8 +78,12 @@ type Phase struct {
 	Duration time.Duration
 }
 
-// Bridge is the CNI bridge of the pods' network.
-const Bridge = "mrn0"
+// Bridge is the CNI bridge of the pods' network, CNINetwork its name (which also names the
+// CNI results containerd caches outside the cluster's directory).
+const (
+	Bridge     = "mrn0"
+	CNINetwork = "mrn-e2e"
+)
 
 // podCIDR must not collide with the host's networks; Start checks it does not.
 const podCIDR = "10.88.77.0/24"
@@ -89,6 +96,16 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	if opts.Log == nil {
 		opts.Log = io.Discard
+	}
+	if opts.Dir == "" {
+		return nil, errors.New("cluster: Options.Dir is empty")
+	}
+	if abs, err := filepath.Abs(opts.Dir); err == nil {
+		opts.Dir = abs
+	}
+	if _, err := os.Stat(filepath.Join(opts.Dir, stateFile)); err == nil {
+		// Refused before anything starts: a teardown would undo the other run's state.
+		return nil, fmt.Errorf("%s holds a cluster's state already (running, or left over: go run ./cmd/cleanup %s)", opts.Dir, opts.Dir)
 	}
 	c = &Cluster{
 		opts:              opts,
@@ -110,10 +127,6 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			c = nil
 		}
 	}()
-	if _, err := os.Stat(filepath.Join(opts.Dir, stateFile)); err == nil {
-		// Not c: Stop would undo the other run's state.
-		return nil, fmt.Errorf("%s holds a cluster's state already (running, or left over: go run ./cmd/cleanup %s)", opts.Dir, opts.Dir)
-	}
 	if err := c.preflight(); err != nil {
 		return c, err
 	}
@@ -238,6 +251,7 @@ func (c *Cluster) preflight() error {
 	return c.state.update(func(s *state) {
 		s.Sysctls = sysctls
 		s.Bridge = Bridge
+		s.CNINetwork = CNINetwork
 		s.ContainerdAddress = c.ContainerdAddress
 	})
 }
@@ -363,8 +377,13 @@ func (c *Cluster) exitedErr(name string) error {
 var errExited = errors.New("component exited")
 
 // Stop tears the cluster down: components in order, then Cleanup. It is safe to call on a
-// partly started cluster and more than once.
+// partly started cluster, and more than once or concurrently: the teardown runs once.
 func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() { c.stopErr = c.stop() })
+	return c.stopErr
+}
+
+func (c *Cluster) stop() error {
 	c.mu.Lock()
 	c.stopped = true
 	c.mu.Unlock()

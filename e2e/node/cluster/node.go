@@ -80,7 +80,7 @@ state = %q
 	}
 	cni := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
-  "name": "e2e",
+  "name": %q,
   "plugins": [
     {
       "type": "bridge",
@@ -96,7 +96,7 @@ state = %q
     }
   ]
 }
-`, Bridge, podCIDR, filepath.Join(c.opts.Dir, "cni-ipam"))
+`, CNINetwork, Bridge, podCIDR, filepath.Join(c.opts.Dir, "cni-ipam"))
 	if err := os.WriteFile(filepath.Join(cniConf, "10-e2e.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
@@ -290,8 +290,8 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	); err != nil {
 		return err
 	}
-	// Ready once the scheduler answers and the service-account controller made kube-system's
-	// default ServiceAccount (pods are refused until it exists).
+	// Ready once the scheduler answers and the service-account controller made the default
+	// ServiceAccounts of kube-system and default (pods are refused until they exist).
 	if err := c.waitHTTP(ctx, "kube-scheduler", fmt.Sprintf("https://127.0.0.1:%d/healthz", c.ports["scheduler"]), nil); err != nil {
 		return err
 	}
@@ -300,13 +300,18 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return poll(wctx, 250*time.Millisecond, "ServiceAccount kube-system/default", func() (bool, error) {
-		_, err := c.Client.CoreV1().ServiceAccounts("kube-system").Get(wctx, "default", metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return false, err
+	for _, ns := range []string{"kube-system", "default"} {
+		if err := poll(wctx, 250*time.Millisecond, "ServiceAccount "+ns+"/default", func() (bool, error) {
+			_, err := c.Client.CoreV1().ServiceAccounts(ns).Get(wctx, "default", metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, err
+			}
+			return err == nil, err
+		}); err != nil {
+			return err
 		}
-		return err == nil, err
-	})
+	}
+	return nil
 }
 
 // StopKubelet stops kubelet (SIGTERM, as systemd does), leaving everything else running.

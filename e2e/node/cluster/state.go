@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +35,8 @@ type state struct {
 	// Sysctls maps a /proc/sys path to its value before the cluster started.
 	Sysctls map[string]string `json:"sysctls"`
 	Bridge  string            `json:"bridge,omitempty"`
+	// CNINetwork is the pods' network name, which names the CNI results cached for it.
+	CNINetwork string `json:"cniNetwork,omitempty"`
 	// ContainerdAddress is the private containerd's socket, for removing its tasks.
 	ContainerdAddress string `json:"containerdAddress,omitempty"`
 	// HostFiles are files outside the directory that kubelet creates at fixed paths
@@ -68,10 +71,16 @@ func (st *stateStore) update(f func(*state)) error {
 	return os.Rename(tmp, st.path)
 }
 
+// get returns a copy of the state, safe to read while others update it.
 func (st *stateStore) get() state {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.s
+	s := st.s
+	s.PIDs = maps.Clone(st.s.PIDs)
+	s.Sysctls = maps.Clone(st.s.Sysctls)
+	s.HostFiles = slices.Clone(st.s.HostFiles)
+	s.HostDirs = slices.Clone(st.s.HostDirs)
+	return s
 }
 
 // The sysctls the cluster changes: those kubelet's container manager sets at start (unless
@@ -94,6 +103,9 @@ func readSysctls() (map[string]string, error) {
 	return m, nil
 }
 
+// cniResults is where containerd's CNI library caches each pod's network result.
+const cniResults = "/var/lib/cni/results"
+
 // componentOrder is the order in which Cleanup stops the cluster's components.
 var componentOrder = []string{"kube-scheduler", "kube-controller-manager", "kubelet", "kube-apiserver", "containerd", "etcd"}
 
@@ -104,6 +116,9 @@ var componentOrder = []string{"kube-scheduler", "kube-controller-manager", "kube
 // wrote. It is what Stop runs after stopping the components in order, and what
 // cmd/cleanup runs after a test binary that died. It reports every step that failed.
 func Cleanup(dir string) error {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs // mount points and link targets are absolute
+	}
 	b, err := os.ReadFile(filepath.Join(dir, stateFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -146,6 +161,16 @@ func Cleanup(dir string) error {
 	}
 	errs = append(errs, hostpaths.UnmountBelow(dir))
 	errs = append(errs, removeLinksInto("/var/log/containers", dir))
+	// The CNI results containerd caches per pod, left when a pod was never torn down (a
+	// test binary killed while pods ran): named after the cluster's own network.
+	if s.CNINetwork != "" {
+		leftover, _ := filepath.Glob(filepath.Join(cniResults, s.CNINetwork+"-*"))
+		for _, f := range leftover {
+			if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
 	if s.Bridge != "" {
 		if _, err := os.Stat("/sys/class/net/" + s.Bridge); err == nil {
 			_, err := runFor(10*time.Second, "ip", "link", "delete", s.Bridge)

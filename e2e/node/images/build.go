@@ -13,10 +13,6 @@ import (
 // PausePackage is the import path of the sandbox program that BuildPause builds.
 const PausePackage = "multireg.dev/multireg/e2e/node/cmd/pause"
 
-// BuildPause builds PausePackage into outDir/pause and returns that path. The binary is
-// static (CGO_ENABLED=0), linux/runtime.GOARCH, stripped and reproducible (-trimpath,
-// -buildvcs=false), so images holding it keep their digest across builds. It needs the go
-// command in PATH (go test puts its own first) and runs it inside this module.
 // PauseRef is the reference of the pause image WritePause writes: the sandbox image of the
 // test clusters.
 const PauseRef = "docker.io/multireg/pause:e2e"
@@ -33,6 +29,10 @@ func WritePause(ctx context.Context, dir string) (string, error) {
 	return tar, im.WriteTarball(tar)
 }
 
+// BuildPause builds PausePackage into outDir/pause and returns that path. The binary is
+// static (CGO_ENABLED=0), linux/runtime.GOARCH, stripped and reproducible (-trimpath,
+// -buildvcs=false), so images holding it keep their digest across builds. It needs the go
+// command in PATH (go test puts its own first) and runs it inside this module.
 func BuildPause(ctx context.Context, outDir string) (string, error) {
 	out := filepath.Join(outDir, "pause")
 	if err := goBuild(ctx, PausePackage, out); err != nil {
