@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,13 @@ import (
 // resources counts what a leak would grow: goroutines, open file descriptors, and inotify
 // watches.
 type resources struct{ goroutines, fds, watches int }
+
+// goroutineStacks is a dump of every goroutine, grouped by stack, for a failure report.
+func goroutineStacks() string {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+	return b.String()
+}
 
 func measure(t *testing.T) resources {
 	t.Helper()
@@ -94,7 +102,8 @@ func TestNoLeaksAcrossReloads(t *testing.T) {
 		}
 	}
 	reloadTo(1)
-	base := measure(t)
+	base := settled(t)
+	baseStacks := goroutineStacks()
 	for gen := 2; gen <= 201; gen++ {
 		reloadTo(gen)
 	}
@@ -107,7 +116,8 @@ func TestNoLeaksAcrossReloads(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 200 reloads: %+v, after the first: %+v", got, base)
+			t.Fatalf("after 200 reloads: %+v, after the first: %+v\ngoroutines after the first reload:\n%s\ngoroutines now:\n%s",
+				got, base, baseStacks, goroutineStacks())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -122,6 +132,29 @@ func allServing(s *registrar.Supervisor) bool {
 		if d.Phase != registrar.Serving || d.Attempts == 0 {
 			return false
 		}
+		// A loop that does not wait for its endpoint is Serving from the start, and counts
+		// its attempt before the socket appears: the socket must be there too.
+		if fi, err := os.Lstat(d.Socket); err != nil || fi.Mode()&os.ModeSocket == 0 {
+			return false
+		}
 	}
 	return true
+}
+
+// settled measures once the figures stopped moving (three equal samples 20 ms apart): a
+// loop whose socket just appeared starts its server's goroutine a moment later.
+func settled(t *testing.T) resources {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	prev, same := measure(t), 0
+	for same < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // sampling: there is no event for "no goroutine starts"
+		cur := measure(t)
+		if cur == prev {
+			same++
+		} else {
+			prev, same = cur, 0
+		}
+	}
+	return prev
 }
