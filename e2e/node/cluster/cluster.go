@@ -17,7 +17,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -70,6 +69,8 @@ type Cluster struct {
 	ContainerdAddress string
 	apiServerURL      string
 	ports             map[string]int
+	// kubeletClient reads kubelet's metrics with the API server's client certificate.
+	kubeletClient *http.Client
 }
 
 // Phase is a step of the cluster's life and how long it took.
@@ -261,6 +262,14 @@ func (c *Cluster) makePKI(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	cert, err := tls.LoadX509KeyPair(c.pki.kubeletClientCert, c.pki.kubeletClientKey)
+	if err != nil {
+		return err
+	}
+	c.kubeletClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		Certificates:       []tls.Certificate{cert},
+		InsecureSkipVerify: true, //nolint:gosec // kubelet's self-signed serving certificate, on 127.0.0.1
+	}}}
 	if err := kubeconfig(c.Kubeconfig, c.apiServerURL, c.pki.caCert, c.pki.adminToken); err != nil {
 		return err
 	}
@@ -387,14 +396,8 @@ func (c *Cluster) stop() error {
 	c.mu.Lock()
 	c.stopped = true
 	c.mu.Unlock()
-	var errs []error
-	// The callers' tracked processes first (multireg on the host): they use the cluster.
-	for name, rec := range c.state.get().PIDs {
-		if !slices.Contains(componentOrder, name) {
-			errs = append(errs, stopPID(name, rec, 10*time.Second))
-		}
-	}
-	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kubelet"} {
+	errs := stopTracked(c.state.get().PIDs)
+	for _, name := range clientComponents {
 		if p := c.proc(name); p != nil {
 			errs = append(errs, p.stop(10*time.Second))
 		}
@@ -404,10 +407,13 @@ func (c *Cluster) stop() error {
 			errs = append(errs, removeTasks(c.ContainerdAddress))
 		}
 	}
-	for _, name := range []string{"kube-apiserver", "containerd", "etcd"} {
+	for _, name := range serverComponents {
 		if p := c.proc(name); p != nil {
 			errs = append(errs, p.stop(10*time.Second))
 		}
+	}
+	if c.kubeletClient != nil {
+		c.kubeletClient.CloseIdleConnections()
 	}
 	errs = append(errs, Cleanup(c.opts.Dir))
 	return errors.Join(errs...)

@@ -358,20 +358,11 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 // API server's client certificate (the API server's node proxy refuses loopback addresses,
 // and this node's address is 127.0.0.1).
 func (c *Cluster) KubeletMetrics(ctx context.Context) (string, error) {
-	cert, err := tls.LoadX509KeyPair(c.pki.kubeletClientCert, c.pki.kubeletClientKey)
-	if err != nil {
-		return "", err
-	}
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-		Certificates:       []tls.Certificate{cert},
-		InsecureSkipVerify: true, //nolint:gosec // kubelet's self-signed serving certificate, on 127.0.0.1
-	}}}
-	defer hc.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/metrics", c.ports["kubelet"]), nil)
 	if err != nil {
 		return "", err
 	}
-	resp, err := hc.Do(req)
+	resp, err := c.kubeletClient.Do(req)
 	if err != nil {
 		return "", err
 	}

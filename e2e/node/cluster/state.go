@@ -106,8 +106,24 @@ func readSysctls() (map[string]string, error) {
 // cniResults is where containerd's CNI library caches each pod's network result.
 const cniResults = "/var/lib/cni/results"
 
-// componentOrder is the order in which Cleanup stops the cluster's components.
-var componentOrder = []string{"kube-scheduler", "kube-controller-manager", "kubelet", "kube-apiserver", "containerd", "etcd"}
+// The cluster's components in the order they are stopped: the clients of the API server and
+// containerd, then (after containerd's tasks are removed) the servers.
+var (
+	clientComponents = []string{"kube-scheduler", "kube-controller-manager", "kubelet"}
+	serverComponents = []string{"kube-apiserver", "containerd", "etcd"}
+)
+
+// stopTracked stops the processes callers recorded with Track (multireg on the host): they
+// use the cluster, so they go first.
+func stopTracked(pids map[string]pidRecord) []error {
+	var errs []error
+	for name, rec := range pids {
+		if !slices.Contains(clientComponents, name) && !slices.Contains(serverComponents, name) {
+			errs = append(errs, stopPID(name, rec, 10*time.Second))
+		}
+	}
+	return errs
+}
 
 // Cleanup undoes a cluster from its directory's state file: it stops the recorded processes
 // that still run (checking each PID still runs the same program), removes the private
@@ -130,15 +146,8 @@ func Cleanup(dir string) error {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(dir, stateFile), err)
 	}
-	var errs []error
-	// The test's own processes (multireg on the host), then clients before servers: what
-	// talks to the API server and containerd, then them.
-	for name, rec := range s.PIDs {
-		if !slices.Contains(componentOrder, name) {
-			errs = append(errs, stopPID(name, rec, 10*time.Second))
-		}
-	}
-	for _, name := range componentOrder[:3] {
+	errs := stopTracked(s.PIDs)
+	for _, name := range clientComponents {
 		if rec, ok := s.PIDs[name]; ok {
 			errs = append(errs, stopPID(name, rec, 10*time.Second))
 		}
@@ -148,7 +157,7 @@ func Cleanup(dir string) error {
 			errs = append(errs, removeTasks(s.ContainerdAddress))
 		}
 	}
-	for _, name := range componentOrder[3:] {
+	for _, name := range serverComponents {
 		if rec, ok := s.PIDs[name]; ok {
 			errs = append(errs, stopPID(name, rec, 10*time.Second))
 		}
