@@ -182,9 +182,10 @@ func (d *driver) run(ctx context.Context) {
 
 // shutdown stops the current generation when the loop ends. The socket is removed when the
 // driver left the configuration, or on shutdown with cleanup; otherwise it stays, so that a
-// restarting multireg does not deregister every plugin at once.
+// restarting multireg does not deregister every plugin at once. After the directory was lost
+// to another instance nothing is removed: the sockets are that instance's.
 func (d *driver) shutdown(cause error, cur *generation) {
-	remove := errors.Is(cause, errRemoved) || d.cleanup
+	remove := errors.Is(cause, errRemoved) || d.cleanup && !errors.Is(cause, ErrDirLost)
 	switch {
 	case cur != nil && remove:
 		d.retire(cur)

@@ -17,8 +17,30 @@ import (
 // dot makes kubelet ignore it.
 const LockName = ".multireg.lock"
 
-// lockRetry paces the attempts to take a lock another process holds.
-const lockRetry = 250 * time.Millisecond
+// ErrDirLost reports that another instance now holds the registration directory: the sockets
+// in it are no longer this process's, and it must stop serving without touching them.
+var ErrDirLost = errors.New("another multireg took over the registration directory")
+
+// The lock protocol. A lock held on a file that is no longer the one at the path is no lock:
+// the lock file may be deleted, replaced, or go with its directory. The holder checks every
+// LockCheck that the file at the path is the one it holds, and if not, locks the new one. A
+// waiter that saw the directory held leaves a vanished or replaced lock file alone for
+// lockGrace, so that a living holder re-locks it first; and when it does take a lock file
+// other than the one it saw held (the holder did not come back in time), it waits lockSettle
+// before it serves, so that a holder that was merely slow finds the directory lost and stops
+// first. Variables, so that tests can shorten them.
+var (
+	// LockCheck is how often the holder makes sure it still holds the directory (Refresh).
+	LockCheck = time.Second
+	// lockRetry paces a waiter's attempts.
+	lockRetry = 250 * time.Millisecond
+	// lockGrace: a waiter does not take a new lock file for this long after the one it saw
+	// held vanished or was replaced.
+	lockGrace = 3 * time.Second
+	// lockSettle: how long a waiter that took a lock file other than the one it saw held
+	// waits before it serves.
+	lockSettle = 2 * time.Second
+)
 
 // Lock is the exclusive hold of a registration directory.
 type Lock struct {
@@ -32,56 +54,153 @@ type Lock struct {
 // waits and keeps trying until the lock is free or ctx ends. Once held, it removes the
 // temporary sockets an interrupted multireg may have left in dir.
 func AcquireLock(ctx context.Context, dir string, log *slog.Logger) (*Lock, error) {
-	return acquire(ctx, dir, log, true)
+	f, err := acquire(ctx, dir, log, true)
+	if err != nil {
+		return nil, err
+	}
+	removeTempSockets(dir, log)
+	return &Lock{dir: dir, f: f}, nil
 }
 
 // TryLock takes the exclusive lock of dir, like AcquireLock, but fails at once when another
 // process holds it.
 func TryLock(dir string, log *slog.Logger) (*Lock, error) {
-	return acquire(context.Background(), dir, log, false)
-}
-
-func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*Lock, error) {
-	if err := ensureDir(dir); err != nil {
-		return nil, err
-	}
-	path := filepath.Join(dir, LockName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := acquire(context.Background(), dir, log, false)
 	if err != nil {
-		return nil, fmt.Errorf("open lock: %w", err)
-	}
-	t := time.NewTicker(lockRetry)
-	defer t.Stop()
-	waiting := false
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !wait {
-			f.Close()
-			return nil, fmt.Errorf("another multireg holds %s", path)
-		}
-		if !waiting {
-			waiting = true
-			log.Info("another multireg holds the registration directory; waiting for it to exit", "lock", path)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-	}
-	if waiting {
-		log.Info("took over the registration directory", "lock", path)
+		return nil, err
 	}
 	removeTempSockets(dir, log)
 	return &Lock{dir: dir, f: f}, nil
+}
+
+// fileKey identifies a file by device and inode: a lock follows the inode, not the path.
+type fileKey struct{ dev, ino uint64 }
+
+func keyOf(fi fs.FileInfo) fileKey {
+	st := fi.Sys().(*syscall.Stat_t)
+	return fileKey{dev: st.Dev, ino: st.Ino}
+}
+
+// keyAt returns the key of the file at path; the zero key when there is none.
+func keyAt(path string) (fileKey, error) {
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fileKey{}, nil
+	}
+	if err != nil {
+		return fileKey{}, err
+	}
+	return keyOf(fi), nil
+}
+
+// acquire returns the lock file of dir, locked and verified to be the file at the path.
+func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*os.File, error) {
+	path := filepath.Join(dir, LockName)
+	var (
+		f       *os.File
+		seen    fileKey   // the lock file last seen held by another process
+		changed time.Time // when the file at the path was first seen to differ from seen
+		waiting bool
+	)
+	closeF := func() {
+		if f != nil {
+			f.Close()
+			f = nil
+		}
+	}
+	t := time.NewTicker(lockRetry)
+	defer t.Stop()
+	pause := func() error {
+		select {
+		case <-ctx.Done():
+			closeF()
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}
+	for {
+		if err := ensureDir(dir); err != nil {
+			closeF()
+			return nil, err
+		}
+		cur, err := keyAt(path)
+		if err != nil {
+			closeF()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if seen != (fileKey{}) && cur != seen {
+			// The lock file seen held vanished or was replaced: its holder, if it lives,
+			// locks the new one within LockCheck. Leave it that long.
+			closeF()
+			if changed.IsZero() {
+				changed = time.Now()
+			}
+			if time.Since(changed) < lockGrace {
+				if err := pause(); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
+		if f == nil {
+			if f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600); err != nil {
+				return nil, fmt.Errorf("open lock %s: %w", path, err)
+			}
+		}
+		held, err := f.Stat()
+		if err != nil {
+			closeF()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			// Locked; but the file may have been replaced or removed meanwhile, and a lock
+			// on a file that is no longer at the path holds nothing.
+			if now, err := keyAt(path); err != nil || now != keyOf(held) {
+				closeF()
+				continue
+			}
+		case errors.Is(err, syscall.EWOULDBLOCK):
+			if !wait {
+				closeF()
+				return nil, fmt.Errorf("another multireg holds %s", path)
+			}
+			seen, changed = keyOf(held), time.Time{}
+			if !waiting {
+				waiting = true
+				log.Info("another multireg holds the registration directory; waiting for it to exit", "lock", path)
+			}
+			if err := pause(); err != nil {
+				return nil, err
+			}
+			continue
+		default:
+			closeF()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if seen != (fileKey{}) && keyOf(held) != seen {
+			// Not the file the other instance held: it lost its lock file and did not come
+			// back for it in time. If it still runs, it finds the directory lost within
+			// LockCheck and stops: let it, before serving.
+			log.Info("the lock file of the registration directory was replaced; waiting for its former holder to stop", "lock", path, "wait", lockSettle)
+			select {
+			case <-ctx.Done():
+				closeF()
+				return nil, ctx.Err()
+			case <-time.After(lockSettle):
+			}
+			if now, err := keyAt(path); err != nil || now != keyOf(held) {
+				closeF()
+				continue
+			}
+		}
+		if waiting {
+			log.Info("took over the registration directory", "lock", path)
+		}
+		return f, nil
+	}
 }
 
 // Release lets the next instance take the directory. The lock file stays.
@@ -91,26 +210,30 @@ func (l *Lock) Release() error {
 	return l.f.Close()
 }
 
-// Refresh makes sure the lock still holds the directory. Deleting the registration directory
-// deletes the lock file with it; another instance waiting for the directory would then lock a
-// new file. Refresh locks the new file instead, and fails if another instance got there first.
+// Dir returns the directory the lock holds.
+func (l *Lock) Dir() string { return l.dir }
+
+// Refresh makes sure the lock still holds the directory; the holder calls it every LockCheck.
+// When the lock file was deleted or replaced (the directory recreated, an operator's rm), it
+// locks the file now at the path, creating it if needed, before it lets go of the old one;
+// when another instance got there first it fails with ErrDirLost.
 func (l *Lock) Refresh() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	path := filepath.Join(l.dir, LockName)
-	var held, onDisk syscall.Stat_t
-	if err := syscall.Fstat(int(l.f.Fd()), &held); err != nil {
+	held, err := l.f.Stat()
+	if err != nil {
 		return fmt.Errorf("lock %s: %w", path, err)
 	}
-	if err := syscall.Stat(path, &onDisk); err == nil && onDisk.Dev == held.Dev && onDisk.Ino == held.Ino {
+	if cur, err := keyAt(path); err == nil && cur == keyOf(held) {
 		return nil
 	}
 	next, err := acquire(context.Background(), l.dir, slog.New(slog.DiscardHandler), false)
 	if err != nil {
-		return fmt.Errorf("the registration directory was recreated and its lock lost: %w", err)
+		return fmt.Errorf("%w: the lock file %s was replaced or removed, and locking it again failed: %v", ErrDirLost, path, err)
 	}
 	l.f.Close()
-	l.f = next.f
+	l.f = next
 	return nil
 }
 

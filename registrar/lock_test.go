@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,5 +90,173 @@ func TestLockRemovesOnlyOurTempSockets(t *testing.T) {
 		if _, err := os.Lstat(p); err != nil {
 			t.Errorf("%s was touched: %v", p, err)
 		}
+	}
+}
+
+// fastLock shortens the lock protocol's pauses for one test.
+func fastLock(t *testing.T) {
+	retry, grace, settle := lockRetry, lockGrace, lockSettle
+	lockRetry, lockGrace, lockSettle = 5*time.Millisecond, 150*time.Millisecond, 100*time.Millisecond
+	t.Cleanup(func() { lockRetry, lockGrace, lockSettle = retry, grace, settle })
+}
+
+// waitingLock starts a second instance's AcquireLock on dir and returns once it says it waits.
+func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *Lock {
+	t.Helper()
+	got := make(chan *Lock, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	go func() {
+		defer close(done)
+		l, err := AcquireLock(ctx, dir, logs.logger())
+		if err == nil {
+			got <- l
+		}
+	}()
+	eventually(t, 5*time.Second, "the second instance to say it waits", func() bool {
+		return strings.Contains(logs.String(), "waiting for it to exit")
+	})
+	return got
+}
+
+// holdsPath reports whether l holds the lock file now at its path.
+func holdsPath(t *testing.T, l *Lock) bool {
+	t.Helper()
+	fi, err := l.f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := keyAt(filepath.Join(l.dir, LockName))
+	return err == nil && cur == keyOf(fi)
+}
+
+// TestLockFileGoneWhileAnotherWaits: the lock file of a held directory is deleted, replaced
+// or goes with its directory while a second instance waits. The holder, checking as it does
+// every LockCheck, locks the new file; the waiter never takes the directory from it — not the
+// new file, and not the old one when the holder lets go of it — and takes over only once the
+// holder exits.
+func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
+	fastLock(t)
+	for _, tc := range []struct {
+		name string
+		harm func(dir string) error
+	}{
+		{"deleted", func(dir string) error { return os.Remove(filepath.Join(dir, LockName)) }},
+		{"replaced", func(dir string) error {
+			other := filepath.Join(dir, "other")
+			if err := os.WriteFile(other, nil, 0o600); err != nil {
+				return err
+			}
+			return os.Rename(other, filepath.Join(dir, LockName))
+		}},
+		{"directory recreated", func(dir string) error {
+			if err := os.RemoveAll(dir); err != nil {
+				return err
+			}
+			return os.Mkdir(dir, 0o750)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(shortDir(t), "reg")
+			var logs syncLog
+			holder, err := AcquireLock(context.Background(), dir, logs.logger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := waitingLock(t, dir, &logs)
+			if err := tc.harm(dir); err != nil {
+				t.Fatal(err)
+			}
+			// The holder checks a few times, as its LockCheck ticker would, for longer than
+			// the waiter's grace and settle together.
+			deadline := time.Now().Add(3 * (lockGrace + lockSettle))
+			for time.Now().Before(deadline) {
+				if err := holder.Refresh(); err != nil {
+					t.Fatalf("the holder lost the directory: %v\n%s", err, logs.String())
+				}
+				select {
+				case l := <-got:
+					l.Release()
+					t.Fatalf("the waiting instance took the directory from its holder:\n%s", logs.String())
+				case <-time.After(lockGrace / 5):
+				}
+			}
+			if !holdsPath(t, holder) {
+				t.Fatal("the holder does not hold the lock file at the path")
+			}
+			holder.Release()
+			select {
+			case l := <-got:
+				defer l.Release()
+				if !holdsPath(t, l) {
+					t.Error("the second instance holds a lock file that is not at the path")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the second instance did not take over after the holder exited:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// TestLockHolderTooSlow: a holder that does not check in time (stopped, starved) loses the
+// directory: the waiter takes the new lock file after its grace and settle, and the holder's
+// next check says the directory is lost.
+func TestLockHolderTooSlow(t *testing.T) {
+	fastLock(t)
+	dir := filepath.Join(shortDir(t), "reg")
+	var logs syncLog
+	holder, err := AcquireLock(context.Background(), dir, logs.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	got := waitingLock(t, dir, &logs)
+	if err := os.Remove(filepath.Join(dir, LockName)); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter has taken the new file and settles, or is done: the holder's check fails
+	// either way, before the waiter serves or right after.
+	eventually(t, 5*time.Second, "the waiter to take the new lock file", func() bool {
+		return strings.Contains(logs.String(), "waiting for its former holder to stop")
+	})
+	if err := holder.Refresh(); !errors.Is(err, ErrDirLost) {
+		t.Fatalf("Refresh of a lost directory: %v, want ErrDirLost", err)
+	}
+	select {
+	case l := <-got:
+		defer l.Release()
+		if !holdsPath(t, l) {
+			t.Error("the new holder's lock file is not at the path")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the waiter did not take over:\n%s", logs.String())
+	}
+}
+
+// TestLockCreatesOnlyTheDirectory: the registration directory is created as kubelet creates
+// it (0750); a missing parent (kubelet's root directory) is an error naming it, and is not
+// created.
+func TestLockCreatesOnlyTheDirectory(t *testing.T) {
+	base := shortDir(t)
+	dir := filepath.Join(base, "reg")
+	l, err := TryLock(dir, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("registration directory: %v, %v; want mode 0750", fi.Mode(), err)
+	}
+	deep := filepath.Join(base, "kubelet", "plugins_registry")
+	_, err = TryLock(deep, testLogger(t))
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(base, "kubelet")+" does not exist") {
+		t.Errorf("lock under a missing parent: %v, want an error naming the parent", err)
+	}
+	if _, err := os.Lstat(filepath.Join(base, "kubelet")); !os.IsNotExist(err) {
+		t.Errorf("the missing parent was created: %v", err)
 	}
 }

@@ -70,15 +70,21 @@ func checkSocketOrMissing(path string) (exists bool, err error) {
 	return true, nil
 }
 
-// ensureDir creates the registration directory with mode 0750 if it is missing.
+// ensureDir creates the registration directory, mode 0750 as kubelet creates it, if it is
+// missing. Only the directory itself: a missing parent (kubelet's root directory) is an error,
+// not something to make up with the process's owner-only umask.
 func ensureDir(dir string) error {
 	if _, err := os.Stat(dir); err == nil {
 		return nil
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := os.Mkdir(dir, 0o750); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("create registration directory %s: its parent %s does not exist (is registrationDir right, and is kubelet's root directory mounted?)", dir, filepath.Dir(dir))
+	} else if errors.Is(err, fs.ErrExist) {
+		return nil // created meanwhile, by kubelet or another loop
+	} else if err != nil {
 		return fmt.Errorf("create registration directory: %w", err)
 	}
-	// The process umask may have narrowed the mode; kubelet's own is 0750.
+	// The process umask narrowed the mode; kubelet's own is 0750.
 	if err := os.Chmod(dir, 0o750); err != nil {
 		return fmt.Errorf("create registration directory: %w", err)
 	}
@@ -116,12 +122,23 @@ func publish(path string) (*net.UnixListener, fileID, error) {
 	if err := os.Chmod(tmp, 0o600); err != nil {
 		return fail(fmt.Errorf("restrict socket: %w", err))
 	}
+	// Our socket's inode, taken under the name only we use: after the rename, the file at
+	// path is ours only if it is this inode (another process may have renamed its own
+	// socket there meanwhile). The listener holds the inode, so its number is not reused.
+	mine, _, err := statID(tmp)
+	if err != nil {
+		return fail(fmt.Errorf("publish %s: %w", path, err))
+	}
 	if err := renameOnto(tmp, path, exists); err != nil {
 		return fail(err)
 	}
-	id, _, err := statID(path)
+	id, _, err := statID(path) // the rename changed the change time: take the identity anew
 	if err != nil {
 		return fail(fmt.Errorf("publish %s: %w", path, err))
+	}
+	if id.dev != mine.dev || id.ino != mine.ino {
+		l.Close()
+		return nil, fileID{}, fmt.Errorf("publish %s: another socket replaced ours as it was published; it is left in place", path)
 	}
 	return l, id, nil
 }

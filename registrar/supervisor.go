@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -110,11 +111,16 @@ func (s *Supervisor) Stop(name string) {
 }
 
 // Run blocks until ctx ends, then stops every loop and waits for all of them. Sockets stay
-// in place unless CleanupOnExit was set.
+// in place unless CleanupOnExit was set. When ctx ends with a cause that is ErrDirLost, the
+// sockets are another instance's now: they stay whatever CleanupOnExit says.
 func (s *Supervisor) Run(ctx context.Context) error {
 	<-ctx.Done()
+	cause := errShutdown
+	if c := context.Cause(ctx); errors.Is(c, ErrDirLost) {
+		cause = c
+	}
 	s.mu.Lock()
-	s.cancel(errShutdown)
+	s.cancel(cause)
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	s.wg.Wait()
