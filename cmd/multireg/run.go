@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -19,6 +20,15 @@ import (
 
 // runDaemon is `multireg run`: it registers every configured driver until SIGTERM or SIGINT.
 func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
+	// From the first instant: a signal's default action would kill the process, also while
+	// it reads the file or waits for another instance. A SIGHUP before the reloader runs is
+	// not lost: the reloader reads the file when it starts watching it.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	fs := newFlagSet("run", stderr)
 	path := fs.String("config", "", "path to the drivers file (required)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -30,6 +40,9 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if *path == "" {
 		return usagef("multireg run: --config is required")
+	}
+	if err := checkListenAddr(*httpAddr); err != nil {
+		return usagef("multireg run: --http-endpoint %q: %v", *httpAddr, err)
 	}
 	log, err := newLogger(stderr, *logFormat, *verbosity)
 	if err != nil {
@@ -44,9 +57,6 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 
 	lock, err := registrar.AcquireLock(ctx, cfg.RegistrationDir, log)
 	if errors.Is(err, context.Canceled) {
@@ -67,6 +77,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := registrar.RemoveOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
+	owned := &ownedRecord{log: log}
 
 	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup})
 	if err != nil {
@@ -78,12 +89,14 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		InitialContent: content,
 		Apply:          sup,
 		Log:            log,
-		Applied: func(c *config.RegistrarConfig) {
-			if err := registrar.RecordOwned(c.RegistrationDir, socketNames(c)); err != nil {
-				log.Warn("the sockets of drivers removed while multireg does not run may stay", "err", err)
-			}
-		},
+		Applied:        owned.record,
 		MoveDir: func(dir string) (func(), error) {
+			lockMu.Lock()
+			same := sameDir(dir, lock.Dir())
+			lockMu.Unlock()
+			if same {
+				return func() {}, nil // another name of the directory this process holds
+			}
 			next, err := registrar.TryLock(dir, log)
 			if err != nil {
 				return nil, err
@@ -97,21 +110,18 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		},
 	})
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-
 	// The supervisor outlives everything that changes its drivers: it stops only after the
-	// reloader has stopped.
+	// reloader has stopped. When the directory is lost, it stops with that cause and leaves
+	// every socket to the instance that took it.
 	state := &daemonState{drivers: sup.Status, config: rl.State}
-	supCtx, stopSup := context.WithCancel(context.Background())
+	supCtx, stopSup := context.WithCancelCause(context.Background())
 	supDone := make(chan error, 1)
 	state.loops.Add(1)
 	go func() {
 		defer state.loops.Add(-1)
 		supDone <- sup.Run(supCtx)
 	}()
-	defer stopSup()
+	defer stopSup(nil)
 
 	// The HTTP server answers until everything else has stopped.
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
@@ -120,7 +130,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if *httpAddr != "" {
 		waitHTTP, err = serveHTTP(httpCtx, *httpAddr, newHandler(state, newRegistry(sup, rl)), log)
 		if err != nil {
-			stopSup()
+			stopSup(nil)
 			<-supDone
 			return err
 		}
@@ -136,8 +146,8 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		rlErr = rl.Run(ctx)
 	})
 	wg.Go(func() {
-		refresh := time.NewTicker(lockRefresh)
-		defer refresh.Stop()
+		check := time.NewTicker(registrar.LockCheck)
+		defer check.Stop()
 		for {
 			select {
 			case <-ctx.Done():
@@ -145,14 +155,16 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 			case <-hup:
 				log.Info("SIGHUP: re-reading the config")
 				rl.Kick()
-			case <-refresh.C:
+			case <-check.C:
 				lockMu.Lock()
 				err := lock.Refresh()
 				lockMu.Unlock()
 				if err != nil {
-					log.Error("stopping: another instance may run on this directory now", "err", err)
+					log.Error("stopping without touching the sockets: another instance serves this directory now", "err", err)
 					fail(err)
+					return
 				}
+				owned.retry()
 			}
 		}
 	})
@@ -160,16 +172,83 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 
 	<-ctx.Done()
 	wg.Wait()
-	stopSup()
-	supErr := <-supDone
-	stopHTTP()
-	httpErr := waitHTTP()
-	log.Info("multireg stopped", "cleanup", *cleanup)
 	var lost error
 	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
 		lost = cause
 	}
+	stopSup(lost)
+	supErr := <-supDone
+	stopHTTP()
+	httpErr := waitHTTP()
+	log.Info("multireg stopped", "cleanup", *cleanup && lost == nil)
 	return errors.Join(lost, rlErr, supErr, httpErr)
+}
+
+// ownedRecord writes the record of the sockets multireg owns (registrar.RecordOwned) for each
+// applied configuration, and retries a write that failed (a read-only or vanished directory)
+// until it succeeds: without it, a driver removed while multireg does not run would keep its
+// socket forever.
+type ownedRecord struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pending *config.RegistrarConfig // a configuration whose record failed; nil when written
+	lastErr string
+}
+
+func (o *ownedRecord) record(c *config.RegistrarConfig) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.pending = c
+	o.write()
+}
+
+func (o *ownedRecord) retry() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending != nil {
+		o.write()
+	}
+}
+
+func (o *ownedRecord) write() {
+	err := registrar.RecordOwned(o.pending.RegistrationDir, socketNames(o.pending))
+	switch {
+	case err == nil:
+		if o.lastErr != "" {
+			o.log.Info("recorded the sockets multireg owns", "dir", o.pending.RegistrationDir)
+		}
+		o.pending, o.lastErr = nil, ""
+	case err.Error() != o.lastErr:
+		o.lastErr = err.Error()
+		o.log.Warn("the sockets of drivers removed while multireg does not run may stay; retrying", "err", err)
+	}
+}
+
+// sameDir reports whether a and b name one existing directory.
+func sameDir(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
+}
+
+// checkListenAddr checks an --http-endpoint value before anything else runs: host:port with
+// a port number or service name; empty disables the server.
+func checkListenAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return err
+	}
+	return nil
 }
 
 // socketNames returns the socket file names of the configured drivers.
@@ -180,9 +259,6 @@ func socketNames(c *config.RegistrarConfig) []string {
 	}
 	return names
 }
-
-// lockRefresh is how often run checks that it still holds the registration directory.
-const lockRefresh = 5 * time.Second
 
 // newLogger returns the process logger: text or JSON on w, debug from verbosity 1.
 func newLogger(w io.Writer, format string, verbosity int) (*slog.Logger, error) {

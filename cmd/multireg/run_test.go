@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"multireg.dev/multireg/registrar"
 )
 
 // syncBuffer is a bytes.Buffer safe for the daemon's logger and the test to share.
@@ -127,4 +130,109 @@ func TestRunRefusesInvalidConfig(t *testing.T) {
 	if err := run(context.Background(), []string{"run", "--config", cfg, "--log-format", "xml"}, &bytes.Buffer{}, &bytes.Buffer{}); exitCode(err) != 2 {
 		t.Errorf("--log-format xml: %v, want a usage error", err)
 	}
+}
+
+// startRun runs `multireg run` with args in the background until the test ends, and returns
+// its log once it has started.
+func startRun(t *testing.T, args ...string) *syncBuffer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append([]string{"run", "--http-endpoint", ""}, args...), &logs, &logs) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run returned %v", err)
+		}
+	})
+	waitFor(t, "multireg to start", func() bool { return strings.Contains(logs.String(), "multireg started") })
+	return &logs
+}
+
+const twoDrivers = `
+defaults: {waitForEndpoint: false}
+drivers:
+  - {name: vendor.example/gpu, type: DevicePlugin, endpoint: /run/gpu/dp.sock}
+  - {name: gpu.example.com, type: DRAPlugin, endpoint: /run/gpu/dra.sock}
+`
+
+// TestRunChecksFlagsFirst: a malformed --http-endpoint is a usage error (exit 2), found
+// before the drivers file is read or the registration directory is waited for.
+func TestRunChecksFlagsFirst(t *testing.T) {
+	dir := t.TempDir()
+	reg := filepath.Join(dir, "reg")
+	held, err := registrar.TryLock(reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	cfg := writeConfig(t, dir, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+reg+twoDrivers)
+	for _, addr := range []string{"localhost", "127.0.0.1:99999", "127.0.0.1:no-such-service", "[::1"} {
+		var logs syncBuffer
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := run(ctx, []string{"run", "--config", cfg, "--http-endpoint", addr}, &logs, &logs)
+		cancel()
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), "--http-endpoint") || !strings.Contains(err.Error(), addr) {
+			t.Errorf("--http-endpoint %q: %v, want a usage error naming it", addr, err)
+		}
+		if logs.String() != "" {
+			t.Errorf("--http-endpoint %q: it went on before failing:\n%s", addr, logs.String())
+		}
+	}
+}
+
+// TestRunMovesToAnotherNameOfItsDirectory: registrationDir changed to a symlink of the
+// directory this very process holds is applied, not blamed on "another multireg".
+func TestRunMovesToAnotherNameOfItsDirectory(t *testing.T) {
+	dir := shortTemp(t)
+	reg := filepath.Join(dir, "reg")
+	alias := filepath.Join(dir, "alias")
+	if err := os.Symlink("reg", alias); err != nil {
+		t.Fatal(err)
+	}
+	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "
+	cfg := writeConfig(t, dir, header+reg+twoDrivers)
+	logs := startRun(t, "--config", cfg)
+	writeConfig(t, dir, header+alias+twoDrivers)
+	waitFor(t, "the new registrationDir to be applied", func() bool { return strings.Contains(logs.String(), "config reloaded") })
+	if strings.Contains(logs.String(), "config not applied") {
+		t.Errorf("the change was refused:\n%s", logs.String())
+	}
+}
+
+// TestRunRetriesTheOwnedRecord: a record of the owned sockets that cannot be written is
+// written once the directory lets it.
+func TestRunRetriesTheOwnedRecord(t *testing.T) {
+	dir := shortTemp(t)
+	reg := filepath.Join(dir, "reg")
+	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: " + reg
+	cfg := writeConfig(t, dir, header+twoDrivers)
+	logs := startRun(t, "--config", cfg)
+	// A directory where the record's temporary file goes makes every write fail (root
+	// writes through a read-only mode, so the mode cannot do it).
+	blocker := filepath.Join(reg, registrar.OwnedName+".tmp")
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeConfig(t, dir, header+twoDrivers+"  - {name: extra.example.com, type: DRAPlugin, endpoint: /run/x/dra.sock}\n")
+	waitFor(t, "the failed record to be reported", func() bool { return strings.Contains(logs.String(), "retrying") })
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the record to be written again", func() bool {
+		b, _ := os.ReadFile(filepath.Join(reg, registrar.OwnedName))
+		return strings.Contains(string(b), "extra.example.com-reg.sock")
+	})
+}
+
+// shortTemp is a temporary directory short enough for the sockets made in it.
+func shortTemp(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
