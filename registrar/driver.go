@@ -45,6 +45,9 @@ type driver struct {
 	w       *watcher
 	probe   func(context.Context, config.Driver) error
 	cleanup bool // remove the socket on shutdown too
+	// guard, if set, must pass before a socket is published: the process still holds the
+	// registration directory.
+	guard func() error
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
@@ -333,7 +336,12 @@ func (d *driver) publish() (*generation, error) {
 	d.st.Attempts++
 	d.mu.Unlock()
 
-	l, id, err := publish(d.spec.SocketPath)
+	var l *net.UnixListener
+	var id fileID
+	err := d.checkGuard()
+	if err == nil {
+		l, id, err = publish(d.spec.SocketPath)
+	}
 	if err != nil {
 		// An older socket may still serve (a driver restart): its verdicts count again.
 		d.mu.Lock()
@@ -361,6 +369,14 @@ func (d *driver) publish() (*generation, error) {
 	d.update(Serving, "", time.Time{})
 	d.log.Debug("registration socket published", "socket", d.spec.SocketPath, "generation", gen)
 	return g, nil
+}
+
+// checkGuard runs the guard, if any.
+func (d *driver) checkGuard() error {
+	if d.guard == nil {
+		return nil
+	}
+	return d.guard()
 }
 
 // notify takes kubelet's verdict from a registration server. It never blocks.

@@ -6,8 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"multireg.dev/multireg/config"
 )
 
 func TestLockWaitsAndTakesOver(t *testing.T) {
@@ -259,4 +262,31 @@ func TestLockCreatesOnlyTheDirectory(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(base, "kubelet")); !os.IsNotExist(err) {
 		t.Errorf("the missing parent was created: %v", err)
 	}
+}
+
+// TestGuardStopsPublish: a supervisor whose guard fails (the directory is another
+// instance's) publishes nothing; its drivers back off with the guard's error and publish once
+// it passes.
+func TestGuardStopsPublish(t *testing.T) {
+	dir := shortDir(t)
+	var lost atomic.Bool
+	lost.Store(true)
+	s := runSupervisor(t, Options{Guard: func() error {
+		if lost.Load() {
+			return ErrDirLost
+		}
+		return nil
+	}})
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, filepath.Join(dir, "dp.sock"))
+	d.WaitForEndpoint = false
+	s.Start(d)
+	eventually(t, 5*time.Second, "the guard's error in the driver's status", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == BackingOff && strings.Contains(st.LastError, ErrDirLost.Error())
+	})
+	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
+		t.Fatalf("a socket was published while the guard failed: %v", err)
+	}
+	lost.Store(false)
+	awaitSocket(t, d)
 }

@@ -19,12 +19,18 @@ type Options struct {
 	// kubelet deregisters every plugin (uninstall). By default sockets stay: a restarted
 	// multireg renames fresh sockets over them, and kubelet keeps the plugins meanwhile.
 	CleanupOnExit bool
+	// Guard, if set, is called before every socket is published; an error stops the publish
+	// (the attempt fails and backs off). multireg checks there that it still holds the
+	// registration directory, so that an instance that lost it never publishes over the
+	// sockets of the one that took it.
+	Guard func() error
 }
 
 // Supervisor runs one registration loop per driver and shares one file watcher among them.
 type Supervisor struct {
 	log     *slog.Logger
 	cleanup bool
+	guard   func() error
 	w       *watcher
 
 	ctx    context.Context // parent of every loop; ends when Run returns
@@ -59,7 +65,7 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	wctx, wcancel := context.WithCancel(context.Background())
-	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{},
+	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{},
 		stopWatcher: wcancel, watcherDone: make(chan struct{})}
 	go func() {
 		defer close(s.watcherDone)
@@ -80,6 +86,7 @@ func (s *Supervisor) Start(d config.Driver) {
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
+	h.d.guard = s.guard
 	s.running[d.Name] = h
 	s.mu.Unlock()
 	// The new loop starts only once the old one is gone, so they never share the socket.

@@ -79,7 +79,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	owned := &ownedRecord{log: log}
 
-	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup})
+	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup, Guard: func() error {
+		lockMu.Lock()
+		defer lockMu.Unlock()
+		return lock.Refresh()
+	}})
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
