@@ -2,9 +2,11 @@ package faults
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -187,5 +189,165 @@ func TestTwoInstances(t *testing.T) {
 				t.Error("the second instance exited")
 			}
 		})
+	}
+}
+
+// waitsLog is what an instance logs while another holds the registration directory.
+const waitsLog = "another multireg holds the registration directory; waiting for it to exit"
+
+// startPair runs a registered multireg on ds and a second one on the same file, and returns
+// both once the second says it waits.
+func (e *env) startPair(ds []driver) (first, second *mrproc.Process) {
+	e.t.Helper()
+	first = e.startAll(ds)
+	second = mrproc.Start(e.t, e.writeConfig(ds))
+	kubelet.WaitFor(e.t, registerTimeout, "the second instance to wait", func() bool { return second.Count(waitsLog, "") == 1 })
+	return first, second
+}
+
+// notListening reports which sockets of ds nobody accepts on, or "" when every one listens.
+func (e *env) notListening(ds []driver) string {
+	var dead []string
+	for _, d := range ds {
+		c, err := net.DialTimeout("unix", e.socketPath(d), time.Second)
+		if err != nil {
+			dead = append(dead, fmt.Sprintf("%s: %v", d.name, err))
+			continue
+		}
+		c.Close()
+	}
+	return strings.Join(dead, "\n")
+}
+
+// takeOver stops first with SIGTERM and waits until second has registered every driver of ds
+// anew, on sockets that listen.
+func (e *env) takeOver(first, second *mrproc.Process, ds []driver) {
+	e.t.Helper()
+	before := e.snap(ds)
+	first.Signal(e.t, syscall.SIGTERM)
+	if code := first.Wait(e.t, exitTimeout); code != 0 {
+		e.t.Errorf("first instance: exit code %d after SIGTERM", code)
+	}
+	kubelet.WaitFor(e.t, registerTimeout, "the second instance to take over and register every driver again", func() bool {
+		for _, d := range ds {
+			if e.k.Counts(d.name).Registrations <= before.counts[d.name].Registrations || !e.k.Registered(d.name) {
+				return false
+			}
+		}
+		return second.Count("took over the registration directory", "") == 1
+	})
+	waitPhases(e.t, second, ds, "Registered")
+	if dead := e.notListening(ds); dead != "" {
+		e.t.Errorf("sockets nobody listens on after the take-over:\n%s", dead)
+	}
+}
+
+// Fault: while a second instance waits, the lock file of the registration directory is
+// deleted, or the directory is recreated (and a SIGHUP reaches the waiting instance). The
+// first instance keeps the directory: it locks the new lock file, the waiting one never
+// serves, and the registrations are untouched (deleted lock file) or renewed by the first
+// instance alone (directory recreated, which removed the sockets). Once the first exits, the
+// second takes over with every socket listening.
+func TestLockHarmedWhileAnotherWaits(t *testing.T) {
+	t.Parallel()
+	for _, harm := range []string{"lock deleted", "directory recreated"} {
+		t.Run(harm, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ds := mixed("w", 4)
+			first, second := e.startPair(ds)
+			second.Signal(t, syscall.SIGHUP) // signals are handled from the first instant
+			before := e.snap(ds)
+			switch harm {
+			case "lock deleted":
+				if err := os.Remove(filepath.Join(e.reg, ".multireg.lock")); err != nil {
+					t.Fatal(err)
+				}
+			case "directory recreated":
+				// multireg recreates its sockets while the directory is being deleted: again
+				// until it is gone. kubelet's watch dies with the directory, as a real
+				// kubelet's does: it restarts and registers every driver on the new sockets.
+				for i := 0; ; i++ {
+					err := os.RemoveAll(e.reg)
+					if err == nil {
+						break
+					}
+					if i == 100 {
+						t.Fatal(err)
+					}
+				}
+				if err := os.Mkdir(e.reg, 0o750); err != nil && !os.IsExist(err) {
+					t.Fatal(err)
+				}
+				kubelet.WaitFor(t, registerTimeout, "every socket published in the new directory", func() bool {
+					for _, d := range ds {
+						if !isSocket(e.socketPath(d)) || idOf(e.socketPath(d)) == before.ids[d.name] {
+							return false
+						}
+					}
+					return true
+				})
+				e.restartKubelet()
+				e.waitRegistered(first, ds)
+				before = e.snap(ds)
+			}
+			// Longer than the waiting instance's grace and settle together (3 s + 2 s).
+			kubelet.Never(t, 7*time.Second, "the waiting instance served, exited, or a driver moved", func() bool {
+				if m := e.moved(before, ds); m != "" {
+					t.Log(m)
+					return true
+				}
+				return second.HTTPAddr() != "" || second.Count("registration socket published", "") != 0 || second.Exited() || first.Exited()
+			})
+			if dead := e.notListening(ds); dead != "" {
+				t.Errorf("sockets nobody listens on:\n%s", dead)
+			}
+			e.takeOver(first, second, ds)
+		})
+	}
+}
+
+// Fault: the instance that holds the registration directory is stopped (SIGSTOP: a frozen or
+// starved process) and its lock file deleted. The waiting instance takes the directory after
+// its grace and registers every driver; when the first resumes, it finds the directory lost
+// and exits 1 without touching a socket: every registration stays the second's.
+func TestStalledHolderLosesTheDirectory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("s", 4)
+	first, second := e.startPair(ds)
+	before := e.snap(ds)
+	first.Signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { syscall.Kill(first.PID(), syscall.SIGCONT) }) // if the test ends early
+	if err := os.Remove(filepath.Join(e.reg, ".multireg.lock")); err != nil {
+		t.Fatal(err)
+	}
+	kubelet.WaitFor(t, registerTimeout, "the second instance to take over and register every driver again", func() bool {
+		for _, d := range ds {
+			if e.k.Counts(d.name).Registrations <= before.counts[d.name].Registrations || !e.k.Registered(d.name) {
+				return false
+			}
+		}
+		return second.Count("took over the registration directory", "") == 1
+	})
+	waitPhases(t, second, ds, "Registered")
+	taken := e.snap(ds)
+
+	first.Signal(t, syscall.SIGCONT)
+	if code := first.Wait(t, exitTimeout); code != 1 {
+		t.Errorf("the instance that lost the directory: exit code %d, want 1", code)
+	}
+	if first.Count("stopping without touching the sockets: another instance serves this directory now", "") != 1 {
+		t.Error("the instance that lost the directory did not say why it stopped")
+	}
+	if n := first.Count("registration socket published", ""); n != len(ds) {
+		t.Errorf("the instance that lost the directory published %d sockets, want only its first %d", n, len(ds))
+	}
+	e.holdUnmoved(taken, ds)
+	if dead := e.notListening(ds); dead != "" {
+		t.Errorf("sockets nobody listens on:\n%s", dead)
+	}
+	if second.Exited() {
+		t.Error("the second instance exited")
 	}
 }

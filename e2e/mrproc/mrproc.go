@@ -153,6 +153,9 @@ func (p *Process) HTTPAddr() string {
 	return ""
 }
 
+// PID returns the process's id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has exited.
 func (p *Process) Exited() bool {
 	select {
