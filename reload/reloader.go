@@ -135,11 +135,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	follow := func() {}
 	if !r.opts.NoWatch {
 		w, err := newDirWatcher(r.opts.Path, r.log)
 		if err != nil {
 			return fmt.Errorf("watch config: %w", err)
 		}
+		follow = w.follow
 		wg.Go(func() { w.run(ctx, r.Kick) })
 	}
 	resync := time.NewTicker(r.opts.Resync)
@@ -169,6 +171,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 			debounce = timer.C
 		case <-debounce:
 			timer, debounce = nil, nil
+			follow() // a symlinked config may lead to another directory now
 			r.reload()
 		}
 	}
