@@ -55,6 +55,16 @@ func quiet(t *testing.T, rec *recorder, d time.Duration) {
 	}
 }
 
+// watchesInPlace waits for the read the watcher asks for once its watches are in place (it
+// finds the file unchanged): an edit before it would be seen by that read, not by the watch.
+func watchesInPlace(t *testing.T, s *started) {
+	t.Helper()
+	eventually(t, 5*time.Second, "the read once the watches are in place", func() bool {
+		st := s.r.State()
+		return st.LastReloadTime.After(st.LastSuccessTime)
+	})
+}
+
 // TestWatchSeesEveryKindOfUpdate changes the file in each way it changes on a node, and
 // expects each change applied exactly once.
 func TestWatchSeesEveryKindOfUpdate(t *testing.T) {
@@ -201,12 +211,7 @@ func TestWatchSymlinkTarget(t *testing.T) {
 	s := startAt(t, path, Options{Resync: time.Hour})
 	defer s.stop()
 	waitCalls(t, s.rec, 1, "initial start")
-	// The watcher reads the file once its watches are in place: edit only after that read,
-	// or that read, not the watch, would see the edit.
-	eventually(t, 5*time.Second, "the read once the watches are in place", func() bool {
-		st := s.r.State()
-		return st.LastReloadTime.After(st.LastSuccessTime)
-	})
+	watchesInPlace(t, s)
 
 	write(t, target("a"), drivers("/run/v2.sock"))
 	waitCalls(t, s.rec, 2, "an edit of the target in place applied")
@@ -231,4 +236,42 @@ func TestWatchSymlinkTarget(t *testing.T) {
 	if st := s.r.State(); !st.LastReloadTime.Equal(read) {
 		t.Errorf("an edit in the old target's directory made the file be read again (at %s, after %s)", st.LastReloadTime, read)
 	}
+}
+
+// TestWatchSymlinkChainMovedByKick: the config path leads to its file through a symlink in a
+// directory that is not watched, so re-pointing that symlink raises no event. A kick (SIGHUP)
+// reads the new target and moves the watch there: its next edit in place is seen.
+func TestWatchSymlinkChainMovedByKick(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"cfg", "hop", "a", "b"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	target := func(dir string) string { return filepath.Join(root, dir, "drivers.yaml") }
+	hop := filepath.Join(root, "hop", "drivers.yaml")
+	write(t, target("a"), drivers("/run/v1.sock"))
+	if err := os.Symlink(target("a"), hop); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(root, "cfg", "drivers.yaml")
+	if err := os.Symlink(hop, path); err != nil {
+		t.Fatal(err)
+	}
+	s := startAt(t, path, Options{Resync: time.Hour})
+	defer s.stop()
+	waitCalls(t, s.rec, 1, "initial start")
+	watchesInPlace(t, s)
+
+	write(t, target("b"), drivers("/run/v2.sock"))
+	if err := os.Remove(hop); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target("b"), hop); err != nil {
+		t.Fatal(err)
+	}
+	s.r.Kick()
+	waitCalls(t, s.rec, 2, "the new target applied on a kick")
+	write(t, target("b"), drivers("/run/v3.sock"))
+	waitCalls(t, s.rec, 2, "an edit of the new target in place applied")
 }
