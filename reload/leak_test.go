@@ -44,8 +44,10 @@ func measure(t *testing.T) resources {
 }
 
 // TestNoLeaksAcrossReloads reloads 200 times, each time restarting one of five drivers whose
-// sockets are real, with the real supervisor and the file watch on. The process ends with the
-// goroutines, file descriptors and inotify watches it had after the first reload.
+// sockets are real, with the real supervisor and the file watch on. The drivers file is a
+// symlink, pointed at each reload to a file in a new directory (the old ones stay), so the
+// watch of the target's directory moves every time. The process ends with the goroutines, file
+// descriptors and inotify watches it had after the first reload.
 func TestNoLeaksAcrossReloads(t *testing.T) {
 	dir, err := os.MkdirTemp("", "leak")
 	if err != nil {
@@ -53,6 +55,23 @@ func TestNoLeaksAcrossReloads(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "drivers.yaml")
+	// update writes the content into t<gen>/ and points the symlink at path there.
+	update := func(gen int, content string) {
+		t.Helper()
+		target := filepath.Join(dir, fmt.Sprintf("t%d", gen), "drivers.yaml")
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(target, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, path+".tmp"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
 	content := func(gen int) string {
 		var b strings.Builder
 		fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s/reg\n", dir)
@@ -66,9 +85,7 @@ func TestNoLeaksAcrossReloads(t *testing.T) {
 		}
 		return b.String()
 	}
-	if err := os.WriteFile(path, []byte(content(0)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	update(0, content(0))
 	cfg, b, err := config.LoadContent(path)
 	if err != nil {
 		t.Fatal(err)
@@ -90,9 +107,7 @@ func TestNoLeaksAcrossReloads(t *testing.T) {
 
 	reloadTo := func(gen int) {
 		t.Helper()
-		if err := os.WriteFile(path, []byte(content(gen)), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		update(gen, content(gen))
 		deadline := time.Now().Add(10 * time.Second)
 		for rl.State().Generation != gen+1 || !allServing(sup) {
 			if time.Now().After(deadline) {

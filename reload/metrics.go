@@ -16,7 +16,7 @@ func NewCollector(r *Reloader) *Collector {
 	return &Collector{
 		r: r,
 		successful: prometheus.NewDesc("multireg_config_last_reload_successful",
-			"1 when the drivers file on disk is the configuration in force, 0 when the last read found it unreadable or invalid.",
+			"1 when the drivers file on disk is the configuration in force, 0 when the last read found it unreadable or invalid, or could not apply it.",
 			nil, nil),
 		successTime: prometheus.NewDesc("multireg_config_last_reload_success_timestamp_seconds",
 			"When a configuration was last applied, in seconds since the epoch.",

@@ -45,7 +45,8 @@ type Options struct {
 	// Log receives one line per applied change and per rejected file.
 	Log *slog.Logger
 	// MoveDir, if set, is called before a configuration that moves the registration
-	// directory is applied; an error rejects the configuration. On success, done is called
+	// directory is applied; an error rejects the configuration, which is then tried again at
+	// every later read until it is applied or the file changes. On success, done is called
 	// once the configuration is applied. multireg takes the new directory's lock here, and
 	// releases the old one in done.
 	MoveDir func(dir string) (done func(), err error)
@@ -83,6 +84,7 @@ type Reloader struct {
 	// Owned by Run's goroutine.
 	applied *config.RegistrarConfig
 	seen    string // the last content (or read error) judged, so that it is judged once
+	refused string // why MoveDir refused the content seen, which is then judged again; or ""
 
 	mu    sync.Mutex
 	state State
@@ -135,11 +137,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	follow := func() {}
 	if !r.opts.NoWatch {
 		w, err := newDirWatcher(r.opts.Path, r.log)
 		if err != nil {
 			return fmt.Errorf("watch config: %w", err)
 		}
+		follow = w.follow
 		wg.Go(func() { w.run(ctx, r.Kick) })
 	}
 	resync := time.NewTicker(r.opts.Resync)
@@ -169,6 +173,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 			debounce = timer.C
 		case <-debounce:
 			timer, debounce = nil, nil
+			follow() // a symlinked config may lead to another directory now
 			r.reload()
 		}
 	}
@@ -179,11 +184,15 @@ func (r *Reloader) reload() {
 	b, err := config.ReadFile(r.opts.Path)
 	key := contentKey(b, err)
 	now := time.Now()
+	retried := ""
 	if key == r.seen {
-		r.setState(func(s *State) { s.LastReloadTime = now })
-		return // unchanged: kubelet touches mounted ConfigMaps every minute
+		if r.refused == "" {
+			r.setState(func(s *State) { s.LastReloadTime = now })
+			return // unchanged: kubelet touches mounted ConfigMaps every minute
+		}
+		retried = r.refused // not applied yet: try again
 	}
-	r.seen = key
+	r.seen, r.refused = key, ""
 
 	var cfg *config.RegistrarConfig
 	if err == nil {
@@ -194,12 +203,17 @@ func (r *Reloader) reload() {
 		done, derr := r.opts.MoveDir(cfg.RegistrationDir)
 		if derr != nil {
 			err = fmt.Errorf("registrationDir %s: %w", cfg.RegistrationDir, derr)
+			r.refused = err.Error()
 		} else {
 			moved = done
 		}
 	}
 	if err != nil {
-		r.log.Warn("config not applied; the last good one stays in force", "config", r.opts.Path, "err", err)
+		say := r.log.Warn
+		if err.Error() == retried {
+			say = r.log.Debug // said already
+		}
+		say("config not applied; the last good one stays in force", "config", r.opts.Path, "err", err)
 		r.setState(func(s *State) {
 			s.LastReloadSuccessful = false
 			s.LastReloadError = err.Error()

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -369,4 +370,78 @@ func TestRegistrationDirMove(t *testing.T) {
 			t.Errorf("moves %q, want %q", moves, want)
 		}
 	})
+}
+
+// TestRefusedMoveIsRetried: a move of the registration directory that MoveDir refuses is not
+// applied, and the same content is tried again at every later read (a kick, or the resync),
+// until MoveDir accepts it. Each reason is logged once, however often it is tried.
+func TestRefusedMoveIsRetried(t *testing.T) {
+	triggers := map[string]func(*Reloader){
+		"kick":   func(r *Reloader) { r.Kick(); time.Sleep(time.Second) },
+		"resync": func(*Reloader) { time.Sleep(DefaultResync) },
+	}
+	for name, trigger := range triggers {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// Shared with Run's goroutine: the resync wakes it with no synchronization.
+				var tries atomic.Int32
+				var refusal atomic.Value
+				refusal.Store("another multireg holds %s/.multireg.lock")
+				opts := Options{NoWatch: true, MoveDir: func(dir string) (func(), error) {
+					tries.Add(1)
+					if r := refusal.Load().(string); r != "" {
+						return nil, fmt.Errorf(r, dir)
+					}
+					return func() {}, nil
+				}}
+				s := start(t, drivers("/run/a.sock"), opts)
+				defer s.stop()
+				synctest.Wait()
+				s.rec.take()
+
+				time.Sleep(time.Second) // off the resync's beat: each trigger ends after its read
+				write(t, s.path, strings.Replace(drivers("/run/a.sock"), "drivers:\n", "registrationDir: /var/lib/k0s/kubelet/plugins_registry\ndrivers:\n", 1))
+				warned := func(want int) {
+					t.Helper()
+					synctest.Wait()
+					if got := s.rec.take(); len(got) != 0 {
+						t.Errorf("applied a refused move: %q", got)
+					}
+					if st := s.r.State(); st.LastReloadSuccessful || !strings.Contains(st.LastReloadError, "another multireg") || st.Generation != 1 {
+						t.Errorf("state %+v, want the refusal recorded", st)
+					}
+					if n := strings.Count(s.logs.String(), "config not applied"); n != want {
+						t.Errorf("%d warnings, want %d:\n%s", n, want, s.logs)
+					}
+				}
+				for range 3 {
+					trigger(s.r)
+				}
+				warned(1)
+				if n := tries.Load(); n != 3 {
+					t.Errorf("MoveDir tried %d times, want 3", n)
+				}
+				refusal.Store("another multireg still holds %s/.multireg.lock")
+				for range 2 {
+					trigger(s.r)
+				}
+				warned(2)
+
+				refusal.Store("")
+				trigger(s.r)
+				synctest.Wait()
+				if got := s.rec.take(); len(got) != 2 {
+					t.Errorf("calls %q, want the driver restarted in the new directory", got)
+				}
+				if st := s.r.State(); !st.LastReloadSuccessful || st.LastReloadError != "" || st.Generation != 2 {
+					t.Errorf("state %+v, want the move applied", st)
+				}
+				trigger(s.r)
+				synctest.Wait()
+				if n := tries.Load(); n != 6 {
+					t.Errorf("MoveDir tried %d times, want 6: once applied, the content is judged", n)
+				}
+			})
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package reload
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -52,6 +53,16 @@ func quiet(t *testing.T, rec *recorder, d time.Duration) {
 			}
 		}
 	}
+}
+
+// watchesInPlace waits for the read the watcher asks for once its watches are in place (it
+// finds the file unchanged): an edit before it would be seen by that read, not by the watch.
+func watchesInPlace(t *testing.T, s *started) {
+	t.Helper()
+	eventually(t, 5*time.Second, "the read once the watches are in place", func() bool {
+		st := s.r.State()
+		return st.LastReloadTime.After(st.LastSuccessTime)
+	})
 }
 
 // TestWatchSeesEveryKindOfUpdate changes the file in each way it changes on a node, and
@@ -139,29 +150,128 @@ func TestWatchConfigMapSwap(t *testing.T) {
 }
 
 // TestWatchSurvivesDirectoryRecreation: the config directory deleted and created again is
-// watched again.
+// watched again; so is the directory of a symlink's target, though nothing happens in the
+// directory of the symlink itself.
 func TestWatchSurvivesDirectoryRecreation(t *testing.T) {
+	for _, symlinked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("symlinked=%v", symlinked), func(t *testing.T) {
+			root := t.TempDir()
+			dir := filepath.Join(root, "cfg")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(dir, "drivers.yaml")
+			write(t, file, drivers("/run/v1.sock"))
+			path := file
+			if symlinked {
+				if err := os.Mkdir(filepath.Join(root, "link"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				path = filepath.Join(root, "link", "drivers.yaml")
+				if err := os.Symlink(file, path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := startAt(t, path, Options{Resync: time.Hour})
+			defer s.stop()
+			waitCalls(t, s.rec, 1, "initial start")
+
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "the missing file reported", func() bool { return !s.r.State().LastReloadSuccessful })
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write(t, file, drivers("/run/v2.sock"))
+			waitCalls(t, s.rec, 2, "the new file applied")
+			// And the new directory is watched: a further change is seen without a resync.
+			write(t, file, drivers("/run/v3.sock"))
+			waitCalls(t, s.rec, 2, "a change in the new directory applied")
+		})
+	}
+}
+
+// TestWatchSymlinkTarget: the config path is a symlink to a file in another directory. An
+// edit of the target in place is seen without waiting for the resync, also after the symlink
+// is pointed into a third directory; the old target's directory is no longer watched.
+func TestWatchSymlinkTarget(t *testing.T) {
 	root := t.TempDir()
-	dir := filepath.Join(root, "cfg")
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	for _, d := range []string{"cfg", "a", "b"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	target := func(dir string) string { return filepath.Join(root, dir, "drivers.yaml") }
+	write(t, target("a"), drivers("/run/v1.sock"))
+	path := filepath.Join(root, "cfg", "drivers.yaml")
+	if err := os.Symlink(target("a"), path); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, "drivers.yaml")
-	write(t, path, drivers("/run/v1.sock"))
-	s := startAt(t, path, Options{})
+	s := startAt(t, path, Options{Resync: time.Hour})
 	defer s.stop()
 	waitCalls(t, s.rec, 1, "initial start")
+	watchesInPlace(t, s)
 
-	if err := os.RemoveAll(dir); err != nil {
+	write(t, target("a"), drivers("/run/v2.sock"))
+	waitCalls(t, s.rec, 2, "an edit of the target in place applied")
+
+	// Re-point the symlink atomically, as `ln -s` to a temporary name and `mv -T` do.
+	write(t, target("b"), drivers("/run/v3.sock"))
+	tmp := filepath.Join(root, "cfg", ".drivers.yaml.tmp")
+	if err := os.Symlink(target("b"), tmp); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the missing file reported", func() bool { return !s.r.State().LastReloadSuccessful })
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-	write(t, path, drivers("/run/v2.sock"))
-	waitCalls(t, s.rec, 2, "the new file applied")
-	// And the new directory is watched: a further change is seen without a resync.
-	write(t, path, drivers("/run/v3.sock"))
-	waitCalls(t, s.rec, 2, "a change in the new directory applied")
+	waitCalls(t, s.rec, 2, "the re-pointed symlink applied")
+	write(t, target("b"), drivers("/run/v4.sock"))
+	waitCalls(t, s.rec, 2, "an edit of the new target in place applied")
+	quiet(t, s.rec, 500*time.Millisecond)
+
+	read := s.r.State().LastReloadTime
+	write(t, target("a"), drivers("/run/v5.sock"))
+	quiet(t, s.rec, 500*time.Millisecond)
+	if st := s.r.State(); !st.LastReloadTime.Equal(read) {
+		t.Errorf("an edit in the old target's directory made the file be read again (at %s, after %s)", st.LastReloadTime, read)
+	}
+}
+
+// TestWatchSymlinkChainMovedByKick: the config path leads to its file through a symlink in a
+// directory that is not watched, so re-pointing that symlink raises no event. A kick (SIGHUP)
+// reads the new target and moves the watch there: its next edit in place is seen.
+func TestWatchSymlinkChainMovedByKick(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"cfg", "hop", "a", "b"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	target := func(dir string) string { return filepath.Join(root, dir, "drivers.yaml") }
+	hop := filepath.Join(root, "hop", "drivers.yaml")
+	write(t, target("a"), drivers("/run/v1.sock"))
+	if err := os.Symlink(target("a"), hop); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(root, "cfg", "drivers.yaml")
+	if err := os.Symlink(hop, path); err != nil {
+		t.Fatal(err)
+	}
+	s := startAt(t, path, Options{Resync: time.Hour})
+	defer s.stop()
+	waitCalls(t, s.rec, 1, "initial start")
+	watchesInPlace(t, s)
+
+	write(t, target("b"), drivers("/run/v2.sock"))
+	if err := os.Remove(hop); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target("b"), hop); err != nil {
+		t.Fatal(err)
+	}
+	s.r.Kick()
+	waitCalls(t, s.rec, 2, "the new target applied on a kick")
+	write(t, target("b"), drivers("/run/v3.sock"))
+	waitCalls(t, s.rec, 2, "an edit of the new target in place applied")
 }
