@@ -216,8 +216,10 @@ func TestReloadTouchDoesNothing(t *testing.T) {
 	})
 }
 
-// 5. SIGHUP re-reads the file: a change the watch cannot see is applied; an unchanged file
-// does nothing.
+// 5. SIGHUP re-reads the file: an unchanged file does nothing; a change the watch cannot see
+// is applied. The watch covers the file's directory and its resolved target's (an edit of the
+// data file inside the ConfigMap's timestamped directory is applied by itself); what it cannot
+// see is a symlink re-pointed in a directory on the way that is neither.
 func TestReloadOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -233,15 +235,60 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		return len(e.k.Events()) != events || p.Count("config reloaded", "") != 0
 	})
 
-	// Rewrite the data file inside the timestamped directory: the watch is on the
-	// ConfigMap's directory, so this edit raises no event there.
-	extra := driver{name: "hup.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(extra)
+	// An edit of the data file inside the timestamped directory, the config's resolved target.
+	inner := driver{name: "inner.csi.example.com", typ: "CSIPlugin"}
+	e.startEndpoint(inner)
+	ds = append(ds, inner)
 	data, err := filepath.EvalSymlinks(cm.path())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(data, []byte(e.configContent(append(append([]driver{}, ds...), extra))), 0o644); err != nil {
+	if err := os.WriteFile(data, []byte(e.configContent(ds)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubelet.WaitFor(t, registerTimeout, "the edit of the resolved target applied", func() bool { return e.k.Registered(inner.name) })
+	p.Signal(t, syscall.SIGTERM)
+	if code := p.Wait(t, 5*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+
+	// link/config.yaml -> hop/config.yaml -> a/config.yaml: link/ and a/ are watched, hop/
+	// is not. Re-pointing hop/config.yaml to b/config.yaml raises no event multireg sees.
+	mk := func(name, content string) string {
+		dir := filepath.Join(e.dir, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "config.yaml")
+		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	a := mk("a", e.configContent(ds))
+	extra := driver{name: "hup.csi.example.com", typ: "CSIPlugin"}
+	e.startEndpoint(extra)
+	b := mk("b", e.configContent(append(append([]driver{}, ds...), extra)))
+	hop := filepath.Join(e.dir, "hop")
+	link := filepath.Join(e.dir, "link")
+	for _, dir := range []string{hop, link} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(a, filepath.Join(hop, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(hop, "config.yaml"), filepath.Join(link, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	p = mrproc.Start(t, filepath.Join(link, "config.yaml"))
+	kubelet.WaitFor(t, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
+	tmp := filepath.Join(hop, "next")
+	if err := os.Symlink(b, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(hop, "config.yaml")); err != nil {
 		t.Fatal(err)
 	}
 	kubelet.Never(t, 2*time.Second, "the hidden edit was applied without a SIGHUP", func() bool { return e.k.Registered(extra.name) })
