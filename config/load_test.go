@@ -2,10 +2,12 @@ package config
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -308,5 +310,67 @@ func TestLoadNamesFileOnEveryLine(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Load of a missing file: %v, want os.ErrNotExist", err)
+	}
+}
+
+// TestReadFileRefusesNonRegular checks that anything but a regular file is refused at once,
+// with what it is: opening a named pipe would otherwise wait for a writer forever.
+func TestReadFileRefusesNonRegular(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cfg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.yaml")
+	if err := os.Symlink(fifo, link); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "s.yaml")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	tests := []struct{ path, want string }{
+		{fifo, "is a named pipe (FIFO), not a regular file"},
+		{link, "is a named pipe (FIFO), not a regular file"},
+		{dir, "is a directory, not a regular file"},
+		{sock, "is a unix socket, not a regular file"},
+	}
+	if fi, err := os.Stat("/dev/zero"); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		tests = append(tests, struct{ path, want string }{"/dev/zero", "is a character device, not a regular file"})
+	}
+	for _, tt := range tests {
+		err := readReturning(t, tt.path)
+		if want := "read config " + tt.path + ": " + tt.want; err == nil || err.Error() != want {
+			t.Errorf("ReadFile(%s): %v, want %q", tt.path, err, want)
+		}
+	}
+}
+
+// readReturning runs ReadFile(path) and fails the test if it has not returned within 10s; it
+// then opens the named pipe at path for writing, which releases a reader blocked in open(2).
+func readReturning(t *testing.T, path string) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ReadFile(path)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		<-done
+		t.Fatalf("ReadFile(%s) had not returned after 10s", path)
+		return nil
 	}
 }
