@@ -21,7 +21,7 @@ func TestParseInvalid(t *testing.T) {
 	}{
 		{"syntax", []string{`yaml: line 6: mapping values are not allowed in this context`}},
 		{"duplicate-key", []string{`yaml: line 6: key "name" already set in map`}},
-		{"unknown-field", []string{`driver: unknown field (did you mean "drivers"?)`}},
+		{"unknown-field", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`, `driver: unknown field (did you mean "drivers"?)`}},
 		{"unknown-driver-field", []string{`drivers[0].socketname: unknown field (did you mean "socketName"?)`}},
 		{"case-mismatch", []string{`drivers[0].Endpoint: unknown field (did you mean "endpoint"?)`}},
 		{"wrong-type-number", []string{`defaults.backoff.multiplier: "2": must be a number`}},
@@ -71,6 +71,13 @@ func TestParseInvalid(t *testing.T) {
 		{"max-below-inherited-initial", []string{`drivers[0].backoff.maxInterval: 5s: must not be less than initialInterval (10s)`}},
 		{"negative-timeout", []string{`defaults.registrationTimeout: -1m0s: must not be negative (0 disables the timeout)`}},
 		{"short-timeout", []string{`drivers[0].registrationTimeout: 200ms: must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second`}},
+		{"missing-drivers", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`}},
+		{"null-drivers", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`}},
+		{"short-interval", []string{`defaults.backoff.initialInterval: 1ms: must be at least 10ms`}},
+		{"short-driver-intervals", []string{`drivers[0].backoff.initialInterval: 5ms: must be at least 10ms`, `drivers[0].backoff.maxInterval: 9ms: must be at least 10ms`}},
+		{"nul-registration-dir", []string{`registrationDir: "/var/lib/kubelet/plugins\x00_registry": must not contain a NUL byte`}},
+		{"nul-endpoint", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins/csi-nfs\x00plugin/csi.sock": must not contain a NUL byte`}},
+		{"nul-local-endpoint", []string{`drivers[0].localEndpoint: "/host/plugins/csi-nfsplugin/csi.sock\x00": must not contain a NUL byte`}},
 		{"endpoint-in-registry", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins_registry/nfs/csi.sock": is inside registrationDir "/var/lib/kubelet/plugins_registry": kubelet would take the plugin's socket for a registration socket`}},
 	}
 	seen := map[string]bool{}
