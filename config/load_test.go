@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -75,6 +77,15 @@ func TestParseInvalid(t *testing.T) {
 		{"null-drivers", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`}},
 		{"short-interval", []string{`defaults.backoff.initialInterval: 1ms: must be at least 10ms`}},
 		{"short-driver-intervals", []string{`drivers[0].backoff.initialInterval: 5ms: must be at least 10ms`, `drivers[0].backoff.maxInterval: 9ms: must be at least 10ms`}},
+		{"zero-interval-number", []string{`defaults.backoff.initialInterval: 0s: must be positive`}},
+		{"bare-number-duration", []string{`drivers[0].registrationTimeout: 0.5: must be a duration such as "500ms" or "2m"`}},
+		{"infinite-multiplier", []string{`defaults.backoff.multiplier: .inf: must be a finite number`}},
+		{"nan-randomization-factor", []string{`drivers[0].backoff.randomizationFactor: .nan: must be a finite number`}},
+		{"infinite-duration", []string{`drivers[0].registrationTimeout: -.inf: must be a duration such as "500ms" or "2m"`}},
+		{"not-utf8", []string{`drivers[0].socketName: "\xffnfs.sock": must be valid UTF-8`}},
+		{"second-document", []string{`yaml: line 8: a second YAML document: a drivers file holds exactly one`}},
+		{"second-document-syntax", []string{`yaml: line 8: did not find expected ',' or '}' (in a second YAML document: a drivers file holds exactly one)`}},
+		{"merge-key", []string{`drivers[1]: line 9: YAML merge keys ("<<") are not supported: write the fields out`}},
 		{"nul-registration-dir", []string{`registrationDir: "/var/lib/kubelet/plugins\x00_registry": must not contain a NUL byte`}},
 		{"nul-endpoint", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins/csi-nfs\x00plugin/csi.sock": must not contain a NUL byte`}},
 		{"nul-local-endpoint", []string{`drivers[0].localEndpoint: "/host/plugins/csi-nfsplugin/csi.sock\x00": must not contain a NUL byte`}},
@@ -317,6 +328,90 @@ func TestLoadNamesFileOnEveryLine(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Load of a missing file: %v, want os.ErrNotExist", err)
+	}
+}
+
+// TestBareZeroDuration checks that a bare 0 is a duration: it disables registrationTimeout.
+func TestBareZeroDuration(t *testing.T) {
+	cfg, err := Load(filepath.Join("testdata", "valid-bare-zero.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Drivers[0].RegistrationTimeout; got != 0 {
+		t.Errorf("registrationTimeout %s, want 0 (disabled)", got)
+	}
+}
+
+// TestAnchorsResolve checks that an alias stands for the whole value it names.
+func TestAnchorsResolve(t *testing.T) {
+	cfg, err := Load(filepath.Join("testdata", "valid-anchors.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Backoff{InitialInterval: 5 * time.Second, MaxInterval: 5 * time.Minute, Multiplier: 2, RandomizationFactor: 0.2}
+	for _, d := range cfg.Drivers {
+		if d.Backoff != want || !reflect.DeepEqual(d.SupportedVersions, []string{"1.0.0"}) {
+			t.Errorf("%s: backoff %+v, versions %q; want %+v, [\"1.0.0\"]", d.Name, d.Backoff, d.SupportedVersions, want)
+		}
+	}
+}
+
+// TestSecondDocumentDoesNotHideOtherErrors checks that the first document is still checked.
+func TestSecondDocumentDoesNotHideOtherErrors(t *testing.T) {
+	b := []byte("apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers:\n- name: nfs.csi.k8s.io\n  type: CSIPlugin\n  endpoint: csi.sock\n--- ~\n")
+	_, err := Parse(b)
+	want := "yaml: line 7: a second YAML document: a drivers file holds exactly one\n" +
+		`drivers[0].endpoint: "csi.sock": must be an absolute path`
+	if err == nil || err.Error() != want {
+		t.Errorf("Parse errors:\n got: %v\nwant: %s", err, want)
+	}
+}
+
+// TestParseHostile feeds inputs meant to exhaust the parser. Each must end with the
+// expected verdict (the test's own timeout is the bound on time).
+func TestParseHostile(t *testing.T) {
+	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\n"
+	var laughs strings.Builder
+	laughs.WriteString("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n")
+	for i := 1; i < 10; i++ {
+		fmt.Fprintf(&laughs, "a%d: &a%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*a%d, ", i-1), 10), ", "))
+	}
+	var many strings.Builder
+	many.WriteString(header + "drivers:\n")
+	for i := range 12000 {
+		fmt.Fprintf(&many, "- name: d%d.csi.example.com\n  type: CSIPlugin\n  endpoint: /run/d%d/csi.sock\n", i, i)
+	}
+	garbage := make([]byte, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range garbage {
+		garbage[i] = byte(rng.IntN(256))
+	}
+	tests := []struct {
+		name    string
+		give    string
+		wantErr string // "" for valid
+	}{
+		{"50 MB", header + strings.Repeat("#", 50<<20), "larger than 1048576 bytes (1 MiB)"},
+		{"billion laughs", header + laughs.String() + "drivers: *a9\n", "excessive aliasing"},
+		{"billion laughs in a second document", header + "drivers: []\n---\n" + laughs.String(), "a second YAML document"},
+		{"deep flow nesting", header + "drivers: " + strings.Repeat("[", 50000) + strings.Repeat("]", 50000) + "\n", "exceeded max depth"},
+		{"deep block nesting", header + "drivers:\n" + strings.Repeat("- ", 50000) + "x\n", "exceeded max depth"},
+		{"binary garbage", string(garbage), "yaml: "},
+		{"BOM and CRLF", "\ufeff" + strings.ReplaceAll(header+"drivers: []\n", "\n", "\r\n"), ""},
+		{"12,000 drivers", many.String(), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tt.give))
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Parse: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("Parse: %v, want an error with %q", err, tt.wantErr)
+			case err == nil:
+				checkInvariants(t, cfg)
+			}
+		})
 	}
 }
 
