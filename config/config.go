@@ -56,6 +56,9 @@ const (
 	DefaultRandomizationFactor = 0.2
 	DefaultRegistrationTimeout = 2 * time.Minute
 	DefaultWaitForEndpoint     = true
+
+	// MinInterval is the shortest backoff interval accepted: shorter ones retry in a busy loop.
+	MinInterval = 10 * time.Millisecond
 )
 
 // DefaultVersions returns the supportedVersions advertised for a type when a driver sets none.

@@ -3,13 +3,15 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v2"
 )
 
 // The file types mirror the YAML document as written. Pointers and nil slices mean "not set",
@@ -54,19 +56,18 @@ type duration time.Duration
 var durationType = reflect.TypeFor[duration]()
 
 // decode turns YAML into a file, strictly: YAML syntax errors and duplicate keys (with their
-// line), unknown fields and wrong types are all reported, each with its field path. Decoding
-// goes on past a bad field so that one pass reports every problem.
+// line), a second document, merge keys, unknown fields and wrong types are all reported, each
+// with its field path. Decoding goes on past a bad field so that one pass reports every problem.
 func decode(b []byte, errs *errList) *file {
-	j, err := yaml.YAMLToJSONStrict(b)
-	if err != nil {
-		errs.addYAML(err)
+	if !checkDocuments(b, errs) {
 		return nil
 	}
 	var tree any
-	if err := json.Unmarshal(j, &tree); err != nil {
-		errs.add("", fmt.Sprintf("decode: %v", err))
+	if err := yaml.UnmarshalStrict(b, &tree); err != nil {
+		errs.addYAML(err)
 		return nil
 	}
+	tree = stringKeys(tree)
 	if tree == nil {
 		errs.add("", "the file is empty")
 		return nil
@@ -80,6 +81,36 @@ func decode(b []byte, errs *errList) *file {
 	return &f
 }
 
+// stringKeys returns the decoded YAML value in with every mapping's keys turned into strings,
+// as JSON would have them: a key such as 1 or true can only be an unknown field.
+func stringKeys(in any) any {
+	switch x := in.(type) {
+	case map[any]any:
+		m := make(map[string]any, len(x))
+		for k, v := range x {
+			m[keyString(k)] = stringKeys(v)
+		}
+		return m
+	case []any:
+		for i, v := range x {
+			x[i] = stringKeys(v)
+		}
+	}
+	return in
+}
+
+func keyString(k any) string {
+	switch k := k.(type) {
+	case string:
+		return k
+	case float64:
+		return formatFloat(k)
+	case nil:
+		return "null"
+	}
+	return fmt.Sprint(k)
+}
+
 // decodeValue stores in into v, which is addressable. A null leaves v at its zero value.
 func decodeValue(v reflect.Value, in any, path string, errs *errList) {
 	if in == nil {
@@ -90,12 +121,11 @@ func decodeValue(v reflect.Value, in any, path string, errs *errList) {
 	}
 	if v.Type() == durationType {
 		s, ok := in.(string)
-		if !ok {
-			typeErr(`a duration such as "500ms" or "2m"`)
-			return
+		if n, isNumber := number(in); isNumber && n == 0 {
+			s, ok = "0", true // a bare 0 is zero in any unit; other numbers lack one
 		}
 		d, err := time.ParseDuration(s)
-		if err != nil {
+		if !ok || err != nil {
 			typeErr(`a duration such as "500ms" or "2m"`)
 			return
 		}
@@ -113,6 +143,10 @@ func decodeValue(v reflect.Value, in any, path string, errs *errList) {
 			typeErr("a string")
 			return
 		}
+		if !utf8.ValidString(s) {
+			typeErr("valid UTF-8")
+			return
+		}
 		v.SetString(s)
 	case reflect.Bool:
 		b, ok := in.(bool)
@@ -122,9 +156,13 @@ func decodeValue(v reflect.Value, in any, path string, errs *errList) {
 		}
 		v.SetBool(b)
 	case reflect.Float64:
-		n, ok := in.(float64)
+		n, ok := number(in)
 		if !ok {
 			typeErr("a number")
+			return
+		}
+		if math.IsInf(n, 0) || math.IsNaN(n) {
+			typeErr("a finite number")
 			return
 		}
 		v.SetFloat(n)
@@ -178,13 +216,29 @@ func decodeValue(v reflect.Value, in any, path string, errs *errList) {
 	}
 }
 
+// number returns a decoded YAML number as a float64. YAML decodes an integer as int, int64
+// or uint64, by size.
+func number(in any) (float64, bool) {
+	switch x := in.(type) {
+	case int:
+		return float64(x), true
+	case int64:
+		return float64(x), true
+	case uint64:
+		return float64(x), true
+	case float64:
+		return x, true
+	}
+	return 0, false
+}
+
 // formatValue renders a decoded YAML value for an error message.
 func formatValue(in any) string {
 	switch x := in.(type) {
 	case string:
 		return strconv.Quote(x)
 	case float64:
-		return strconv.FormatFloat(x, 'g', -1, 64)
+		return formatFloat(x)
 	case time.Duration:
 		return x.String()
 	}
@@ -196,6 +250,19 @@ func formatValue(in any) string {
 		return string(b[:57]) + "..."
 	}
 	return string(b)
+}
+
+// formatFloat renders a number; infinities and NaN as YAML writes them.
+func formatFloat(f float64) string {
+	switch {
+	case math.IsInf(f, 1):
+		return ".inf"
+	case math.IsInf(f, -1):
+		return "-.inf"
+	case math.IsNaN(f):
+		return ".nan"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // suggest returns the known field closest to an unknown one, if it is a likely typo.

@@ -1,12 +1,18 @@
 package config
 
 import (
+	"bytes"
+	"errors"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	yamlnode "go.yaml.in/yaml/v3"
 )
 
 // FuzzParse feeds arbitrary bytes to Parse. It must never panic, must be deterministic, and a
@@ -41,13 +47,56 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		checkInvariants(t, cfg)
+		checkOneDocument(t, b)
 	})
+}
+
+// checkOneDocument checks, for a file that Parse accepted, what the YAML node tree says: one
+// document that is not empty, no merge key anywhere, and a drivers key that holds a list.
+func checkOneDocument(t *testing.T, b []byte) {
+	t.Helper()
+	dec := yamlnode.NewDecoder(bytes.NewReader(b))
+	var docs []*yamlnode.Node
+	for {
+		n := new(yamlnode.Node)
+		if err := dec.Decode(n); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return // the two parsers disagree on syntax; Parse trusts the decoder
+		}
+		if len(n.Content) > 0 && (n.Content[0].Tag != "!!null" || n.Content[0].Value != "" || n.Content[0].Anchor != "") {
+			docs = append(docs, n)
+		}
+	}
+	if len(docs) != 1 {
+		t.Fatalf("accepted a file of %d documents that are not empty", len(docs))
+	}
+	var drivers *yamlnode.Node
+	top := docs[0].Content[0]
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if top.Content[i].Value == "drivers" {
+			drivers = top.Content[i+1]
+		}
+	}
+	for drivers != nil && drivers.Kind == yamlnode.AliasNode {
+		drivers = drivers.Alias
+	}
+	if drivers == nil || drivers.Kind != yamlnode.SequenceNode {
+		t.Fatalf("accepted a file whose drivers key is not a list: %+v", drivers)
+	}
+	for stack := []*yamlnode.Node{top}; len(stack) > 0; {
+		n := stack[len(stack)-1]
+		stack = append(stack[:len(stack)-1], n.Content...)
+		if n.Tag == "!!merge" {
+			t.Fatalf("accepted a merge key at line %d", n.Line)
+		}
+	}
 }
 
 func checkInvariants(t *testing.T, cfg *RegistrarConfig) {
 	t.Helper()
-	if !filepath.IsAbs(cfg.RegistrationDir) {
-		t.Fatalf("registrationDir %q is relative", cfg.RegistrationDir)
+	if !filepath.IsAbs(cfg.RegistrationDir) || strings.ContainsRune(cfg.RegistrationDir, 0) {
+		t.Fatalf("registrationDir %q", cfg.RegistrationDir)
 	}
 	names := map[string]bool{}
 	sockets := map[string]bool{}
@@ -67,8 +116,11 @@ func checkInvariants(t *testing.T, cfg *RegistrarConfig) {
 			t.Fatalf("driver %q: local endpoint %q", d.Name, d.LocalEndpoint)
 		case len(d.SupportedVersions) == 0:
 			t.Fatalf("driver %q: no versions", d.Name)
-		case d.Backoff.InitialInterval <= 0 || d.Backoff.MaxInterval < d.Backoff.InitialInterval ||
-			d.Backoff.Multiplier < 1 || d.Backoff.RandomizationFactor < 0 || d.Backoff.RandomizationFactor > 1:
+		case strings.ContainsRune(d.Endpoint+d.LocalEndpoint+d.SocketPath, 0):
+			t.Fatalf("driver %q: a NUL byte in a path: %q, %q, %q", d.Name, d.Endpoint, d.LocalEndpoint, d.SocketPath)
+		case d.Backoff.InitialInterval < MinInterval || d.Backoff.MaxInterval < d.Backoff.InitialInterval ||
+			!(d.Backoff.Multiplier >= 1) || math.IsInf(d.Backoff.Multiplier, 0) ||
+			!(d.Backoff.RandomizationFactor >= 0 && d.Backoff.RandomizationFactor <= 1):
 			t.Fatalf("driver %q: backoff %+v", d.Name, d.Backoff)
 		case d.RegistrationTimeout < 0:
 			t.Fatalf("driver %q: registration timeout %s", d.Name, d.RegistrationTimeout)

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"syscall"
 )
 
 // Load reads and parses the drivers file at path. See ReadFile and Parse. Every error line
@@ -40,14 +42,29 @@ func prefixEach(path string, err error) error {
 	return errors.Join(errs...)
 }
 
-// ReadFile reads the drivers file at path. A file over MaxFileSize is refused without being
-// read whole.
+// ReadFile reads the drivers file at path, following symlinks. Anything but a regular file
+// (a named pipe, a device, a directory, a socket) is refused without blocking: opening a
+// named pipe waits for a writer, and reading a device may never end. A file over MaxFileSize
+// is refused without being read whole.
 func ReadFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if errors.Is(err, syscall.ENXIO) {
+		// A unix socket cannot be opened at all.
+		if fi, serr := os.Stat(path); serr == nil && !fi.Mode().IsRegular() {
+			return nil, notRegular(path, fi.Mode())
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read config %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, notRegular(path, fi.Mode())
+	}
 	b, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, err)
@@ -56,6 +73,26 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("read config %s: larger than %d bytes (1 MiB), the most a drivers file may be", path, MaxFileSize)
 	}
 	return b, nil
+}
+
+// notRegular is the error for a drivers file that is not a regular file.
+func notRegular(path string, mode fs.FileMode) error {
+	var what string
+	switch mode.Type() {
+	case fs.ModeNamedPipe:
+		what = "a named pipe (FIFO)"
+	case fs.ModeDevice | fs.ModeCharDevice:
+		what = "a character device"
+	case fs.ModeDevice:
+		what = "a block device"
+	case fs.ModeDir:
+		what = "a directory"
+	case fs.ModeSocket:
+		what = "a unix socket"
+	default:
+		return fmt.Errorf("read config %s: not a regular file (mode %s)", path, mode)
+	}
+	return fmt.Errorf("read config %s: is %s, not a regular file", path, what)
 }
 
 // Parse decodes a drivers file strictly, validates it and resolves every default.

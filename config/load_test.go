@@ -2,10 +2,14 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,7 +23,7 @@ func TestParseInvalid(t *testing.T) {
 	}{
 		{"syntax", []string{`yaml: line 6: mapping values are not allowed in this context`}},
 		{"duplicate-key", []string{`yaml: line 6: key "name" already set in map`}},
-		{"unknown-field", []string{`driver: unknown field (did you mean "drivers"?)`}},
+		{"unknown-field", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`, `driver: unknown field (did you mean "drivers"?)`}},
 		{"unknown-driver-field", []string{`drivers[0].socketname: unknown field (did you mean "socketName"?)`}},
 		{"case-mismatch", []string{`drivers[0].Endpoint: unknown field (did you mean "endpoint"?)`}},
 		{"wrong-type-number", []string{`defaults.backoff.multiplier: "2": must be a number`}},
@@ -69,6 +73,22 @@ func TestParseInvalid(t *testing.T) {
 		{"max-below-inherited-initial", []string{`drivers[0].backoff.maxInterval: 5s: must not be less than initialInterval (10s)`}},
 		{"negative-timeout", []string{`defaults.registrationTimeout: -1m0s: must not be negative (0 disables the timeout)`}},
 		{"short-timeout", []string{`drivers[0].registrationTimeout: 200ms: must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second`}},
+		{"missing-drivers", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`}},
+		{"null-drivers", []string{`drivers: required: the list of drivers (write "drivers: []" for none)`}},
+		{"short-interval", []string{`defaults.backoff.initialInterval: 1ms: must be at least 10ms`}},
+		{"short-driver-intervals", []string{`drivers[0].backoff.initialInterval: 5ms: must be at least 10ms`, `drivers[0].backoff.maxInterval: 9ms: must be at least 10ms`}},
+		{"zero-interval-number", []string{`defaults.backoff.initialInterval: 0s: must be positive`}},
+		{"bare-number-duration", []string{`drivers[0].registrationTimeout: 0.5: must be a duration such as "500ms" or "2m"`}},
+		{"infinite-multiplier", []string{`defaults.backoff.multiplier: .inf: must be a finite number`}},
+		{"nan-randomization-factor", []string{`drivers[0].backoff.randomizationFactor: .nan: must be a finite number`}},
+		{"infinite-duration", []string{`drivers[0].registrationTimeout: -.inf: must be a duration such as "500ms" or "2m"`}},
+		{"not-utf8", []string{`drivers[0].socketName: "\xffnfs.sock": must be valid UTF-8`}},
+		{"second-document", []string{`yaml: line 8: a second YAML document: a drivers file holds exactly one`}},
+		{"second-document-syntax", []string{`yaml: line 8: did not find expected ',' or '}' (in a second YAML document: a drivers file holds exactly one)`}},
+		{"merge-key", []string{`drivers[1]: line 9: YAML merge keys ("<<") are not supported: write the fields out`}},
+		{"nul-registration-dir", []string{`registrationDir: "/var/lib/kubelet/plugins\x00_registry": must not contain a NUL byte`}},
+		{"nul-endpoint", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins/csi-nfs\x00plugin/csi.sock": must not contain a NUL byte`}},
+		{"nul-local-endpoint", []string{`drivers[0].localEndpoint: "/host/plugins/csi-nfsplugin/csi.sock\x00": must not contain a NUL byte`}},
 		{"endpoint-in-registry", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins_registry/nfs/csi.sock": is inside registrationDir "/var/lib/kubelet/plugins_registry": kubelet would take the plugin's socket for a registration socket`}},
 	}
 	seen := map[string]bool{}
@@ -308,5 +328,151 @@ func TestLoadNamesFileOnEveryLine(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Load of a missing file: %v, want os.ErrNotExist", err)
+	}
+}
+
+// TestBareZeroDuration checks that a bare 0 is a duration: it disables registrationTimeout.
+func TestBareZeroDuration(t *testing.T) {
+	cfg, err := Load(filepath.Join("testdata", "valid-bare-zero.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Drivers[0].RegistrationTimeout; got != 0 {
+		t.Errorf("registrationTimeout %s, want 0 (disabled)", got)
+	}
+}
+
+// TestAnchorsResolve checks that an alias stands for the whole value it names.
+func TestAnchorsResolve(t *testing.T) {
+	cfg, err := Load(filepath.Join("testdata", "valid-anchors.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Backoff{InitialInterval: 5 * time.Second, MaxInterval: 5 * time.Minute, Multiplier: 2, RandomizationFactor: 0.2}
+	for _, d := range cfg.Drivers {
+		if d.Backoff != want || !reflect.DeepEqual(d.SupportedVersions, []string{"1.0.0"}) {
+			t.Errorf("%s: backoff %+v, versions %q; want %+v, [\"1.0.0\"]", d.Name, d.Backoff, d.SupportedVersions, want)
+		}
+	}
+}
+
+// TestSecondDocumentDoesNotHideOtherErrors checks that the first document is still checked.
+func TestSecondDocumentDoesNotHideOtherErrors(t *testing.T) {
+	b := []byte("apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers:\n- name: nfs.csi.k8s.io\n  type: CSIPlugin\n  endpoint: csi.sock\n--- ~\n")
+	_, err := Parse(b)
+	want := "yaml: line 7: a second YAML document: a drivers file holds exactly one\n" +
+		`drivers[0].endpoint: "csi.sock": must be an absolute path`
+	if err == nil || err.Error() != want {
+		t.Errorf("Parse errors:\n got: %v\nwant: %s", err, want)
+	}
+}
+
+// TestParseHostile feeds inputs meant to exhaust the parser. Each must end with the
+// expected verdict (the test's own timeout is the bound on time).
+func TestParseHostile(t *testing.T) {
+	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\n"
+	var laughs strings.Builder
+	laughs.WriteString("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n")
+	for i := 1; i < 10; i++ {
+		fmt.Fprintf(&laughs, "a%d: &a%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*a%d, ", i-1), 10), ", "))
+	}
+	var many strings.Builder
+	many.WriteString(header + "drivers:\n")
+	for i := range 12000 {
+		fmt.Fprintf(&many, "- name: d%d.csi.example.com\n  type: CSIPlugin\n  endpoint: /run/d%d/csi.sock\n", i, i)
+	}
+	garbage := make([]byte, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range garbage {
+		garbage[i] = byte(rng.IntN(256))
+	}
+	tests := []struct {
+		name    string
+		give    string
+		wantErr string // "" for valid
+	}{
+		{"50 MB", header + strings.Repeat("#", 50<<20), "larger than 1048576 bytes (1 MiB)"},
+		{"billion laughs", header + laughs.String() + "drivers: *a9\n", "excessive aliasing"},
+		{"billion laughs in a second document", header + "drivers: []\n---\n" + laughs.String(), "a second YAML document"},
+		{"deep flow nesting", header + "drivers: " + strings.Repeat("[", 50000) + strings.Repeat("]", 50000) + "\n", "exceeded max depth"},
+		{"deep block nesting", header + "drivers:\n" + strings.Repeat("- ", 50000) + "x\n", "exceeded max depth"},
+		{"binary garbage", string(garbage), "yaml: "},
+		{"BOM and CRLF", "\ufeff" + strings.ReplaceAll(header+"drivers: []\n", "\n", "\r\n"), ""},
+		{"12,000 drivers", many.String(), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tt.give))
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Parse: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("Parse: %v, want an error with %q", err, tt.wantErr)
+			case err == nil:
+				checkInvariants(t, cfg)
+			}
+		})
+	}
+}
+
+// TestReadFileRefusesNonRegular checks that anything but a regular file is refused at once,
+// with what it is: opening a named pipe would otherwise wait for a writer forever.
+func TestReadFileRefusesNonRegular(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cfg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.yaml")
+	if err := os.Symlink(fifo, link); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "s.yaml")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	tests := []struct{ path, want string }{
+		{fifo, "is a named pipe (FIFO), not a regular file"},
+		{link, "is a named pipe (FIFO), not a regular file"},
+		{dir, "is a directory, not a regular file"},
+		{sock, "is a unix socket, not a regular file"},
+	}
+	if fi, err := os.Stat("/dev/zero"); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		tests = append(tests, struct{ path, want string }{"/dev/zero", "is a character device, not a regular file"})
+	}
+	for _, tt := range tests {
+		err := readReturning(t, tt.path)
+		if want := "read config " + tt.path + ": " + tt.want; err == nil || err.Error() != want {
+			t.Errorf("ReadFile(%s): %v, want %q", tt.path, err, want)
+		}
+	}
+}
+
+// readReturning runs ReadFile(path) and fails the test if it has not returned within 10s; it
+// then opens the named pipe at path for writing, which releases a reader blocked in open(2).
+func readReturning(t *testing.T, path string) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ReadFile(path)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		<-done
+		t.Fatalf("ReadFile(%s) had not returned after 10s", path)
+		return nil
 	}
 }

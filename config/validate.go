@@ -24,6 +24,8 @@ func resolve(f *file, errs *errList) *RegistrarConfig {
 		switch {
 		case !filepath.IsAbs(dir):
 			errs.addf("registrationDir", f.RegistrationDir, "must be an absolute path")
+		case strings.ContainsRune(dir, 0):
+			errs.addf("registrationDir", f.RegistrationDir, "must not contain a NUL byte")
 		case len(dir)+1+TempSocketNameLen > MaxSocketPathLen:
 			errs.addf("registrationDir", f.RegistrationDir,
 				"is %d bytes: a socket in it needs at least %d more, and a unix socket path is at most %d bytes",
@@ -42,6 +44,11 @@ func resolve(f *file, errs *errList) *RegistrarConfig {
 	defWait := DefaultWaitForEndpoint
 	if f.Defaults.WaitForEndpoint != nil {
 		defWait = *f.Defaults.WaitForEndpoint
+	}
+
+	// A file cut short after its header must not read as "no drivers": that would stop them all.
+	if f.Drivers == nil {
+		errs.add("drivers", `required: the list of drivers (write "drivers: []" for none)`)
 	}
 
 	cfg := &RegistrarConfig{RegistrationDir: dir, Drivers: make([]Driver, 0, len(f.Drivers))}
@@ -221,6 +228,8 @@ func checkSocketPath(errs *errList, path, p string, required bool) {
 		errs.addf(path, p, "must be an absolute path")
 	case len(filepath.Clean(p)) > MaxSocketPathLen:
 		errs.addf(path, p, "is %d bytes, more than the %d a unix socket path allows", len(filepath.Clean(p)), MaxSocketPathLen)
+	case strings.ContainsRune(p, 0):
+		errs.addf(path, p, "must not contain a NUL byte")
 	}
 }
 
@@ -262,15 +271,11 @@ func mergeBackoff(errs *errList, path string, base Backoff, spec fileBackoff) Ba
 	b := base
 	if spec.InitialInterval != nil {
 		b.InitialInterval = time.Duration(*spec.InitialInterval)
-		if b.InitialInterval <= 0 {
-			errs.addValue(path+".initialInterval", b.InitialInterval, "must be positive")
-		}
+		checkInterval(errs, path+".initialInterval", b.InitialInterval)
 	}
 	if spec.MaxInterval != nil {
 		b.MaxInterval = time.Duration(*spec.MaxInterval)
-		if b.MaxInterval <= 0 {
-			errs.addValue(path+".maxInterval", b.MaxInterval, "must be positive")
-		}
+		checkInterval(errs, path+".maxInterval", b.MaxInterval)
 	}
 	if spec.Multiplier != nil {
 		b.Multiplier = *spec.Multiplier
@@ -290,6 +295,17 @@ func mergeBackoff(errs *errList, path string, base Backoff, spec fileBackoff) Ba
 			fmt.Sprintf("must not be less than initialInterval (%s)", b.InitialInterval))
 	}
 	return b
+}
+
+// checkInterval refuses a backoff interval that is not positive, or so short that retries
+// would spin a core.
+func checkInterval(errs *errList, path string, d time.Duration) {
+	switch {
+	case d <= 0:
+		errs.addValue(path, d, "must be positive")
+	case d < MinInterval:
+		errs.addValue(path, d, "must be at least "+MinInterval.String())
+	}
 }
 
 // mergeTimeout validates a registrationTimeout if set and returns it, or base.

@@ -4,9 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/mrproc"
 )
 
 // Faults of the drivers file: deleted, truncated to nothing, cut in the middle of an entry,
@@ -120,6 +123,106 @@ func TestConfigFaults(t *testing.T) {
 			waitPhases(t, p, []driver{added}, "Registered")
 			e.assertUnmoved(before, ds)
 		})
+	}
+}
+
+// Fault: the drivers file is rewritten in place in two writes, as a writer that flushes the
+// header first leaves it for a moment: the header without its drivers key, then the rest.
+// Read in between, the file is invalid (it does not mean "no drivers"): no driver is ever
+// deregistered, /status says why the file was not applied, and the completed file applies
+// without moving any driver.
+func TestConfigRewrittenInPlaceHeaderFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("h", 6)
+	p := e.startAll(ds)
+	good := e.configContent(ds)
+	header, rest, ok := strings.Cut(good, "drivers:\n")
+	if !ok {
+		t.Fatalf("no drivers key in\n%s", good)
+	}
+	before := e.snap(ds)
+	gen := status(t, p).Config.Generation
+
+	writeInPlace(t, e.cfg, header)
+	var st statusDoc
+	poll(t, registerTimeout, "/status to say the header alone is not applied", func() bool {
+		st = status(t, p)
+		return !st.Config.LastReloadSuccessful && strings.Contains(st.Config.LastReloadError, "drivers: required")
+	})
+	t.Logf("lastReloadError: %s", st.Config.LastReloadError)
+	e.holdUnmoved(before, ds)
+
+	f, err := os.OpenFile(e.cfg, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("drivers:\n" + rest); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, registerTimeout, "the completed file applied", func() bool {
+		st = status(t, p)
+		return st.Config.LastReloadSuccessful && st.Config.Generation == gen+1
+	})
+	waitCount(t, p, "config reloaded; no driver changed", "", 1)
+	e.assertUnmoved(before, ds) // no DeRegister, no new registration, the same sockets
+}
+
+// Fault: the drivers file is replaced by a named pipe, which nobody writes. Opening it must
+// not block: the running multireg keeps its drivers, says in /status that the file is a named
+// pipe, and still exits 0 on SIGTERM; `multireg validate` on it exits 1 at once.
+func TestConfigNamedPipe(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("n", 6)
+	p := e.startAll(ds)
+	before := e.snap(ds)
+
+	fifo := e.cfg + ".fifo"
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(fifo, e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	const reason = "is a named pipe (FIFO), not a regular file"
+	var st statusDoc
+	poll(t, registerTimeout, "/status to say the file is a named pipe", func() bool {
+		st = status(t, p)
+		return !st.Config.LastReloadSuccessful && strings.Contains(st.Config.LastReloadError, reason)
+	})
+	t.Logf("lastReloadError: %s", st.Config.LastReloadError)
+	e.holdUnmoved(before, ds)
+
+	type result struct {
+		out  string
+		code int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, code := mrproc.Run(t, "validate", "--config", e.cfg)
+		done <- result{out, code}
+	}()
+	select {
+	case r := <-done:
+		if r.code != 1 || !strings.Contains(r.out, e.cfg) || !strings.Contains(r.out, reason) {
+			t.Errorf("multireg validate on a named pipe: exit %d, output:\n%s\nwant exit 1 and %q", r.code, r.out, reason)
+		}
+	case <-time.After(exitTimeout):
+		// Release the reader blocked in open(2), so that the process ends.
+		if w, err := os.OpenFile(e.cfg, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		<-done
+		t.Errorf("multireg validate on a named pipe had not exited after %v", exitTimeout)
+	}
+
+	p.Signal(t, syscall.SIGTERM)
+	if code := p.Wait(t, exitTimeout); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
 	}
 }
 
