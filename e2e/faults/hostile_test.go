@@ -33,7 +33,7 @@ func TestHostileClient(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ds := mixed("y", 6)
-	target := driver{name: "target.dra.example.com", typ: "DRAPlugin", extra: "    backoff: {initialInterval: 5ms, maxInterval: 50ms}\n"}
+	target := driver{name: "target.dra.example.com", typ: "DRAPlugin", extra: "    backoff: {initialInterval: 10ms, maxInterval: 50ms}\n"}
 	p := e.startAll(append(ds, target))
 	before := e.snap(ds)
 	sock := e.socketPath(target)
