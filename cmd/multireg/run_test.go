@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,4 +236,31 @@ func shortTemp(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
+}
+
+// TestRunRetriesARefusedMove: a registrationDir move refused while another instance holds
+// the new directory is applied by the next SIGHUP once that instance has let it go.
+func TestRunRetriesARefusedMove(t *testing.T) {
+	dir := shortTemp(t)
+	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "
+	cfg := writeConfig(t, dir, header+filepath.Join(dir, "a")+twoDrivers)
+	other, err := registrar.TryLock(filepath.Join(dir, "b"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := startRun(t, "--config", cfg)
+	writeConfig(t, dir, header+filepath.Join(dir, "b")+twoDrivers)
+	waitFor(t, "the move to be refused", func() bool { return strings.Contains(logs.String(), "config not applied") })
+	other.Release()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the move to be applied after SIGHUP", func() bool {
+		return isSocket(filepath.Join(dir, "b", "gpu.example.com-reg.sock"))
+	})
+}
+
+func isSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode().Type() == os.ModeSocket
 }
