@@ -109,7 +109,7 @@ func (d *driver) run(ctx context.Context) {
 	// registering, reset when kubelet accepts. A long outage of the endpoint must not make
 	// the first registration failure after it wait the longest interval.
 	probeB := newBackoff(d.spec.Backoff)
-	b := newBackoff(d.spec.Backoff)
+	p := newPacing(d.spec)
 	sock := d.w.subscribe(d.spec.SocketPath)
 	defer sock.close()
 	ep := d.w.subscribe(d.spec.LocalEndpoint)
@@ -140,7 +140,7 @@ func (d *driver) run(ctx context.Context) {
 		g, err := d.publish()
 		if err != nil {
 			d.count(ResultPublishFailed, "")
-			if !d.backOff(ctx, b, fmt.Errorf("publish socket: %w", err)) {
+			if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err)) {
 				return
 			}
 			continue
@@ -150,7 +150,7 @@ func (d *driver) run(ctx context.Context) {
 		}
 		cur = g
 
-		reason, msg := d.await(ctx, b, cur, epID, sock, ep)
+		reason, msg := d.await(ctx, p, cur, epID, sock, ep)
 		switch reason {
 		case "":
 			return // ctx ended
@@ -158,11 +158,12 @@ func (d *driver) run(ctx context.Context) {
 			result := ResultRejected
 			if reason == ReasonTimeout {
 				result = ResultTimeout
+				msg += fmt.Sprintf("; the next attempt allows %s", p.timedOut())
 			}
 			d.count(result, reason)
 			d.retire(cur)
 			cur = nil
-			if !d.backOff(ctx, b, errors.New(msg)) {
+			if !d.backOff(ctx, p.backoff, errors.New(msg)) {
 				return
 			}
 		case ReasonSocketRemoved:
@@ -387,11 +388,11 @@ func (d *driver) takeVerdict() *verdict {
 }
 
 // await serves generation g until something ends it, and says why: kubelet rejected it, no
-// verdict came in time, the socket was removed or replaced, or the endpoint restarted. It
-// returns "" when ctx ends.
-func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *generation, epID fileID, sock, ep *subscription) (reason, msg string) {
+// verdict came within the timeout in force, the socket was removed or replaced, or the
+// endpoint restarted. It returns "" when ctx ends.
+func (d *driver) await(ctx context.Context, p *pacing, g *generation, epID fileID, sock, ep *subscription) (reason, msg string) {
 	var timeout <-chan time.Time
-	if t := d.spec.RegistrationTimeout; t > 0 {
+	if t := p.timeout; t > 0 {
 		timer := time.NewTimer(t)
 		defer timer.Stop()
 		timeout = timer.C
@@ -483,11 +484,11 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 				return ReasonRejected, "kubelet rejected the registration: " + v.msg
 			}
 			timeout = nil
-			b.Reset()
+			p.registered()
 			d.count(ResultRegistered, "")
 			d.update(Registered, "", time.Time{})
 		case <-timeout:
-			return ReasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", d.spec.RegistrationTimeout)
+			return ReasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", p.timeout)
 		case <-sock.c:
 			if sock.take()&evDirGone != 0 {
 				d.log.Warn("registration directory removed or moved", "dir", sock.dir)

@@ -266,6 +266,33 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 	})
 }
 
+// TestSlowRegistrationCompletes: kubelet's registration of the plugin takes longer than
+// registrationTimeout (a slow NodeGetInfo). Each timeout lets the next attempt wait longer,
+// so the driver ends Registered; the registration brings the timeout back to the configured
+// one.
+func TestSlowRegistrationCompletes(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	startEndpoint(t, ep, "")
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	d.RegistrationTimeout = time.Second
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	stop := runSlowKubelet(t, d.SocketPath, 1500*time.Millisecond)
+	eventually(t, 20*time.Second, "Registered although kubelet takes 1.5s", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	if st := statusOf(s, d.Name); st.Results[ResultTimeout] < 1 {
+		t.Errorf("registered without a timeout first: %+v", st)
+	}
+	stop()
+
+	// A new socket that nobody answers times out after the configured timeout again.
+	if err := os.Remove(d.SocketPath); err != nil {
+		t.Fatal(err)
+	}
+	const want = "no registration verdict from kubelet within 1s; the next attempt allows 2s"
+	eventually(t, 5*time.Second, "a timeout after the configured 1s", func() bool { return statusOf(s, d.Name).LastError == want })
+}
+
 func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
 	dir := shortDir(t)
 	ep := filepath.Join(dir, "ep", "csi.sock")
