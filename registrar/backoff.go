@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"math"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -32,4 +33,51 @@ func next(b *backoff.ExponentialBackOff) time.Duration {
 		return b.MaxInterval
 	}
 	return d
+}
+
+// maxTimeoutFactor caps the registration timeout in force at this many times the configured
+// one.
+const maxTimeoutFactor = 32
+
+// pacing paces one driver's registration attempts: the backoff between failed attempts, and
+// the registration timeout in force.
+//
+// The timeout grows after each attempt that timed out, by the backoff's multiplier (at least
+// 2), up to maxTimeoutFactor times the configured one, and is back to the configured one after
+// a registration. kubelet's RegisterPlugin (for CSI, NodeGetInfo and the CSINode update) runs
+// between GetInfo and NotifyRegistrationStatus: when it takes longer than the configured
+// timeout, a fixed timeout would recreate the socket before every verdict, forever. Starting
+// the timer at GetInfo would not help there, and growing also covers a kubelet whose own
+// backoff delays its GetInfo.
+type pacing struct {
+	backoff *backoff.ExponentialBackOff
+	timeout time.Duration // in force; 0 disables it
+	base    time.Duration // the configured registrationTimeout
+	factor  float64
+}
+
+func newPacing(spec config.Driver) *pacing {
+	return &pacing{
+		backoff: newBackoff(spec.Backoff),
+		timeout: spec.RegistrationTimeout,
+		base:    spec.RegistrationTimeout,
+		factor:  max(spec.Backoff.Multiplier, 2),
+	}
+}
+
+// registered resets the backoff and the timeout after kubelet accepted the driver.
+func (p *pacing) registered() {
+	p.backoff.Reset()
+	p.timeout = p.base
+}
+
+// timedOut grows the timeout for the next attempt and returns it.
+func (p *pacing) timedOut() time.Duration {
+	grown := min(float64(p.timeout)*p.factor, float64(p.base)*maxTimeoutFactor)
+	if grown >= math.MaxInt64 {
+		p.timeout = math.MaxInt64 // a configured timeout of centuries
+	} else {
+		p.timeout = time.Duration(grown).Round(time.Millisecond)
+	}
+	return p.timeout
 }

@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"math"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -73,4 +74,30 @@ func TestSleepWaitsTheInterval(t *testing.T) {
 			t.Errorf("sleep ended %s after start, want 5s (when the context ended)", got)
 		}
 	})
+}
+
+// TestRegistrationTimeoutGrows: each timeout multiplies the timeout in force by the backoff's
+// multiplier (at least 2), up to 32 times the configured one; a registration resets it.
+func TestRegistrationTimeoutGrows(t *testing.T) {
+	for _, tc := range []struct {
+		multiplier float64
+		base       time.Duration
+		want       []time.Duration
+	}{
+		{2, time.Second, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, 32 * time.Second}},
+		{1, time.Second, []time.Duration{2 * time.Second, 4 * time.Second}}, // at least 2
+		{3, 2 * time.Second, []time.Duration{6 * time.Second, 18 * time.Second, 54 * time.Second, 64 * time.Second}},
+		{2, 100000 * time.Hour, []time.Duration{200000 * time.Hour, 400000 * time.Hour, 800000 * time.Hour, 1600000 * time.Hour, math.MaxInt64, math.MaxInt64}}, // no overflow
+	} {
+		p := newPacing(config.Driver{RegistrationTimeout: tc.base, Backoff: config.Backoff{InitialInterval: time.Second, MaxInterval: time.Second, Multiplier: tc.multiplier}})
+		for i, w := range tc.want {
+			if got := p.timedOut(); got != w {
+				t.Errorf("multiplier %v, base %s: timeout after %d timeouts = %s, want %s", tc.multiplier, tc.base, i+1, got, w)
+			}
+		}
+		p.registered()
+		if p.timeout != tc.base {
+			t.Errorf("multiplier %v, base %s: after a registration %s, want %s", tc.multiplier, tc.base, p.timeout, tc.base)
+		}
+	}
 }

@@ -112,7 +112,7 @@ func (d *driver) run(ctx context.Context) {
 	// registering, reset when kubelet accepts. A long outage of the endpoint must not make
 	// the first registration failure after it wait the longest interval.
 	probeB := newBackoff(d.spec.Backoff)
-	b := newBackoff(d.spec.Backoff)
+	p := newPacing(d.spec)
 	sock := d.w.subscribe(d.spec.SocketPath)
 	defer sock.close()
 	ep := d.w.subscribe(d.spec.LocalEndpoint)
@@ -143,7 +143,7 @@ func (d *driver) run(ctx context.Context) {
 		g, err := d.publish()
 		if err != nil {
 			d.count(ResultPublishFailed, "")
-			if !d.backOff(ctx, b, fmt.Errorf("publish socket: %w", err)) {
+			if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), sock) {
 				return
 			}
 			continue
@@ -153,7 +153,7 @@ func (d *driver) run(ctx context.Context) {
 		}
 		cur = g
 
-		reason, msg := d.await(ctx, b, cur, epID, sock, ep)
+		reason, msg := d.await(ctx, p, cur, epID, sock, ep)
 		switch reason {
 		case "":
 			return // ctx ended
@@ -161,11 +161,12 @@ func (d *driver) run(ctx context.Context) {
 			result := ResultRejected
 			if reason == ReasonTimeout {
 				result = ResultTimeout
+				msg += fmt.Sprintf("; the next attempt allows %s", p.timedOut())
 			}
 			d.count(result, reason)
 			d.retire(cur)
 			cur = nil
-			if !d.backOff(ctx, b, errors.New(msg)) {
+			if !d.backOff(ctx, p.backoff, errors.New(msg), sock) {
 				return
 			}
 		case ReasonSocketRemoved:
@@ -278,8 +279,6 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 // ancestor is watched instead, and the creation of the next directory on the way wakes the
 // loop too. It reports false when ctx ends first.
 func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription) (woken, ok bool) {
-	t := time.NewTimer(wait)
-	defer t.Stop()
 	var wake, dirWake <-chan struct{}
 	var anc *subscription
 	if ep != nil {
@@ -304,22 +303,67 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, ep *subscription
 			}
 		}
 	}
+	return sleepUntil(ctx, wait,
+		wakeUp{wake, func() bool { return ep.take()&evCreate != 0 }},
+		// A directory on the way appeared (or the watch was lost): look.
+		wakeUp{dirWake, func() bool { return anc.take()&(evCreate|evResync|evDirGone) != 0 }})
+}
+
+// wakeUp ends a sleep early: a kick on c after which ready reports true. A nil c never kicks.
+type wakeUp struct {
+	c     <-chan struct{}
+	ready func() bool
+}
+
+// sleepUntil waits for wait to pass or for a wake-up (woken). It reports false when ctx ends
+// first.
+func sleepUntil(ctx context.Context, wait time.Duration, a, b wakeUp) (woken, ok bool) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return false, false
 		case <-t.C:
 			return false, true
-		case <-wake:
-			if ep.take()&evCreate != 0 {
+		case <-a.c:
+			if a.ready() {
 				return true, true
 			}
-		case <-dirWake:
-			if anc.take()&(evCreate|evResync|evDirGone) != 0 {
-				return true, true // a directory on the way appeared (or the watch was lost): look
+		case <-b.c:
+			if b.ready() {
+				return true, true
 			}
 		}
 	}
+}
+
+// sleepBlocked waits for wait to pass or, watching the socket's path through sock, for the
+// path to be clear of what blocked the socket: something that is not a socket, which
+// multireg never removes. It reports false when ctx ends first.
+func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *subscription) bool {
+	if _, err := sock.rewatch(); err != nil {
+		d.log.Debug("cannot watch the registration socket's path; the backoff paces the retries", "err", err)
+	}
+	sock.take() // what happened before this look is seen by it
+	if d.socketPathClear() {
+		return true
+	}
+	woken, ok := sleepUntil(ctx, wait, wakeUp{sock.c, func() bool {
+		sock.take()
+		return d.socketPathClear()
+	}}, wakeUp{})
+	if woken {
+		d.log.Info("registration socket path is clear; publishing the socket", "socket", d.spec.SocketPath)
+	}
+	return ok
+}
+
+// socketPathClear reports whether nothing but a socket, or nothing, is at the socket's path.
+func (d *driver) socketPathClear() bool {
+	_, err := checkSocketOrMissing(d.spec.SocketPath)
+	_, blocked := errors.AsType[*notSocketError](err)
+	return !blocked
 }
 
 // publish creates the next socket generation and serves it.
@@ -404,11 +448,11 @@ func (d *driver) takeVerdict() *verdict {
 }
 
 // await serves generation g until something ends it, and says why: kubelet rejected it, no
-// verdict came in time, the socket was removed or replaced, or the endpoint restarted. It
-// returns "" when ctx ends.
-func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *generation, epID fileID, sock, ep *subscription) (reason, msg string) {
+// verdict came within the timeout in force, the socket was removed or replaced, or the
+// endpoint restarted. It returns "" when ctx ends.
+func (d *driver) await(ctx context.Context, p *pacing, g *generation, epID fileID, sock, ep *subscription) (reason, msg string) {
 	var timeout <-chan time.Time
-	if t := d.spec.RegistrationTimeout; t > 0 {
+	if t := p.timeout; t > 0 {
 		timer := time.NewTimer(t)
 		defer timer.Stop()
 		timeout = timer.C
@@ -500,11 +544,11 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 				return ReasonRejected, "kubelet rejected the registration: " + v.msg
 			}
 			timeout = nil
-			b.Reset()
+			p.registered()
 			d.count(ResultRegistered, "")
 			d.update(Registered, "", time.Time{})
 		case <-timeout:
-			return ReasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", d.spec.RegistrationTimeout)
+			return ReasonTimeout, fmt.Sprintf("no registration verdict from kubelet within %s", p.timeout)
 		case <-sock.c:
 			if sock.take()&evDirGone != 0 {
 				d.log.Warn("registration directory removed or moved", "dir", sock.dir)
@@ -547,14 +591,18 @@ func (d *driver) await(ctx context.Context, b *backoff.ExponentialBackOff, g *ge
 }
 
 // backOff records a failure, waits for the next backoff interval and reports whether the
-// loop goes on.
-func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error) bool {
+// loop goes on. When something that is not a socket blocks the socket's path (err holds a
+// notSocketError), the wait also ends once it is gone: sock watches the path.
+func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, sock *subscription) bool {
 	wait := next(b)
 	d.mu.Lock()
 	d.st.Failures++
 	d.mu.Unlock()
 	d.update(BackingOff, err.Error(), time.Now().Add(wait))
 	d.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
+	if _, blocked := errors.AsType[*notSocketError](err); blocked {
+		return d.sleepBlocked(ctx, wait, sock)
+	}
 	_, ok := d.sleep(ctx, wait, nil)
 	return ok
 }

@@ -189,27 +189,7 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 			ep := filepath.Join(dir, "ep", "csi.sock")
 			startEndpoint(t, ep, "nfs.csi.k8s.io")
 			d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-			if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o750); err != nil {
-				t.Fatal(err)
-			}
-			var remove func()
-			switch kind {
-			case "file":
-				if err := os.WriteFile(d.SocketPath, []byte("precious"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				remove = func() { os.Remove(d.SocketPath) }
-			case "directory":
-				if err := os.Mkdir(d.SocketPath, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				remove = func() { os.Remove(d.SocketPath) }
-			case "symlink":
-				if err := os.Symlink(ep, d.SocketPath); err != nil {
-					t.Fatal(err)
-				}
-				remove = func() { os.Remove(d.SocketPath) }
-			}
+			block(t, kind, d.SocketPath)
 			other := testDriver(dir, "smb.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep2", "csi.sock"))
 			startEndpoint(t, other.LocalEndpoint, other.Name)
 
@@ -234,9 +214,67 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 				}
 			}
 			// Once the user removes it, the socket comes.
-			remove()
+			if err := os.Remove(d.SocketPath); err != nil {
+				t.Fatal(err)
+			}
 			eventually(t, 5*time.Second, "socket after the way is clear", func() bool { return isSocket(d.SocketPath) })
 		})
+	}
+}
+
+// TestSocketPublishedOnceTheWayIsClear: while something that is not a socket blocks the
+// socket's path, the loop watches the path: its removal publishes the socket at once, not
+// when the backoff interval (a minute here) ends. A change that leaves it in the way starts
+// no attempt.
+func TestSocketPublishedOnceTheWayIsClear(t *testing.T) {
+	for _, kind := range []string{"file", "directory", "symlink"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := shortDir(t)
+			ep := filepath.Join(dir, "ep", "dp.sock")
+			startEndpoint(t, ep, "")
+			d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+			d.Backoff = config.Backoff{InitialInterval: time.Minute, MaxInterval: time.Minute, Multiplier: 2}
+			block(t, kind, d.SocketPath)
+			s := runSupervisor(t, Options{})
+			s.Start(d)
+			eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
+				st := statusOf(s, d.Name)
+				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket")
+			})
+			if kind != "symlink" { // a symlink's times are its target's
+				attempts := statusOf(s, d.Name).Attempts
+				if err := os.Chtimes(d.SocketPath, time.Now(), time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				never(t, 300*time.Millisecond, "a change of the "+kind+" in the way started an attempt", func() bool {
+					return statusOf(s, d.Name).Attempts != attempts
+				})
+			}
+			if err := os.Remove(d.SocketPath); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "socket once the way is clear, long before the backoff ends", func() bool { return isSocket(d.SocketPath) })
+		})
+	}
+}
+
+// block puts something that is not a socket at path: a "file", a "directory" or a "symlink".
+func block(t *testing.T, kind, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	switch kind {
+	case "file":
+		err = os.WriteFile(path, []byte("precious"), 0o644)
+	case "directory":
+		err = os.Mkdir(path, 0o755)
+	case "symlink":
+		err = os.Symlink(filepath.Join(filepath.Dir(path), "nowhere"), path)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -264,6 +302,33 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 	never(t, 1500*time.Millisecond, "a registered socket recreated by the timeout", func() bool {
 		return mustID(t, d.SocketPath) != registered
 	})
+}
+
+// TestSlowRegistrationCompletes: kubelet's registration of the plugin takes longer than
+// registrationTimeout (a slow NodeGetInfo). Each timeout lets the next attempt wait longer,
+// so the driver ends Registered; the registration brings the timeout back to the configured
+// one.
+func TestSlowRegistrationCompletes(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	startEndpoint(t, ep, "")
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	d.RegistrationTimeout = time.Second
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	stop := runSlowKubelet(t, d.SocketPath, 1500*time.Millisecond)
+	eventually(t, 20*time.Second, "Registered although kubelet takes 1.5s", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	if st := statusOf(s, d.Name); st.Results[ResultTimeout] < 1 {
+		t.Errorf("registered without a timeout first: %+v", st)
+	}
+	stop()
+
+	// A new socket that nobody answers times out after the configured timeout again.
+	if err := os.Remove(d.SocketPath); err != nil {
+		t.Fatal(err)
+	}
+	const want = "no registration verdict from kubelet within 1s; the next attempt allows 2s"
+	eventually(t, 5*time.Second, "a timeout after the configured 1s", func() bool { return statusOf(s, d.Name).LastError == want })
 }
 
 func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {

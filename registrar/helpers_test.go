@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -282,3 +283,66 @@ func (l *syncLog) String() string {
 }
 
 func (l *syncLog) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// runSlowKubelet plays, until the test ends or the returned func is called, a kubelet whose
+// registration of the plugin (RegisterPlugin, between GetInfo and NotifyRegistrationStatus)
+// takes delay: one socket at a time, as kubelet handles one path, it calls GetInfo on each
+// new socket at path, waits delay and sends NotifyRegistrationStatus(true). The returned func
+// stops it and waits for it.
+func runSlowKubelet(t *testing.T, path string, delay time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var last fileID
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if id, _, err := statID(path); err == nil && id != last {
+				last = id
+				if err := registerSlowly(ctx, path, delay); err != nil {
+					t.Logf("slow kubelet: %v", err)
+				}
+			}
+		}
+	}()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-done
+	})
+	t.Cleanup(stop)
+	return stop
+}
+
+// registerSlowly registers the socket at path the way runSlowKubelet's kubelet does.
+func registerSlowly(ctx context.Context, path string, delay time.Duration) error {
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	c := registerapi.NewRegistrationClient(conn)
+	infoCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := c.GetInfo(infoCtx, &registerapi.InfoRequest{}); err != nil {
+		return fmt.Errorf("GetInfo: %w", err)
+	}
+	registering := time.NewTimer(delay)
+	defer registering.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-registering.C:
+	}
+	notifyCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.NotifyRegistrationStatus(notifyCtx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		return fmt.Errorf("NotifyRegistrationStatus: %w", err)
+	}
+	return nil
+}

@@ -32,8 +32,11 @@ func (e *nameMismatchError) Error() string {
 func probeEndpoint(ctx context.Context, d config.Driver) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	var dialer net.Dialer
-	c, err := dialer.DialContext(ctx, "unix", d.LocalEndpoint)
+	dial := func(ctx context.Context, _ string) (net.Conn, error) {
+		var dialer net.Dialer
+		return dialer.DialContext(ctx, "unix", d.LocalEndpoint)
+	}
+	c, err := dial(ctx, "")
 	if err != nil {
 		return fmt.Errorf("endpoint %s does not accept connections: %w", d.LocalEndpoint, sysErr(err))
 	}
@@ -41,7 +44,11 @@ func probeEndpoint(ctx context.Context, d config.Driver) error {
 	if d.Type != config.CSIPlugin {
 		return nil
 	}
-	conn, err := grpc.NewClient("unix://"+d.LocalEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The path never becomes part of a gRPC target: a target is parsed as a URL, and a path
+	// holding '#', '?' or '%' would be cut or decoded. The dialer dials the path itself.
+	conn, err := grpc.NewClient("passthrough:///localhost",
+		grpc.WithContextDialer(dial),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("endpoint %s: %w", d.LocalEndpoint, err)
 	}

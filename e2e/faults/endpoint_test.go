@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -124,6 +125,33 @@ func TestEndpointRestartsUnderAnotherName(t *testing.T) {
 	})
 	waitPhases(t, p, []driver{victim}, "Registered")
 	e.assertUnmoved(before, others)
+}
+
+// Fault: a CSI driver's endpoint, as multireg sees it (localEndpoint), holds bytes that mean
+// something in a URL — '#', '%25', '?' and a space, in its directory and in its name. The
+// driver is probed, published and registered like any other; no other driver moves. The path
+// kubelet dials (endpoint) is a plain symlink to the same socket, as a host path mounted into
+// multireg's container would be: kubelet's own gRPC clients parse the path they dial as a URL,
+// so kubelet itself could not use such an endpoint.
+func TestEndpointPathWithURLCharacters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("u", 6)
+	p := e.startAll(ds)
+	before := e.snap(ds)
+
+	const odd = "a #%25?b"
+	local := filepath.Join(e.dir, odd, odd+".sock")
+	victim := driver{name: "odd.csi.example.com", typ: "CSIPlugin", ep: filepath.Join(e.dir, "odd.sock"),
+		extra: fmt.Sprintf("    localEndpoint: %q\n", local)}
+	e.startEndpoint(driver{name: victim.name, typ: victim.typ, ep: local})
+	if err := os.Symlink(local, victim.ep); err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(append(ds, victim))
+	kubelet.WaitFor(t, registerTimeout, "the driver registered", func() bool { return e.k.Registered(victim.name) })
+	waitPhases(t, p, []driver{victim}, "Registered")
+	e.assertUnmoved(before, ds)
 }
 
 // Fault: a hung endpoint: a CSI driver's socket accepts connections and never answers. Its

@@ -185,6 +185,37 @@ func TestRegistrationTimeout(t *testing.T) {
 	e.assertUnmoved(before, ds)
 }
 
+// Fault: kubelet's RegisterPlugin of one CSI driver (a slow NodeGetInfo) always takes 2.5 s,
+// longer than the driver's registrationTimeout of 1 s. Each timeout lets multireg's next
+// attempt wait longer, so the driver ends Registered, for good, while kubelet stays that slow.
+// The other drivers see nothing.
+func TestSlowRegistrationCompletes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := mixed("l", 6)
+	victim := driver{name: "slow.csi.example.com", typ: "CSIPlugin", extra: "    registrationTimeout: 1s\n"}
+	for _, d := range ds {
+		e.startEndpoint(d)
+	}
+	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
+	e.waitRegistered(p, ds)
+	before := e.snap(ds)
+
+	e.k.SetRegisterDelay(victim.name, 2500*time.Millisecond)
+	e.startEndpoint(victim)
+	waitStable(t, 60*time.Second, "the slow driver registered, for good", func() bool {
+		d, _ := status(t, p).driver(victim.name)
+		return e.k.Registered(victim.name) && d.Phase == "Registered"
+	})
+	timeouts := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="timeout"}`, victim.name)
+	n := metric(metrics(t, p), timeouts)
+	if n < 1 {
+		t.Errorf("%s = %v: registered without a timeout, so the test proved nothing", timeouts, n)
+	}
+	t.Logf("registered after %v timeouts; kubelet: %+v", n, e.k.Counts(victim.name))
+	e.assertUnmoved(before, ds)
+}
+
 // Fault: a slow kubelet: RegisterPlugin of one CSI driver takes 30 s (a slow NodeGetInfo).
 // The other drivers register meanwhile, and so does a driver added by a reload while the slow
 // one still waits; the slow one is registered once kubelet is done.

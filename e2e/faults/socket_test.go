@@ -40,7 +40,8 @@ func TestSocketDeleted(t *testing.T) {
 // Fault: something that is not a socket takes the place of a registration socket: a regular
 // file or a dangling symlink renamed over it, or a directory (with a file in it) made where
 // it was. multireg never touches it, keeps its driver in BackingOff and says why in /status;
-// once the thing is removed, the driver registers again. No other driver moves.
+// once the thing is removed, the driver registers again, at once: its backoff interval is a
+// minute, longer than the test waits. No other driver moves.
 func TestSocketReplaced(t *testing.T) {
 	t.Parallel()
 	const content = "not multireg's"
@@ -109,6 +110,7 @@ func TestSocketReplaced(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			ds := mixed("p", 6)
+			ds[2].extra = "    backoff: {initialInterval: 1m, maxInterval: 1m}\n"
 			victim := ds[2]
 			others := without(ds, victim.name)
 			p := e.startAll(ds)
