@@ -116,6 +116,8 @@ func checkInvariants(t *testing.T, cfg *RegistrarConfig) {
 			t.Fatalf("driver %q: local endpoint %q", d.Name, d.LocalEndpoint)
 		case len(d.SupportedVersions) == 0:
 			t.Fatalf("driver %q: no versions", d.Name)
+		case !kubeletCanDial(d.Endpoint) || !kubeletCanDial(d.SocketPath):
+			t.Fatalf("driver %q: kubelet cannot dial %q or %q", d.Name, d.Endpoint, d.SocketPath)
 		case strings.ContainsRune(d.Endpoint+d.LocalEndpoint+d.SocketPath, 0):
 			t.Fatalf("driver %q: a NUL byte in a path: %q, %q, %q", d.Name, d.Endpoint, d.LocalEndpoint, d.SocketPath)
 		case d.Backoff.InitialInterval < MinInterval || d.Backoff.MaxInterval < d.Backoff.InitialInterval ||

@@ -89,6 +89,9 @@ func TestParseInvalid(t *testing.T) {
 		{"nul-registration-dir", []string{`registrationDir: "/var/lib/kubelet/plugins\x00_registry": must not contain a NUL byte`}},
 		{"nul-endpoint", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins/csi-nfs\x00plugin/csi.sock": must not contain a NUL byte`}},
 		{"nul-local-endpoint", []string{`drivers[0].localEndpoint: "/host/plugins/csi-nfsplugin/csi.sock\x00": must not contain a NUL byte`}},
+		{"endpoint-url-characters", []string{`drivers[0].endpoint: "/run/csi#1/csi.sock": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
+		{"socketname-url-characters", []string{`drivers[0].socketName: "nfs?reg.sock": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
+		{"registration-dir-url-characters", []string{`registrationDir: "/var/lib/kubelet/plugins%25registry": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
 		{"endpoint-in-registry", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins_registry/nfs/csi.sock": is inside registrationDir "/var/lib/kubelet/plugins_registry": kubelet would take the plugin's socket for a registration socket`}},
 	}
 	seen := map[string]bool{}

@@ -26,6 +26,8 @@ func resolve(f *file, errs *errList) *RegistrarConfig {
 			errs.addf("registrationDir", f.RegistrationDir, "must be an absolute path")
 		case strings.ContainsRune(dir, 0):
 			errs.addf("registrationDir", f.RegistrationDir, "must not contain a NUL byte")
+		case !kubeletCanDial(dir):
+			errs.addValue("registrationDir", f.RegistrationDir, notDialable)
 		case len(dir)+1+TempSocketNameLen > MaxSocketPathLen:
 			errs.addf("registrationDir", f.RegistrationDir,
 				"is %d bytes: a socket in it needs at least %d more, and a unix socket path is at most %d bytes",
@@ -78,11 +80,11 @@ func resolve(f *file, errs *errList) *RegistrarConfig {
 			checkName(errs, p+".name", d.Type, d.Name)
 		}
 
-		checkSocketPath(errs, p+".endpoint", fd.Endpoint, true)
+		checkSocketPath(errs, p+".endpoint", fd.Endpoint, true, true)
 		if d.LocalEndpoint == "" {
 			d.LocalEndpoint = d.Endpoint
 		} else {
-			checkSocketPath(errs, p+".localEndpoint", fd.LocalEndpoint, false)
+			checkSocketPath(errs, p+".localEndpoint", fd.LocalEndpoint, false, false)
 		}
 		if fd.LocalEndpoint != "" || fd.Endpoint != "" {
 			checkOutsideRegistry(errs, p, fd, d.LocalEndpoint, dir)
@@ -217,8 +219,23 @@ func checkVersions(errs *errList, path, typ string, versions []string) {
 	}
 }
 
-// checkSocketPath checks an endpoint path: absolute and short enough to dial.
-func checkSocketPath(errs *errList, path, p string, required bool) {
+// notDialable is why a path kubelet dials may not hold some characters.
+const notDialable = "kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL"
+
+// kubeletCanDial reports whether kubelet can dial a unix socket at p. kubelet hands the path
+// to gRPC as a target, which parses it as a URL: '#' and '?' cut it short, '%' escapes are
+// decoded (or fail to parse), and a control character fails to parse. multireg dials paths
+// without a URL (localEndpoint may hold any byte but NUL); endpoint, registrationDir and
+// socketName are dialled by kubelet.
+func kubeletCanDial(p string) bool {
+	return !strings.ContainsFunc(p, func(r rune) bool {
+		return r == '#' || r == '?' || r == '%' || r < 0x20 || r == 0x7f
+	})
+}
+
+// checkSocketPath checks an endpoint path: absolute and short enough to dial, and, when
+// kubelet dials it, free of what kubelet would read as a URL.
+func checkSocketPath(errs *errList, path, p string, required, kubeletDials bool) {
 	switch {
 	case p == "":
 		if required {
@@ -230,6 +247,8 @@ func checkSocketPath(errs *errList, path, p string, required bool) {
 		errs.addf(path, p, "is %d bytes, more than the %d a unix socket path allows", len(filepath.Clean(p)), MaxSocketPathLen)
 	case strings.ContainsRune(p, 0):
 		errs.addf(path, p, "must not contain a NUL byte")
+	case kubeletDials && !kubeletCanDial(p):
+		errs.addValue(path, p, notDialable)
 	}
 }
 
@@ -263,6 +282,8 @@ func checkSocketName(errs *errList, path, name string) {
 		errs.addf(path, name, "must not start with '.': kubelet ignores hidden files")
 	case strings.ContainsRune(name, 0):
 		errs.addf(path, name, "must not contain a NUL byte")
+	case !kubeletCanDial(name):
+		errs.addValue(path, name, notDialable)
 	}
 }
 
