@@ -227,6 +227,25 @@ func without(ds []driver, names ...string) []driver {
 	return out
 }
 
+// recreateRegistry deletes the registry directory with all it holds and makes it anew.
+// multireg recreates sockets (and the directory) while it is being deleted: again until it is
+// gone.
+func (e *env) recreateRegistry() {
+	e.t.Helper()
+	for i := 0; ; i++ {
+		err := os.RemoveAll(e.reg)
+		if err == nil {
+			break
+		}
+		if i == 100 {
+			e.t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(e.reg, 0o750); err != nil && !os.IsExist(err) {
+		e.t.Fatal(err)
+	}
+}
+
 // startAll starts the endpoints of ds, writes the drivers file, runs multireg on it and waits
 // until kubelet and multireg both have every driver registered.
 func (e *env) startAll(ds []driver, args ...string) *mrproc.Process {

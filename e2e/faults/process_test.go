@@ -264,21 +264,9 @@ func TestLockHarmedWhileAnotherWaits(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "directory recreated":
-				// multireg recreates its sockets while the directory is being deleted: again
-				// until it is gone. kubelet's watch dies with the directory, as a real
-				// kubelet's does: it restarts and registers every driver on the new sockets.
-				for i := 0; ; i++ {
-					err := os.RemoveAll(e.reg)
-					if err == nil {
-						break
-					}
-					if i == 100 {
-						t.Fatal(err)
-					}
-				}
-				if err := os.Mkdir(e.reg, 0o750); err != nil && !os.IsExist(err) {
-					t.Fatal(err)
-				}
+				// kubelet's watch dies with the directory, as a real kubelet's does: it
+				// restarts and registers every driver on the new sockets.
+				e.recreateRegistry()
 				kubelet.WaitFor(t, registerTimeout, "every socket published in the new directory", func() bool {
 					for _, d := range ds {
 						if !isSocket(e.socketPath(d)) || idOf(e.socketPath(d)) == before.ids[d.name] {

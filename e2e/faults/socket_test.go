@@ -155,20 +155,7 @@ func TestRegistryDirRecreated(t *testing.T) {
 	pid := pidOf(t, e.cfg)
 	old := e.snap(ds).ids
 
-	// multireg recreates sockets (and the directory) while it is being deleted: again until
-	// it is gone.
-	for i := 0; ; i++ {
-		err := os.RemoveAll(e.reg)
-		if err == nil {
-			break
-		}
-		if i == 100 {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Mkdir(e.reg, 0o750); err != nil && !os.IsExist(err) {
-		t.Fatal(err)
-	}
+	e.recreateRegistry()
 	kubelet.WaitFor(t, registerTimeout, "kubelet to deregister every driver", func() bool { return len(e.k.RegisteredNames()) == 0 })
 	kubelet.WaitFor(t, registerTimeout, "every socket published in the new directory", func() bool {
 		for _, d := range ds {
