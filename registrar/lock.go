@@ -17,6 +17,9 @@ import (
 // dot makes kubelet ignore it.
 const LockName = ".multireg.lock"
 
+// errHeld: another process holds the lock file at the path.
+var errHeld = errors.New("another multireg holds the lock")
+
 // ErrDirLost reports that another instance now holds the registration directory: the sockets
 // in it are no longer this process's, and it must stop serving without touching them.
 var ErrDirLost = errors.New("another multireg took over the registration directory")
@@ -144,7 +147,15 @@ func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*os.
 			}
 		}
 		if f == nil {
-			if f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600); err != nil {
+			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+			if errors.Is(err, fs.ErrNotExist) && wait {
+				// The directory went between the look and the open (an rm -rf): again.
+				if err := pause(); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			if err != nil {
 				return nil, fmt.Errorf("open lock %s: %w", path, err)
 			}
 		}
@@ -160,12 +171,18 @@ func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*os.
 			// on a file that is no longer at the path holds nothing.
 			if now, err := keyAt(path); err != nil || now != keyOf(held) {
 				closeF()
+				if !wait {
+					return nil, fmt.Errorf("lock %s: the file was replaced or removed while it was being locked", path)
+				}
+				if err := pause(); err != nil {
+					return nil, err
+				}
 				continue
 			}
 		case errors.Is(err, syscall.EWOULDBLOCK):
 			if !wait {
 				closeF()
-				return nil, fmt.Errorf("another multireg holds %s", path)
+				return nil, fmt.Errorf("%w: %s", errHeld, path)
 			}
 			seen, changed = keyOf(held), time.Time{}
 			if !waiting {
@@ -210,13 +227,27 @@ func (l *Lock) Release() error {
 	return l.f.Close()
 }
 
-// Dir returns the directory the lock holds.
-func (l *Lock) Dir() string { return l.dir }
+// Dir returns the directory the lock holds, under the name the configuration gives it.
+func (l *Lock) Dir() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dir
+}
+
+// Rename makes dir the name under which Refresh checks the lock: another name (a symlink) of
+// the directory already held, as a changed configuration spells it.
+func (l *Lock) Rename(dir string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dir = dir
+}
 
 // Refresh makes sure the lock still holds the directory; the holder calls it every LockCheck.
 // When the lock file was deleted or replaced (the directory recreated, an operator's rm), it
-// locks the file now at the path, creating it if needed, before it lets go of the old one;
-// when another instance got there first it fails with ErrDirLost.
+// locks the file now at the path, creating it if needed, before it lets go of the old one.
+// When another instance holds the file at the path, it fails with ErrDirLost; any other
+// failure (the directory or its parent missing at the moment) keeps the old lock and is
+// worth another try.
 func (l *Lock) Refresh() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -229,8 +260,11 @@ func (l *Lock) Refresh() error {
 		return nil
 	}
 	next, err := acquire(context.Background(), l.dir, slog.New(slog.DiscardHandler), false)
+	if errors.Is(err, errHeld) {
+		return fmt.Errorf("%w: the lock file %s was replaced or removed, and another process holds the new one", ErrDirLost, path)
+	}
 	if err != nil {
-		return fmt.Errorf("%w: the lock file %s was replaced or removed, and locking it again failed: %v", ErrDirLost, path, err)
+		return fmt.Errorf("the lock file %s was replaced or removed, and locking it again failed: %w", path, err)
 	}
 	l.f.Close()
 	l.f = next

@@ -290,3 +290,66 @@ func TestGuardStopsPublish(t *testing.T) {
 	lost.Store(false)
 	awaitSocket(t, d)
 }
+
+// TestLockRefreshWithoutItsDirectory: a lock that cannot be checked because the directory and
+// its parent are gone is not lost (nobody else can hold a lock file there); it is taken again
+// once the directory is back.
+func TestLockRefreshWithoutItsDirectory(t *testing.T) {
+	base := filepath.Join(shortDir(t), "kubelet")
+	if err := os.Mkdir(base, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "reg")
+	l, err := TryLock(dir, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if err := os.RemoveAll(base); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(); err == nil || errors.Is(err, ErrDirLost) {
+		t.Fatalf("Refresh without the parent directory: %v, want an error that is not ErrDirLost", err)
+	}
+	if err := os.Mkdir(base, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(); err != nil {
+		t.Fatalf("Refresh once the parent is back: %v", err)
+	}
+	if !holdsPath(t, l) {
+		t.Error("the lock file at the path is not held")
+	}
+}
+
+// TestLockRenamed: a lock taken through a symlink and renamed to the directory's real name is
+// checked under that name: the symlink's removal neither makes a directory in its place nor
+// lets go of the real one.
+func TestLockRenamed(t *testing.T) {
+	base := shortDir(t)
+	real, alias := filepath.Join(base, "reg"), filepath.Join(base, "alias")
+	if err := os.Mkdir(real, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("reg", alias); err != nil {
+		t.Fatal(err)
+	}
+	l, err := TryLock(alias, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	l.Rename(real)
+	if err := os.Remove(alias); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(alias); !os.IsNotExist(err) {
+		t.Errorf("%s after Refresh: %v, want nothing there", alias, err)
+	}
+	if _, err := TryLock(real, testLogger(t)); err == nil {
+		t.Error("another instance took the directory")
+	}
+}

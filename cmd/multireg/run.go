@@ -65,6 +65,10 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if ctx.Err() != nil { // stopped while the lock was taken: start nothing
+		lock.Release()
+		return nil
+	}
 	var lockMu sync.Mutex // the reloader moves the lock when registrationDir changes
 	defer func() {
 		lockMu.Lock()
@@ -77,13 +81,15 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := registrar.RemoveOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
-	owned := &ownedRecord{log: log}
 
-	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup, Guard: func() error {
+	// Nothing is written in the directory unless this process still holds it.
+	guard := func() error {
 		lockMu.Lock()
 		defer lockMu.Unlock()
 		return lock.Refresh()
-	}})
+	}
+	owned := &ownedRecord{log: log, guard: guard}
+	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup, Guard: guard})
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
@@ -99,7 +105,12 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 			same := sameDir(dir, lock.Dir())
 			lockMu.Unlock()
 			if same {
-				return func() {}, nil // another name of the directory this process holds
+				// Another name of the directory this process holds: check the lock under it.
+				return func() {
+					lockMu.Lock()
+					defer lockMu.Unlock()
+					lock.Rename(dir)
+				}, nil
 			}
 			next, err := registrar.TryLock(dir, log)
 			if err != nil {
@@ -152,6 +163,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	wg.Go(func() {
 		check := time.NewTicker(registrar.LockCheck)
 		defer check.Stop()
+		lockErr := "" // the last failure to check the lock, logged once
 		for {
 			select {
 			case <-ctx.Done():
@@ -163,11 +175,21 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 				lockMu.Lock()
 				err := lock.Refresh()
 				lockMu.Unlock()
-				if err != nil {
+				switch {
+				case errors.Is(err, registrar.ErrDirLost):
 					log.Error("stopping without touching the sockets: another instance serves this directory now", "err", err)
 					fail(err)
 					return
+				case err != nil:
+					// Nobody else can hold a lock file that cannot be made: the old one stays
+					// held, and every publish waits for the check to pass (the guard).
+					if msg := err.Error(); msg != lockErr {
+						lockErr = msg
+						log.Warn("cannot check the registration directory's lock; retrying every second", "err", err)
+					}
+					continue
 				}
+				lockErr = ""
 				owned.retry()
 			}
 		}
@@ -193,7 +215,8 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 // until it succeeds: without it, a driver removed while multireg does not run would keep its
 // socket forever.
 type ownedRecord struct {
-	log *slog.Logger
+	log   *slog.Logger
+	guard func() error // passes while this process holds the directory
 
 	mu      sync.Mutex
 	pending *config.RegistrarConfig // a configuration whose record failed; nil when written
@@ -216,7 +239,10 @@ func (o *ownedRecord) retry() {
 }
 
 func (o *ownedRecord) write() {
-	err := registrar.RecordOwned(o.pending.RegistrationDir, socketNames(o.pending))
+	err := o.guard()
+	if err == nil {
+		err = registrar.RecordOwned(o.pending.RegistrationDir, socketNames(o.pending))
+	}
 	switch {
 	case err == nil:
 		if o.lastErr != "" {
