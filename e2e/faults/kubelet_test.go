@@ -151,12 +151,7 @@ func TestRegistrationTimeout(t *testing.T) {
 	e := newEnv(t)
 	ds := mixed("t", 6)
 	victim := driver{name: "example.com/late", typ: "DevicePlugin", extra: "    registrationTimeout: 2s\n"}
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
-	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
-	e.waitRegistered(p, ds)
-	before := e.snap(ds)
+	p, before := e.startBeside(ds, victim)
 
 	e.k.SetRegisterDelay(victim.name, 6*time.Second)
 	e.startEndpoint(victim)
@@ -194,12 +189,7 @@ func TestSlowRegistrationCompletes(t *testing.T) {
 	e := newEnv(t)
 	ds := mixed("l", 6)
 	victim := driver{name: "slow.csi.example.com", typ: "CSIPlugin", extra: "    registrationTimeout: 1s\n"}
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
-	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
-	e.waitRegistered(p, ds)
-	before := e.snap(ds)
+	p, before := e.startBeside(ds, victim)
 
 	e.k.SetRegisterDelay(victim.name, 2500*time.Millisecond)
 	e.startEndpoint(victim)
@@ -264,4 +254,16 @@ func countWithErr(p *mrproc.Process, msg, driver, substr string) int {
 		}
 	}
 	return n
+}
+
+// startBeside runs multireg on ds and victim, with the endpoints of ds up and registered, and
+// returns it with a snapshot of ds. The victim's endpoint is not started.
+func (e *env) startBeside(ds []driver, victim driver) (*mrproc.Process, snapshot) {
+	e.t.Helper()
+	for _, d := range ds {
+		e.startEndpoint(d)
+	}
+	p := mrproc.Start(e.t, e.writeConfig(append(ds, victim)))
+	e.waitRegistered(p, ds)
+	return p, e.snap(ds)
 }
