@@ -21,6 +21,9 @@ type fileID struct {
 	ctime    syscall.Timespec
 }
 
+// key is the file's device and inode, without the change time: what a rename keeps.
+func (id fileID) key() fileKey { return fileKey{dev: id.dev, ino: id.ino} }
+
 // statID returns the identity and type of the file at path, without following a symlink.
 func statID(path string) (fileID, fs.FileMode, error) {
 	fi, err := os.Lstat(path)
@@ -136,7 +139,7 @@ func publish(path string) (*net.UnixListener, fileID, error) {
 	if err != nil {
 		return fail(fmt.Errorf("publish %s: %w", path, err))
 	}
-	if id.dev != mine.dev || id.ino != mine.ino {
+	if id.key() != mine.key() {
 		l.Close()
 		return nil, fileID{}, fmt.Errorf("publish %s: another socket replaced ours as it was published; it is left in place", path)
 	}
