@@ -1,7 +1,6 @@
 package registrar
 
 import (
-	"context"
 	"errors"
 	"net"
 	"os"
@@ -155,46 +154,6 @@ func TestTempSocketNames(t *testing.T) {
 		if isTempSocketName(name) {
 			t.Errorf("%q taken for a temporary socket", name)
 		}
-	}
-}
-
-// TestLockRefresh: after the registration directory is recreated, the instance that holds it
-// locks the new lock file, or learns that another instance got there first.
-func TestLockRefresh(t *testing.T) {
-	dir := filepath.Join(shortDir(t), "reg")
-	log := testLogger(t)
-	first, err := AcquireLock(context.Background(), dir, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Release()
-	if err := first.Refresh(); err != nil {
-		t.Fatalf("Refresh of an intact lock: %v", err)
-	}
-	recreate := func() {
-		if err := os.RemoveAll(dir); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Mkdir(dir, 0o750); err != nil {
-			t.Fatal(err)
-		}
-	}
-	recreate()
-	if err := first.Refresh(); err != nil {
-		t.Fatalf("Refresh after the directory was recreated: %v", err)
-	}
-	if _, err := TryLock(dir, log); err == nil {
-		t.Fatal("a second instance took the recreated directory from the holder")
-	}
-
-	recreate()
-	second, err := TryLock(dir, log) // the second instance is first this time
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Release()
-	if err := first.Refresh(); err == nil {
-		t.Error("Refresh did not report the lost directory")
 	}
 }
 

@@ -353,3 +353,43 @@ func TestLockRenamed(t *testing.T) {
 		t.Error("another instance took the directory")
 	}
 }
+
+// TestLockRefresh: after the registration directory is recreated, the instance that holds it
+// locks the new lock file, or learns that another instance got there first.
+func TestLockRefresh(t *testing.T) {
+	dir := filepath.Join(shortDir(t), "reg")
+	log := testLogger(t)
+	first, err := AcquireLock(context.Background(), dir, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	if err := first.Refresh(); err != nil {
+		t.Fatalf("Refresh of an intact lock: %v", err)
+	}
+	recreate := func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recreate()
+	if err := first.Refresh(); err != nil {
+		t.Fatalf("Refresh after the directory was recreated: %v", err)
+	}
+	if _, err := TryLock(dir, log); err == nil {
+		t.Fatal("a second instance took the recreated directory from the holder")
+	}
+
+	recreate()
+	second, err := TryLock(dir, log) // the second instance is first this time
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Release()
+	if err := first.Refresh(); err == nil {
+		t.Error("Refresh did not report the lost directory")
+	}
+}
