@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -26,15 +25,15 @@ var ErrDirLost = errors.New("another multireg took over the registration directo
 
 // The lock protocol. A lock held on a file that is no longer the one at the path is no lock:
 // the lock file may be deleted, replaced, or go with its directory. The holder checks every
-// LockCheck that the file at the path is the one it holds, and if not, locks the new one. A
+// lockCheck that the file at the path is the one it holds, and if not, locks the new one. A
 // waiter that saw the directory held leaves a vanished or replaced lock file alone for
 // lockGrace, so that a living holder re-locks it first; and when it does take a lock file
 // other than the one it saw held (the holder did not come back in time), it waits lockSettle
 // before it serves, so that a holder that was merely slow finds the directory lost and stops
 // first. Variables, so that tests can shorten them.
 var (
-	// LockCheck is how often the holder makes sure it still holds the directory (Refresh).
-	LockCheck = time.Second
+	// lockCheck is how often the holder makes sure it still holds the directory (Dir.Run, Dir.Check).
+	lockCheck = time.Second
 	// lockRetry paces a waiter's attempts.
 	lockRetry = 250 * time.Millisecond
 	// lockGrace: a waiter does not take a new lock file for this long after the one it saw
@@ -45,35 +44,32 @@ var (
 	lockSettle = 2 * time.Second
 )
 
-// Lock is the exclusive hold of a registration directory.
-type Lock struct {
+// dirLock is the exclusive hold of a registration directory: the lock file in it, flocked,
+// and the name under which it is checked. It is not safe for concurrent use: Dir serializes.
+type dirLock struct {
 	dir string
-	mu  sync.Mutex
 	f   *os.File
 }
 
-// AcquireLock takes the exclusive lock of dir, creating dir (mode 0750) if missing. While
-// another process holds it (a DaemonSet surge during a rolling update), it logs once that it
-// waits and keeps trying until the lock is free or ctx ends. Once held, it removes the
-// temporary sockets an interrupted multireg may have left in dir.
-func AcquireLock(ctx context.Context, dir string, log *slog.Logger) (*Lock, error) {
+// acquireLock takes the exclusive lock of dir, creating dir (mode 0750) if missing. While
+// another process holds it, it logs once that it waits and keeps trying until the lock is
+// free or ctx ends.
+func acquireLock(ctx context.Context, dir string, log *slog.Logger) (*dirLock, error) {
 	f, err := acquire(ctx, dir, log, true)
 	if err != nil {
 		return nil, err
 	}
-	removeTempSockets(dir, log)
-	return &Lock{dir: dir, f: f}, nil
+	return &dirLock{dir: dir, f: f}, nil
 }
 
-// TryLock takes the exclusive lock of dir, like AcquireLock, but fails at once when another
+// tryLock takes the exclusive lock of dir, like acquireLock, but fails at once when another
 // process holds it.
-func TryLock(dir string, log *slog.Logger) (*Lock, error) {
+func tryLock(dir string, log *slog.Logger) (*dirLock, error) {
 	f, err := acquire(context.Background(), dir, log, false)
 	if err != nil {
 		return nil, err
 	}
-	removeTempSockets(dir, log)
-	return &Lock{dir: dir, f: f}, nil
+	return &dirLock{dir: dir, f: f}, nil
 }
 
 // fileKey identifies a file by device and inode: a lock follows the inode, not the path.
@@ -98,159 +94,132 @@ func keyAt(path string) (fileKey, error) {
 
 // acquire returns the lock file of dir, locked and verified to be the file at the path.
 func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*os.File, error) {
-	path := filepath.Join(dir, LockName)
-	var (
-		f       *os.File
-		seen    fileKey   // the lock file last seen held by another process
-		changed time.Time // when the file at the path was first seen to differ from seen
-		waiting bool
-	)
-	closeF := func() {
-		if f != nil {
-			f.Close()
-			f = nil
-		}
-	}
+	a := &acquisition{dir: dir, path: filepath.Join(dir, LockName), log: log, wait: wait}
 	t := time.NewTicker(lockRetry)
 	defer t.Stop()
-	pause := func() error {
+	for {
+		f, again, err := a.try(ctx)
+		if !again {
+			if f != nil && a.waiting {
+				log.Info("took over the registration directory", "lock", a.path)
+			}
+			return f, err
+		}
 		select {
 		case <-ctx.Done():
-			closeF()
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-t.C:
-			return nil
 		}
-	}
-	for {
-		if err := ensureDir(dir); err != nil {
-			closeF()
-			return nil, err
-		}
-		cur, err := keyAt(path)
-		if err != nil {
-			closeF()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if seen != (fileKey{}) && cur != seen {
-			// The lock file seen held vanished or was replaced: its holder, if it lives,
-			// locks the new one within LockCheck. Leave it that long.
-			closeF()
-			if changed.IsZero() {
-				changed = time.Now()
-			}
-			if time.Since(changed) < lockGrace {
-				if err := pause(); err != nil {
-					return nil, err
-				}
-				continue
-			}
-		}
-		if f == nil {
-			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
-			if errors.Is(err, fs.ErrNotExist) && wait {
-				// The directory went between the look and the open (an rm -rf): again.
-				if err := pause(); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			if err != nil {
-				return nil, fmt.Errorf("open lock %s: %w", path, err)
-			}
-		}
-		held, err := f.Stat()
-		if err != nil {
-			closeF()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		switch {
-		case err == nil:
-			// Locked; but the file may have been replaced or removed meanwhile, and a lock
-			// on a file that is no longer at the path holds nothing.
-			if now, err := keyAt(path); err != nil || now != keyOf(held) {
-				closeF()
-				if !wait {
-					return nil, fmt.Errorf("lock %s: the file was replaced or removed while it was being locked", path)
-				}
-				if err := pause(); err != nil {
-					return nil, err
-				}
-				continue
-			}
-		case errors.Is(err, syscall.EWOULDBLOCK):
-			if !wait {
-				closeF()
-				return nil, fmt.Errorf("%w: %s", errHeld, path)
-			}
-			seen, changed = keyOf(held), time.Time{}
-			if !waiting {
-				waiting = true
-				log.Info("another multireg holds the registration directory; waiting for it to exit", "lock", path)
-			}
-			if err := pause(); err != nil {
-				return nil, err
-			}
-			continue
-		default:
-			closeF()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if seen != (fileKey{}) && keyOf(held) != seen {
-			// Not the file the other instance held: it lost its lock file and did not come
-			// back for it in time. If it still runs, it finds the directory lost within
-			// LockCheck and stops: let it, before serving.
-			log.Info("the lock file of the registration directory was replaced; waiting for its former holder to stop", "lock", path, "wait", lockSettle)
-			select {
-			case <-ctx.Done():
-				closeF()
-				return nil, ctx.Err()
-			case <-time.After(lockSettle):
-			}
-			if now, err := keyAt(path); err != nil || now != keyOf(held) {
-				closeF()
-				continue
-			}
-		}
-		if waiting {
-			log.Info("took over the registration directory", "lock", path)
-		}
-		return f, nil
 	}
 }
 
-// Release lets the next instance take the directory. The lock file stays.
-func (l *Lock) Release() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// acquisition is one process's way to a directory's lock: what it saw held on the way.
+type acquisition struct {
+	dir, path string
+	log       *slog.Logger
+	wait      bool // wait while another process holds the lock, rather than fail
+
+	seen    fileKey   // the lock file last seen held by another process
+	changed time.Time // when the file at the path was first seen to differ from seen
+	waiting bool      // said that it waits
+}
+
+// try makes one attempt: it returns the lock file, locked; or again, to try anew after a
+// pause; or an error.
+func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err error) {
+	if err := ensureDir(a.dir); err != nil {
+		return nil, false, err
+	}
+	cur, err := keyAt(a.path)
+	if err != nil {
+		return nil, false, fmt.Errorf("lock %s: %w", a.path, err)
+	}
+	if a.seen != (fileKey{}) && cur != a.seen {
+		// The lock file seen held vanished or was replaced: its holder, if it lives, locks
+		// the new one within lockCheck. Leave it that long.
+		if a.changed.IsZero() {
+			a.changed = time.Now()
+		}
+		if time.Since(a.changed) < lockGrace {
+			return nil, true, nil
+		}
+	}
+	f, err = os.OpenFile(a.path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if errors.Is(err, fs.ErrNotExist) && a.wait {
+		return nil, true, nil // the directory went between the look and the open (an rm -rf)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("open lock %s: %w", a.path, err)
+	}
+	held, again, err := a.lock(f)
+	if again || err != nil {
+		f.Close()
+		return nil, again, err
+	}
+	if a.seen != (fileKey{}) && held != a.seen {
+		// Not the file the other instance held: it lost its lock file and did not come back
+		// for it in time. If it still runs, it finds the directory lost within lockCheck and
+		// stops: let it, before serving.
+		a.log.Info("the lock file of the registration directory was replaced; waiting for its former holder to stop", "lock", a.path, "wait", lockSettle)
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, false, ctx.Err()
+		case <-time.After(lockSettle):
+		}
+		if now, err := keyAt(a.path); err != nil || now != held {
+			f.Close()
+			return nil, true, nil
+		}
+	}
+	return f, false, nil
+}
+
+// lock locks f, opened at the path, and returns its key once it is locked and still the file
+// at the path: a lock on a file that is no longer at the path holds nothing. It reports again
+// while another process holds it (when waiting) or the file was replaced meanwhile.
+func (a *acquisition) lock(f *os.File) (held fileKey, again bool, err error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return fileKey{}, false, fmt.Errorf("lock %s: %w", a.path, err)
+	}
+	held = keyOf(fi)
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	switch {
+	case err == nil:
+		if now, err := keyAt(a.path); err != nil || now != held {
+			if !a.wait {
+				return fileKey{}, false, fmt.Errorf("lock %s: the file was replaced or removed while it was being locked", a.path)
+			}
+			return fileKey{}, true, nil
+		}
+		return held, false, nil
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		if !a.wait {
+			return fileKey{}, false, fmt.Errorf("%w: %s", errHeld, a.path)
+		}
+		a.seen, a.changed = held, time.Time{}
+		if !a.waiting {
+			a.waiting = true
+			a.log.Info("another multireg holds the registration directory; waiting for it to exit", "lock", a.path)
+		}
+		return fileKey{}, true, nil
+	}
+	return fileKey{}, false, fmt.Errorf("lock %s: %w", a.path, err)
+}
+
+// release lets the next instance take the directory. The lock file stays.
+func (l *dirLock) release() error {
 	return l.f.Close()
 }
 
-// Dir returns the directory the lock holds, under the name the configuration gives it.
-func (l *Lock) Dir() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.dir
-}
-
-// Rename makes dir the name under which Refresh checks the lock: another name (a symlink) of
-// the directory already held, as a changed configuration spells it.
-func (l *Lock) Rename(dir string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dir = dir
-}
-
-// Refresh makes sure the lock still holds the directory; the holder calls it every LockCheck.
+// refresh makes sure the lock still holds the directory; the holder calls it every lockCheck.
 // When the lock file was deleted or replaced (the directory recreated, an operator's rm), it
 // locks the file now at the path, creating it if needed, before it lets go of the old one.
 // When another instance holds the file at the path, it fails with ErrDirLost; any other
 // failure (the directory or its parent missing at the moment) keeps the old lock and is
 // worth another try.
-func (l *Lock) Refresh() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (l *dirLock) refresh() error {
 	path := filepath.Join(l.dir, LockName)
 	held, err := l.f.Stat()
 	if err != nil {
@@ -269,22 +238,4 @@ func (l *Lock) Refresh() error {
 	l.f.Close()
 	l.f = next
 	return nil
-}
-
-// removeTempSockets removes the hidden temporary sockets of an interrupted publish. Only
-// sockets named as multireg names them are touched.
-func removeTempSockets(dir string, log *slog.Logger) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if !isTempSocketName(e.Name()) || e.Type() != fs.ModeSocket {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			log.Warn("remove leftover temporary socket", "path", p, "err", err)
-		}
-	}
 }

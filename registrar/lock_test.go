@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,13 +17,13 @@ import (
 func TestLockWaitsAndTakesOver(t *testing.T) {
 	dir := filepath.Join(shortDir(t), "reg")
 	var logs syncLog
-	first, err := AcquireLock(context.Background(), dir, logs.logger())
+	first, err := acquireLock(context.Background(), dir, logs.logger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *Lock, 1)
+	got := make(chan *dirLock, 1)
 	go func() {
-		l, err := AcquireLock(context.Background(), dir, logs.logger())
+		l, err := acquireLock(context.Background(), dir, logs.logger())
 		if err != nil {
 			t.Error(err)
 		}
@@ -36,10 +37,10 @@ func TestLockWaitsAndTakesOver(t *testing.T) {
 		t.Fatal("a second instance took a held lock")
 	default:
 	}
-	first.Release()
+	first.release()
 	select {
 	case l := <-got:
-		l.Release()
+		l.release()
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second instance did not take over")
 	}
@@ -48,19 +49,19 @@ func TestLockWaitsAndTakesOver(t *testing.T) {
 	}
 
 	// A waiting instance gives up when its context ends.
-	held, err := AcquireLock(context.Background(), dir, logs.logger())
+	held, err := acquireLock(context.Background(), dir, logs.logger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer held.Release()
+	defer held.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := AcquireLock(ctx, dir, logs.logger()); err != context.DeadlineExceeded {
+	if _, err := acquireLock(ctx, dir, logs.logger()); err != context.DeadlineExceeded {
 		t.Errorf("AcquireLock with an ended context: %v", err)
 	}
 }
 
-func TestLockRemovesOnlyOurTempSockets(t *testing.T) {
+func TestDirRemovesOnlyOurTempSockets(t *testing.T) {
 	dir := filepath.Join(shortDir(t), "reg")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
@@ -81,11 +82,7 @@ func TestLockRemovesOnlyOurTempSockets(t *testing.T) {
 	if err := os.WriteFile(notSocket, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := AcquireLock(context.Background(), dir, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	openDir(t, dir)
 	if _, err := os.Lstat(ours); !os.IsNotExist(err) {
 		t.Errorf("leftover temporary socket: %v, want removed", err)
 	}
@@ -96,6 +93,17 @@ func TestLockRemovesOnlyOurTempSockets(t *testing.T) {
 	}
 }
 
+// openDir opens the registration directory dir for one test, and closes it at its end.
+func openDir(t *testing.T, dir string) *Dir {
+	t.Helper()
+	d, err := OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 // fastLock shortens the lock protocol's pauses for one test.
 func fastLock(t *testing.T) {
 	retry, grace, settle := lockRetry, lockGrace, lockSettle
@@ -104,9 +112,9 @@ func fastLock(t *testing.T) {
 }
 
 // waitingLock starts a second instance's AcquireLock on dir and returns once it says it waits.
-func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *Lock {
+func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *dirLock {
 	t.Helper()
-	got := make(chan *Lock, 1)
+	got := make(chan *dirLock, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() {
@@ -115,7 +123,7 @@ func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *Lock {
 	})
 	go func() {
 		defer close(done)
-		l, err := AcquireLock(ctx, dir, logs.logger())
+		l, err := acquireLock(ctx, dir, logs.logger())
 		if err == nil {
 			got <- l
 		}
@@ -127,7 +135,7 @@ func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *Lock {
 }
 
 // holdsPath reports whether l holds the lock file now at its path.
-func holdsPath(t *testing.T, l *Lock) bool {
+func holdsPath(t *testing.T, l *dirLock) bool {
 	t.Helper()
 	fi, err := l.f.Stat()
 	if err != nil {
@@ -139,7 +147,7 @@ func holdsPath(t *testing.T, l *Lock) bool {
 
 // TestLockFileGoneWhileAnotherWaits: the lock file of a held directory is deleted, replaced
 // or goes with its directory while a second instance waits. The holder, checking as it does
-// every LockCheck, locks the new file; the waiter never takes the directory from it — not the
+// every lockCheck, locks the new file; the waiter never takes the directory from it — not the
 // new file, and not the old one when the holder lets go of it — and takes over only once the
 // holder exits.
 func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
@@ -166,7 +174,7 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(shortDir(t), "reg")
 			var logs syncLog
-			holder, err := AcquireLock(context.Background(), dir, logs.logger())
+			holder, err := acquireLock(context.Background(), dir, logs.logger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -174,16 +182,16 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 			if err := tc.harm(dir); err != nil {
 				t.Fatal(err)
 			}
-			// The holder checks a few times, as its LockCheck ticker would, for longer than
+			// The holder checks a few times, as its lockCheck ticker would, for longer than
 			// the waiter's grace and settle together.
 			deadline := time.Now().Add(3 * (lockGrace + lockSettle))
 			for time.Now().Before(deadline) {
-				if err := holder.Refresh(); err != nil {
+				if err := holder.refresh(); err != nil {
 					t.Fatalf("the holder lost the directory: %v\n%s", err, logs.String())
 				}
 				select {
 				case l := <-got:
-					l.Release()
+					l.release()
 					t.Fatalf("the waiting instance took the directory from its holder:\n%s", logs.String())
 				case <-time.After(lockGrace / 5):
 				}
@@ -191,10 +199,10 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 			if !holdsPath(t, holder) {
 				t.Fatal("the holder does not hold the lock file at the path")
 			}
-			holder.Release()
+			holder.release()
 			select {
 			case l := <-got:
-				defer l.Release()
+				defer l.release()
 				if !holdsPath(t, l) {
 					t.Error("the second instance holds a lock file that is not at the path")
 				}
@@ -212,11 +220,11 @@ func TestLockHolderTooSlow(t *testing.T) {
 	fastLock(t)
 	dir := filepath.Join(shortDir(t), "reg")
 	var logs syncLog
-	holder, err := AcquireLock(context.Background(), dir, logs.logger())
+	holder, err := acquireLock(context.Background(), dir, logs.logger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Release()
+	defer holder.release()
 	got := waitingLock(t, dir, &logs)
 	if err := os.Remove(filepath.Join(dir, LockName)); err != nil {
 		t.Fatal(err)
@@ -226,12 +234,12 @@ func TestLockHolderTooSlow(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to take the new lock file", func() bool {
 		return strings.Contains(logs.String(), "waiting for its former holder to stop")
 	})
-	if err := holder.Refresh(); !errors.Is(err, ErrDirLost) {
+	if err := holder.refresh(); !errors.Is(err, ErrDirLost) {
 		t.Fatalf("Refresh of a lost directory: %v, want ErrDirLost", err)
 	}
 	select {
 	case l := <-got:
-		defer l.Release()
+		defer l.release()
 		if !holdsPath(t, l) {
 			t.Error("the new holder's lock file is not at the path")
 		}
@@ -246,16 +254,16 @@ func TestLockHolderTooSlow(t *testing.T) {
 func TestLockCreatesOnlyTheDirectory(t *testing.T) {
 	base := shortDir(t)
 	dir := filepath.Join(base, "reg")
-	l, err := TryLock(dir, testLogger(t))
+	l, err := tryLock(dir, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Release()
+	l.release()
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o750 {
 		t.Errorf("registration directory: %v, %v; want mode 0750", fi.Mode(), err)
 	}
 	deep := filepath.Join(base, "kubelet", "plugins_registry")
-	_, err = TryLock(deep, testLogger(t))
+	_, err = tryLock(deep, testLogger(t))
 	if err == nil || !strings.Contains(err.Error(), filepath.Join(base, "kubelet")+" does not exist") {
 		t.Errorf("lock under a missing parent: %v, want an error naming the parent", err)
 	}
@@ -300,21 +308,21 @@ func TestLockRefreshWithoutItsDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(base, "reg")
-	l, err := TryLock(dir, testLogger(t))
+	l, err := tryLock(dir, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Release()
+	defer l.release()
 	if err := os.RemoveAll(base); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Refresh(); err == nil || errors.Is(err, ErrDirLost) {
+	if err := l.refresh(); err == nil || errors.Is(err, ErrDirLost) {
 		t.Fatalf("Refresh without the parent directory: %v, want an error that is not ErrDirLost", err)
 	}
 	if err := os.Mkdir(base, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Refresh(); err != nil {
+	if err := l.refresh(); err != nil {
 		t.Fatalf("Refresh once the parent is back: %v", err)
 	}
 	if !holdsPath(t, l) {
@@ -322,10 +330,10 @@ func TestLockRefreshWithoutItsDirectory(t *testing.T) {
 	}
 }
 
-// TestLockRenamed: a lock taken through a symlink and renamed to the directory's real name is
-// checked under that name: the symlink's removal neither makes a directory in its place nor
-// lets go of the real one.
-func TestLockRenamed(t *testing.T) {
+// TestDirMovedToAnotherName: a directory taken through a symlink and moved to the
+// directory's real name is checked under that name: the symlink's removal neither makes a
+// directory in its place nor lets go of the real one.
+func TestDirMovedToAnotherName(t *testing.T) {
 	base := shortDir(t)
 	real, alias := filepath.Join(base, "reg"), filepath.Join(base, "alias")
 	if err := os.Mkdir(real, 0o750); err != nil {
@@ -334,22 +342,25 @@ func TestLockRenamed(t *testing.T) {
 	if err := os.Symlink("reg", alias); err != nil {
 		t.Fatal(err)
 	}
-	l, err := TryLock(alias, testLogger(t))
+	d := openDir(t, alias)
+	done, err := d.Move(real)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Release()
-	l.Rename(real)
+	done()
+	if d.Path() != real {
+		t.Errorf("Path() = %s after the move, want %s", d.Path(), real)
+	}
 	if err := os.Remove(alias); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Refresh(); err != nil {
+	if err := d.Check(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(alias); !os.IsNotExist(err) {
-		t.Errorf("%s after Refresh: %v, want nothing there", alias, err)
+		t.Errorf("%s after Check: %v, want nothing there", alias, err)
 	}
-	if _, err := TryLock(real, testLogger(t)); err == nil {
+	if _, err := tryLock(real, testLogger(t)); err == nil {
 		t.Error("another instance took the directory")
 	}
 }
@@ -359,12 +370,12 @@ func TestLockRenamed(t *testing.T) {
 func TestLockRefresh(t *testing.T) {
 	dir := filepath.Join(shortDir(t), "reg")
 	log := testLogger(t)
-	first, err := AcquireLock(context.Background(), dir, log)
+	first, err := acquireLock(context.Background(), dir, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer first.Release()
-	if err := first.Refresh(); err != nil {
+	defer first.release()
+	if err := first.refresh(); err != nil {
 		t.Fatalf("Refresh of an intact lock: %v", err)
 	}
 	recreate := func() {
@@ -376,20 +387,65 @@ func TestLockRefresh(t *testing.T) {
 		}
 	}
 	recreate()
-	if err := first.Refresh(); err != nil {
+	if err := first.refresh(); err != nil {
 		t.Fatalf("Refresh after the directory was recreated: %v", err)
 	}
-	if _, err := TryLock(dir, log); err == nil {
+	if _, err := tryLock(dir, log); err == nil {
 		t.Fatal("a second instance took the recreated directory from the holder")
 	}
 
 	recreate()
-	second, err := TryLock(dir, log) // the second instance is first this time
+	second, err := tryLock(dir, log) // the second instance is first this time
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer second.Release()
-	if err := first.Refresh(); err == nil {
+	defer second.release()
+	if err := first.refresh(); err == nil {
 		t.Error("Refresh did not report the lost directory")
+	}
+}
+
+// TestDirRunStopsWhenLost: Run keeps the directory while its lock file is merely replaced,
+// and ends with ErrDirLost once another instance holds the file at the path.
+func TestDirRunStopsWhenLost(t *testing.T) {
+	check := lockCheck
+	lockCheck = 10 * time.Millisecond
+	t.Cleanup(func() { lockCheck = check })
+	dir := filepath.Join(shortDir(t), "reg")
+	d := openDir(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- d.Run(ctx) }()
+
+	lockFile := filepath.Join(dir, LockName)
+	if err := os.Remove(lockFile); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the holder to lock the new lock file", func() bool {
+		_, err := os.Lstat(lockFile)
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return err == nil && holdsPath(t, d.lock)
+	})
+	// Another instance's lock file, held, replaces it in one step.
+	other, err := os.OpenFile(filepath.Join(dir, "other.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := syscall.Flock(int(other.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other.Name(), lockFile); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ran:
+		if !errors.Is(err, ErrDirLost) {
+			t.Errorf("Run: %v, want ErrDirLost", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not stop once another instance held the directory")
 	}
 }

@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+
+	"multireg.dev/multireg/config"
 )
 
 // OwnedName is the file in the registration directory that records which sockets multireg
@@ -20,9 +23,9 @@ import (
 // configured. The leading dot makes kubelet ignore it.
 const OwnedName = ".multireg.sockets"
 
-// RecordOwned records the socket file names multireg owns in dir, replacing the previous
+// recordOwned records the socket file names multireg owns in dir, replacing the previous
 // record in one step.
-func RecordOwned(dir string, names []string) error {
+func recordOwned(dir string, names []string) error {
 	names = slices.Sorted(slices.Values(names))
 	var b bytes.Buffer
 	b.WriteString("# Registration sockets owned by multireg; it removes those no longer configured.\n")
@@ -40,11 +43,11 @@ func RecordOwned(dir string, names []string) error {
 	return nil
 }
 
-// RemoveOrphans removes the sockets recorded in dir whose names are not in keep, if nothing
+// removeOrphans removes the sockets recorded in dir whose names are not in keep, if nothing
 // listens on them: sockets of drivers removed from the file while multireg did not run. A
 // live socket (another registrar's) and anything that is not a socket stay. It returns the
 // paths removed.
-func RemoveOrphans(dir string, keep []string, log *slog.Logger) ([]string, error) {
+func removeOrphans(dir string, keep []string, log *slog.Logger) ([]string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, OwnedName))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -73,4 +76,57 @@ func RemoveOrphans(dir string, keep []string, log *slog.Logger) ([]string, error
 		}
 	}
 	return removed, nil
+}
+
+// ownedRecord writes the record of the sockets multireg owns (recordOwned) for each applied
+// configuration, and retries a write that failed (a read-only or vanished directory) until it
+// succeeds: without it, a driver removed while multireg does not run would keep its socket
+// forever.
+type ownedRecord struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pending *config.RegistrarConfig // a configuration whose record failed; nil when written
+	lastErr string
+}
+
+func (o *ownedRecord) set(c *config.RegistrarConfig, guard func() error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.pending = c
+	o.write(guard)
+}
+
+func (o *ownedRecord) retry(guard func() error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending != nil {
+		o.write(guard)
+	}
+}
+
+func (o *ownedRecord) write(guard func() error) {
+	err := guard()
+	if err == nil {
+		err = recordOwned(o.pending.RegistrationDir, socketNames(o.pending))
+	}
+	switch {
+	case err == nil:
+		if o.lastErr != "" {
+			o.log.Info("recorded the sockets multireg owns", "dir", o.pending.RegistrationDir)
+		}
+		o.pending, o.lastErr = nil, ""
+	case err.Error() != o.lastErr:
+		o.lastErr = err.Error()
+		o.log.Warn("the sockets of drivers removed while multireg does not run may stay; retrying", "err", err)
+	}
+}
+
+// socketNames returns the socket file names of the configured drivers.
+func socketNames(c *config.RegistrarConfig) []string {
+	names := make([]string, len(c.Drivers))
+	for i, d := range c.Drivers {
+		names[i] = d.SocketName
+	}
+	return names
 }

@@ -26,10 +26,10 @@ func TestRemoveOrphans(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "file-reg.sock"), []byte("x"), 0o644); err != nil { // recorded, not a socket: stays
 		t.Fatal(err)
 	}
-	if err := RecordOwned(dir, []string{"kept-reg.sock", "gone-reg.sock", "live-reg.sock", "file-reg.sock"}); err != nil {
+	if err := recordOwned(dir, []string{"kept-reg.sock", "gone-reg.sock", "live-reg.sock", "file-reg.sock"}); err != nil {
 		t.Fatal(err)
 	}
-	removed, err := RemoveOrphans(dir, []string{"kept-reg.sock"}, testLogger(t))
+	removed, err := removeOrphans(dir, []string{"kept-reg.sock"}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestRemoveOrphans(t *testing.T) {
 		}
 	}
 	// No record at all (a first run): nothing to do.
-	if removed, err := RemoveOrphans(shortDir(t), nil, testLogger(t)); err != nil || len(removed) != 0 {
+	if removed, err := removeOrphans(shortDir(t), nil, testLogger(t)); err != nil || len(removed) != 0 {
 		t.Errorf("without a record: %q, %v", removed, err)
 	}
 }

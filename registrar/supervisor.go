@@ -37,10 +37,6 @@ type Supervisor struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // every loop
 
-	// The watcher outlives the loops: they unsubscribe as they stop.
-	stopWatcher context.CancelFunc
-	watcherDone chan struct{}
-
 	mu      sync.Mutex
 	running map[string]*handle
 }
@@ -52,8 +48,9 @@ type handle struct {
 	done   chan struct{}
 }
 
-// New returns a Supervisor with no drivers. Start adds drivers; Run must be called for
-// their sockets to be watched, and to stop them.
+// New returns a Supervisor with no drivers; it fails when the process cannot have one more
+// inotify instance. Start adds drivers; Run must be called for their sockets to be watched,
+// and to stop them and release the inotify instance.
 func New(opts Options) (*Supervisor, error) {
 	log := opts.Log
 	if log == nil {
@@ -64,14 +61,7 @@ func New(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	wctx, wcancel := context.WithCancel(context.Background())
-	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{},
-		stopWatcher: wcancel, watcherDone: make(chan struct{})}
-	go func() {
-		defer close(s.watcherDone)
-		w.run(wctx)
-	}()
-	return s, nil
+	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
@@ -121,6 +111,13 @@ func (s *Supervisor) Stop(name string) {
 // in place unless CleanupOnExit was set. When ctx ends with a cause that is ErrDirLost, the
 // sockets are another instance's now: they stay whatever CleanupOnExit says.
 func (s *Supervisor) Run(ctx context.Context) error {
+	// The watcher outlives the loops: they unsubscribe as they stop.
+	wctx, stopWatcher := context.WithCancel(context.Background())
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
+		s.w.run(wctx)
+	}()
 	<-ctx.Done()
 	cause := errShutdown
 	if c := context.Cause(ctx); errors.Is(c, ErrDirLost) {
@@ -131,8 +128,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	s.wg.Wait()
-	s.stopWatcher()
-	<-s.watcherDone
+	stopWatcher()
+	<-watcherDone
 	return nil
 }
 

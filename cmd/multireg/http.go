@@ -123,13 +123,18 @@ func count(drivers []registrar.DriverStatus, only string) int {
 	return len(drivers)
 }
 
-// serveHTTP listens on addr (failing at once if it cannot), serves h until ctx ends, then
-// shuts down, giving requests in flight a moment to finish.
-func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (wait func() error, err error) {
+// listenHTTP listens on addr, failing at once if it cannot.
+func listenHTTP(addr string) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http-endpoint: %w", err)
 	}
+	return l, nil
+}
+
+// serveHTTP serves h on l until ctx ends, then shuts down, giving requests in flight a moment
+// to finish. It fails when serving fails.
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: httpReadTimeout,
@@ -141,16 +146,18 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	log.Info("serving HTTP", "address", l.Addr().String())
-	return func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), httpShutdown)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			srv.Close()
-		}
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	}, nil
+	select {
+	case err := <-served:
+		return fmt.Errorf("--http-endpoint: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), httpShutdown)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }

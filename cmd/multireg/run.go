@@ -9,9 +9,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"sync"
+	"sync/atomic"
 	"syscall"
-	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/registrar"
@@ -29,22 +28,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	fs := newFlagSet("run", stderr)
-	path := fs.String("config", "", "path to the drivers file (required)")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
-	verbosity := fs.Int("v", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call")
-	cleanup := fs.Bool("cleanup-on-exit", false, "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
-	httpAddr := fs.String("http-endpoint", defaultHTTPEndpoint, "serve /healthz, /readyz, /status and /metrics on this address; empty disables")
-	if err := parseFlags(fs, args); err != nil {
+	f, err := parseRunFlags(args, stderr)
+	if err != nil {
 		return err
 	}
-	if *path == "" {
-		return usagef("multireg run: --config is required")
-	}
-	if err := checkListenAddr(*httpAddr); err != nil {
-		return usagef("multireg run: --http-endpoint %q: %v", *httpAddr, err)
-	}
-	log, err := newLogger(stderr, *logFormat, *verbosity)
+	log, err := newLogger(stderr, f.logFormat, f.verbosity)
 	if err != nil {
 		return err
 	}
@@ -53,216 +41,134 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	// that no socket or file is ever created with wider permissions than owner-only.
 	syscall.Umask(0o077)
 
-	cfg, content, err := config.LoadContent(*path)
+	cfg, content, err := config.LoadContent(f.path)
 	if err != nil {
 		return err
 	}
-
-	lock, err := registrar.AcquireLock(ctx, cfg.RegistrationDir, log)
+	dir, err := registrar.OpenDir(ctx, cfg, log)
 	if errors.Is(err, context.Canceled) {
 		return nil // stopped while waiting for another instance
 	}
 	if err != nil {
 		return err
 	}
-	if ctx.Err() != nil { // stopped while the lock was taken: start nothing
-		lock.Release()
-		return nil
-	}
-	var lockMu sync.Mutex // the reloader moves the lock when registrationDir changes
-	defer func() {
-		lockMu.Lock()
-		defer lockMu.Unlock()
-		lock.Release()
-	}()
+	defer dir.Close()
 
-	// Sockets of drivers removed from the file while no multireg ran: nothing else would
-	// ever remove them, and kubelet would keep those plugins.
-	if _, err := registrar.RemoveOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
-		log.Warn("look for sockets of drivers no longer configured", "err", err)
+	var httpL net.Listener
+	if f.httpAddr != "" {
+		if httpL, err = listenHTTP(f.httpAddr); err != nil {
+			return err
+		}
 	}
-
-	// Nothing is written in the directory unless this process still holds it.
-	guard := func() error {
-		lockMu.Lock()
-		defer lockMu.Unlock()
-		return lock.Refresh()
-	}
-	owned := &ownedRecord{log: log, guard: guard}
-	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: *cleanup, Guard: guard})
+	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: f.cleanup, Guard: dir.Check})
 	if err != nil {
+		if httpL != nil {
+			httpL.Close()
+		}
 		return fmt.Errorf("start: %w", err)
 	}
 	rl := reload.New(reload.Options{
-		Path:           *path,
+		Path:           f.path,
 		Initial:        cfg,
 		InitialContent: content,
 		Apply:          sup,
 		Log:            log,
-		Applied:        owned.record,
-		MoveDir: func(dir string) (func(), error) {
-			lockMu.Lock()
-			same := sameDir(dir, lock.Dir())
-			lockMu.Unlock()
-			if same {
-				// Another name of the directory this process holds: check the lock under it.
-				return func() {
-					lockMu.Lock()
-					defer lockMu.Unlock()
-					lock.Rename(dir)
-				}, nil
-			}
-			next, err := registrar.TryLock(dir, log)
-			if err != nil {
-				return nil, err
-			}
-			return func() {
-				lockMu.Lock()
-				defer lockMu.Unlock()
-				lock.Release()
-				lock = next
-			}, nil
-		},
+		MoveDir:        dir.Move,
+		Applied:        dir.Record,
 	})
+	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, httpL: httpL}
+	log.Info("multireg started", "version", version, "config", f.path, "drivers", cfg.Summary())
+	err = d.run(ctx, hup)
+	log.Info("multireg stopped", "cleanup", f.cleanup && !errors.Is(err, registrar.ErrDirLost))
+	return err
+}
 
-	// The supervisor outlives everything that changes its drivers: it stops only after the
-	// reloader has stopped. When the directory is lost, it stops with that cause and leaves
-	// every socket to the instance that took it.
+// daemon is a multireg that holds its registration directory: its drivers, the reloader that
+// changes them, the HTTP server.
+type daemon struct {
+	log   *slog.Logger
+	dir   *registrar.Dir
+	sup   *registrar.Supervisor
+	rl    *reload.Reloader
+	httpL net.Listener // nil without an HTTP server
+}
+
+// run runs the daemon's actors until a signal (ctx ends) or a fatal error stops them.
+func (d *daemon) run(ctx context.Context, hup <-chan os.Signal) error {
+	log, dir, sup, rl, httpL := d.log, d.dir, d.sup, d.rl, d.httpL
 	state := &daemonState{drivers: sup.Status, config: rl.State}
-	supCtx, stopSup := context.WithCancelCause(context.Background())
-	supDone := make(chan error, 1)
-	state.loops.Add(1)
-	go func() {
-		defer state.loops.Add(-1)
-		supDone <- sup.Run(supCtx)
-	}()
-	defer stopSup(nil)
 
-	// The HTTP server answers until everything else has stopped.
-	httpCtx, stopHTTP := context.WithCancel(context.Background())
-	defer stopHTTP()
-	waitHTTP := func() error { return nil }
-	if *httpAddr != "" {
-		waitHTTP, err = serveHTTP(httpCtx, *httpAddr, newHandler(state, newRegistry(sup, rl)), log)
-		if err != nil {
-			stopSup(nil)
-			<-supDone
-			return err
-		}
+	// Stopped in the reverse order: the signals first, then the reloader, so that nothing
+	// changes the drivers while they stop; the lock check; the supervisor, which leaves every
+	// socket to the instance that took the directory when the lock check stops with
+	// ErrDirLost; the HTTP server answers until everything else has stopped.
+	var g group
+	if httpL != nil {
+		h := newHandler(state, newRegistry(sup, rl))
+		httpCtx, stop := context.WithCancel(context.Background())
+		g.add(func() error { return serveHTTP(httpCtx, httpL, h, log) }, func(error) { stop() })
 	}
-
-	ctx, fail := context.WithCancelCause(ctx)
-	defer fail(nil)
-	var wg sync.WaitGroup
-	var rlErr error
-	state.loops.Add(1)
-	wg.Go(func() {
-		defer state.loops.Add(-1)
-		rlErr = rl.Run(ctx)
+	supCtx, stopSup := context.WithCancelCause(context.Background())
+	g.add(counted(&state.loops, func() error { return sup.Run(supCtx) }), func(err error) {
+		if !errors.Is(err, registrar.ErrDirLost) {
+			err = nil // a shutdown: the sockets stay unless --cleanup-on-exit
+		}
+		stopSup(err)
 	})
-	wg.Go(func() {
-		check := time.NewTicker(registrar.LockCheck)
-		defer check.Stop()
-		lockErr := "" // the last failure to check the lock, logged once
+	dirCtx, stopDir := context.WithCancel(context.Background())
+	g.add(func() error { return dir.Run(dirCtx) }, func(error) { stopDir() })
+	rlCtx, stopRl := context.WithCancel(context.Background())
+	g.add(counted(&state.loops, func() error { return rl.Run(rlCtx) }), func(error) { stopRl() })
+	sigCtx, stopSig := context.WithCancel(ctx)
+	g.add(func() error {
 		for {
 			select {
-			case <-ctx.Done():
-				return
+			case <-sigCtx.Done():
+				return nil
 			case <-hup:
 				log.Info("SIGHUP: re-reading the config")
 				rl.Kick()
-			case <-check.C:
-				lockMu.Lock()
-				err := lock.Refresh()
-				lockMu.Unlock()
-				switch {
-				case errors.Is(err, registrar.ErrDirLost):
-					log.Error("stopping without touching the sockets: another instance serves this directory now", "err", err)
-					fail(err)
-					return
-				case err != nil:
-					// Nobody else can hold a lock file that cannot be made: the old one stays
-					// held, and every publish waits for the check to pass (the guard).
-					if msg := err.Error(); msg != lockErr {
-						lockErr = msg
-						log.Warn("cannot check the registration directory's lock; retrying every second", "err", err)
-					}
-					continue
-				}
-				lockErr = ""
-				owned.retry()
 			}
 		}
-	})
-	log.Info("multireg started", "version", version, "config", *path, "drivers", cfg.Summary())
-
-	<-ctx.Done()
-	wg.Wait()
-	var lost error
-	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
-		lost = cause
-	}
-	stopSup(lost)
-	supErr := <-supDone
-	stopHTTP()
-	httpErr := waitHTTP()
-	log.Info("multireg stopped", "cleanup", *cleanup && lost == nil)
-	return errors.Join(lost, rlErr, supErr, httpErr)
+	}, func(error) { stopSig() })
+	return g.run()
 }
 
-// ownedRecord writes the record of the sockets multireg owns (registrar.RecordOwned) for each
-// applied configuration, and retries a write that failed (a read-only or vanished directory)
-// until it succeeds: without it, a driver removed while multireg does not run would keep its
-// socket forever.
-type ownedRecord struct {
-	log   *slog.Logger
-	guard func() error // passes while this process holds the directory
-
-	mu      sync.Mutex
-	pending *config.RegistrarConfig // a configuration whose record failed; nil when written
-	lastErr string
+// runFlags are the flags of `multireg run`.
+type runFlags struct {
+	path, logFormat, httpAddr string
+	verbosity                 int
+	cleanup                   bool
 }
 
-func (o *ownedRecord) record(c *config.RegistrarConfig) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.pending = c
-	o.write()
+// parseRunFlags parses and checks the flags of `multireg run`, before anything else runs.
+func parseRunFlags(args []string, stderr io.Writer) (runFlags, error) {
+	var f runFlags
+	fs := newFlagSet("run", stderr)
+	fs.StringVar(&f.path, "config", "", "path to the drivers file (required)")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fs.IntVar(&f.verbosity, "v", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call")
+	fs.BoolVar(&f.cleanup, "cleanup-on-exit", false, "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
+	fs.StringVar(&f.httpAddr, "http-endpoint", defaultHTTPEndpoint, "serve /healthz, /readyz, /status and /metrics on this address; empty disables")
+	if err := parseFlags(fs, args); err != nil {
+		return f, err
+	}
+	if f.path == "" {
+		return f, usagef("multireg run: --config is required")
+	}
+	if err := checkListenAddr(f.httpAddr); err != nil {
+		return f, usagef("multireg run: --http-endpoint %q: %v", f.httpAddr, err)
+	}
+	return f, nil
 }
 
-func (o *ownedRecord) retry() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.pending != nil {
-		o.write()
+// counted runs execute with n counting it while it runs.
+func counted(n *atomic.Int32, execute func() error) func() error {
+	return func() error {
+		n.Add(1)
+		defer n.Add(-1)
+		return execute()
 	}
-}
-
-func (o *ownedRecord) write() {
-	err := o.guard()
-	if err == nil {
-		err = registrar.RecordOwned(o.pending.RegistrationDir, socketNames(o.pending))
-	}
-	switch {
-	case err == nil:
-		if o.lastErr != "" {
-			o.log.Info("recorded the sockets multireg owns", "dir", o.pending.RegistrationDir)
-		}
-		o.pending, o.lastErr = nil, ""
-	case err.Error() != o.lastErr:
-		o.lastErr = err.Error()
-		o.log.Warn("the sockets of drivers removed while multireg does not run may stay; retrying", "err", err)
-	}
-}
-
-// sameDir reports whether a and b name one existing directory.
-func sameDir(a, b string) bool {
-	fa, err := os.Stat(a)
-	if err != nil {
-		return false
-	}
-	fb, err := os.Stat(b)
-	return err == nil && os.SameFile(fa, fb)
 }
 
 // checkListenAddr checks an --http-endpoint value before anything else runs: host:port with
@@ -279,15 +185,6 @@ func checkListenAddr(addr string) error {
 		return err
 	}
 	return nil
-}
-
-// socketNames returns the socket file names of the configured drivers.
-func socketNames(c *config.RegistrarConfig) []string {
-	names := make([]string, len(c.Drivers))
-	for i, d := range c.Drivers {
-		names[i] = d.SocketName
-	}
-	return names
 }
 
 // newLogger returns the process logger: text or JSON on w, debug from verbosity 1.

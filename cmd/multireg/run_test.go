@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/registrar"
 )
 
@@ -163,11 +164,11 @@ drivers:
 func TestRunChecksFlagsFirst(t *testing.T) {
 	dir := t.TempDir()
 	reg := filepath.Join(dir, "reg")
-	held, err := registrar.TryLock(reg, slog.New(slog.DiscardHandler))
+	held, err := holdDir(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer held.Release()
+	defer held.Close()
 	cfg := writeConfig(t, dir, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+reg+twoDrivers)
 	for _, addr := range []string{"localhost", "127.0.0.1:99999", "127.0.0.1:no-such-service", "[::1"} {
 		var logs syncBuffer
@@ -244,20 +245,25 @@ func TestRunRetriesARefusedMove(t *testing.T) {
 	dir := shortTemp(t)
 	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "
 	cfg := writeConfig(t, dir, header+filepath.Join(dir, "a")+twoDrivers)
-	other, err := registrar.TryLock(filepath.Join(dir, "b"), slog.New(slog.DiscardHandler))
+	other, err := holdDir(filepath.Join(dir, "b"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := startRun(t, "--config", cfg)
 	writeConfig(t, dir, header+filepath.Join(dir, "b")+twoDrivers)
 	waitFor(t, "the move to be refused", func() bool { return strings.Contains(logs.String(), "config not applied") })
-	other.Release()
+	other.Close()
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the move to be applied after SIGHUP", func() bool {
 		return isSocket(filepath.Join(dir, "b", "gpu.example.com-reg.sock"))
 	})
+}
+
+// holdDir holds the registration directory dir as another instance would.
+func holdDir(dir string) (*registrar.Dir, error) {
+	return registrar.OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, slog.New(slog.DiscardHandler))
 }
 
 func isSocket(path string) bool {
