@@ -1,7 +1,6 @@
 package reload
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // recorder is an applier that records the calls in order.
@@ -41,26 +41,6 @@ func (r *recorder) take() []string {
 	return c
 }
 
-// syncBuffer is a log buffer safe to read while the reloader writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Len() int { return len(s.String()) }
-
 func drivers(eps ...string) string {
 	var b strings.Builder
 	b.WriteString("apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers:\n")
@@ -82,7 +62,7 @@ type started struct {
 	r    *Reloader
 	rec  *recorder
 	path string
-	logs *syncBuffer
+	logs *testkit.Buffer
 	stop func()
 }
 
@@ -101,7 +81,7 @@ func startAt(t *testing.T, path string, opts Options) *started {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	opts.Path, opts.Initial, opts.InitialContent, opts.Apply = path, cfg, b, rec
 	opts.Log = slog.New(slog.NewTextHandler(logs, nil))
 	r := New(opts)

@@ -6,27 +6,16 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-)
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
+	"multireg.dev/multireg/internal/testkit"
+)
 
 // waitCalls waits for n applier calls in all (they may arrive over several polls) and returns
 // them; more than n fails the test.
 func waitCalls(t *testing.T, rec *recorder, n int, what string) []string {
 	t.Helper()
 	var got []string
-	eventually(t, 5*time.Second, what, func() bool {
+	testkit.Eventually(t, 5*time.Second, what, func() bool {
 		got = append(got, rec.take()...)
 		return len(got) >= n
 	})
@@ -59,7 +48,7 @@ func quiet(t *testing.T, rec *recorder, d time.Duration) {
 // finds the file unchanged): an edit before it would be seen by that read, not by the watch.
 func watchesInPlace(t *testing.T, s *started) {
 	t.Helper()
-	eventually(t, 5*time.Second, "the read once the watches are in place", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the read once the watches are in place", func() bool {
 		st := s.r.State()
 		return st.LastReloadTime.After(st.LastSuccessTime)
 	})
@@ -179,7 +168,7 @@ func TestWatchSurvivesDirectoryRecreation(t *testing.T) {
 			if err := os.RemoveAll(dir); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "the missing file reported", func() bool { return !s.r.State().LastReloadSuccessful })
+			testkit.Eventually(t, 5*time.Second, "the missing file reported", func() bool { return !s.r.State().LastReloadSuccessful })
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				t.Fatal(err)
 			}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/internal/testkit"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -207,7 +208,7 @@ drivers:
 	cfg := writeConfig(t, dir, cfgText)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs syncBuffer
+	var logs testkit.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", "127.0.0.1:0", "--log-format", "json"}, &logs, &logs)
@@ -220,7 +221,7 @@ drivers:
 	}()
 	addrRE := regexp.MustCompile(`"msg":"serving HTTP","address":"([^"]+)"`)
 	var addr string
-	waitFor(t, "the HTTP address in the log", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the HTTP address in the log", func() bool {
 		m := addrRE.FindStringSubmatch(logs.String())
 		if m != nil {
 			addr = m[1]
@@ -228,7 +229,7 @@ drivers:
 		return m != nil
 	})
 	good, bad := filepath.Join(reg, "good.example.com-reg.sock"), filepath.Join(reg, "example.com_bad-reg.sock")
-	waitFor(t, "both sockets", func() bool { return fileExists(good) && fileExists(bad) })
+	testkit.Eventually(t, 10*time.Second, "both sockets", func() bool { return fileExists(good) && fileExists(bad) })
 	kubeletVerdict(t, good, true, "")
 	kubeletVerdict(t, bad, false, "RegisterPlugin error -- plugin validation failed with err: no room at the inn")
 
@@ -241,7 +242,7 @@ drivers:
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	waitFor(t, "/readyz to name the rejected driver and kubelet's reason", func() bool {
+	testkit.Eventually(t, 10*time.Second, "/readyz to name the rejected driver and kubelet's reason", func() bool {
 		code, body := httpGet("/readyz")
 		return code == 503 && strings.Contains(body, "example.com/bad: BackingOff: kubelet rejected the registration: RegisterPlugin error -- plugin validation failed with err: no room at the inn")
 	})
@@ -319,13 +320,13 @@ drivers:
 
 	// The retry is accepted: everything turns green.
 	// The attempt is counted just before its socket appears: wait for both.
-	waitFor(t, "a new socket for the rejected driver", func() bool {
+	testkit.Eventually(t, 10*time.Second, "a new socket for the rejected driver", func() bool {
 		_, body := httpGet("/status")
 		fi, err := os.Lstat(bad)
 		return strings.Contains(body, `"attempts": 2`) && err == nil && fi.Mode()&os.ModeSocket != 0
 	})
 	kubeletVerdict(t, bad, true, "")
-	waitFor(t, "/readyz green", func() bool { code, _ := httpGet("/readyz"); return code == 200 })
+	testkit.Eventually(t, 10*time.Second, "/readyz green", func() bool { code, _ := httpGet("/readyz"); return code == 200 })
 	families = scrape(t, "http://"+addr+"/metrics")
 	if got, _ := value(families, "multireg_driver_registered", map[string]string{"driver": "example.com/bad", "type": "DevicePlugin"}); got != 1 {
 		t.Errorf("recovered driver registered = %v, want 1", got)
@@ -333,7 +334,7 @@ drivers:
 
 	// A removed driver's series disappear.
 	writeConfig(t, dir, strings.Replace(cfgText, "  - {name: example.com/bad, type: DevicePlugin, endpoint: /run/bad.sock}\n", "", 1))
-	waitFor(t, "the removed driver's series gone", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the removed driver's series gone", func() bool {
 		_, ok := value(scrape(t, "http://"+addr+"/metrics"), "multireg_driver_registered", map[string]string{"driver": "example.com/bad", "type": "DevicePlugin"})
 		return !ok
 	})

@@ -7,32 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 	"multireg.dev/multireg/registrar"
 )
-
-// syncBuffer is a bytes.Buffer safe for the daemon's logger and the test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func writeConfig(t *testing.T, dir, body string) string {
 	t.Helper()
@@ -41,19 +23,6 @@ func writeConfig(t *testing.T, dir, body string) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func TestRunRegistersAndStops(t *testing.T) {
@@ -73,7 +42,7 @@ drivers:
 `)
 	for _, cleanup := range []bool{false, true} {
 		ctx, cancel := context.WithCancel(context.Background())
-		var logs syncBuffer
+		var logs testkit.Buffer
 		done := make(chan error, 1)
 		args := []string{"run", "--config", cfg, "--log-format", "json"}
 		if cleanup {
@@ -88,7 +57,7 @@ drivers:
 				before[s] = fi
 			}
 		}
-		waitFor(t, "both sockets published by this run", func() bool {
+		testkit.Eventually(t, 10*time.Second, "both sockets published by this run", func() bool {
 			for _, s := range socks {
 				fi, err := os.Lstat(s)
 				if err != nil || fi.Mode().Type() != os.ModeSocket || (before[s] != nil && os.SameFile(fi, before[s])) {
@@ -136,10 +105,10 @@ func TestRunRefusesInvalidConfig(t *testing.T) {
 
 // startRun runs `multireg run` with args in the background until the test ends, and returns
 // its log once it has started.
-func startRun(t *testing.T, args ...string) *syncBuffer {
+func startRun(t *testing.T, args ...string) *testkit.Buffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs syncBuffer
+	var logs testkit.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, append([]string{"run", "--http-endpoint", ""}, args...), &logs, &logs) }()
 	t.Cleanup(func() {
@@ -148,7 +117,7 @@ func startRun(t *testing.T, args ...string) *syncBuffer {
 			t.Errorf("run returned %v", err)
 		}
 	})
-	waitFor(t, "multireg to start", func() bool { return strings.Contains(logs.String(), "multireg started") })
+	testkit.Eventually(t, 10*time.Second, "multireg to start", func() bool { return strings.Contains(logs.String(), "multireg started") })
 	return &logs
 }
 
@@ -171,7 +140,7 @@ func TestRunChecksFlagsFirst(t *testing.T) {
 	defer held.Close()
 	cfg := writeConfig(t, dir, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+reg+twoDrivers)
 	for _, addr := range []string{"localhost", "127.0.0.1:99999", "127.0.0.1:no-such-service", "[::1"} {
-		var logs syncBuffer
+		var logs testkit.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := run(ctx, []string{"run", "--config", cfg, "--http-endpoint", addr}, &logs, &logs)
 		cancel()
@@ -197,7 +166,7 @@ func TestRunMovesToAnotherNameOfItsDirectory(t *testing.T) {
 	cfg := writeConfig(t, dir, header+reg+twoDrivers)
 	logs := startRun(t, "--config", cfg)
 	writeConfig(t, dir, header+alias+twoDrivers)
-	waitFor(t, "the new registrationDir to be applied", func() bool { return strings.Contains(logs.String(), "config reloaded") })
+	testkit.Eventually(t, 10*time.Second, "the new registrationDir to be applied", func() bool { return strings.Contains(logs.String(), "config reloaded") })
 	if strings.Contains(logs.String(), "config not applied") {
 		t.Errorf("the change was refused:\n%s", logs.String())
 	}
@@ -218,11 +187,11 @@ func TestRunRetriesTheOwnedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeConfig(t, dir, header+twoDrivers+"  - {name: extra.example.com, type: DRAPlugin, endpoint: /run/x/dra.sock}\n")
-	waitFor(t, "the failed record to be reported", func() bool { return strings.Contains(logs.String(), "retrying") })
+	testkit.Eventually(t, 10*time.Second, "the failed record to be reported", func() bool { return strings.Contains(logs.String(), "retrying") })
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the record to be written again", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the record to be written again", func() bool {
 		b, _ := os.ReadFile(filepath.Join(reg, registrar.OwnedName))
 		return strings.Contains(string(b), "extra.example.com-reg.sock")
 	})
@@ -251,12 +220,12 @@ func TestRunRetriesARefusedMove(t *testing.T) {
 	}
 	logs := startRun(t, "--config", cfg)
 	writeConfig(t, dir, header+filepath.Join(dir, "b")+twoDrivers)
-	waitFor(t, "the move to be refused", func() bool { return strings.Contains(logs.String(), "config not applied") })
+	testkit.Eventually(t, 10*time.Second, "the move to be refused", func() bool { return strings.Contains(logs.String(), "config not applied") })
 	other.Close()
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the move to be applied after SIGHUP", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the move to be applied after SIGHUP", func() bool {
 		return isSocket(filepath.Join(dir, "b", "gpu.example.com-reg.sock"))
 	})
 }
