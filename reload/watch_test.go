@@ -28,20 +28,13 @@ func waitCalls(t *testing.T, rec *recorder, n int, what string) []string {
 // quiet checks for a while that nothing more is applied.
 func quiet(t *testing.T, rec *recorder, d time.Duration) {
 	t.Helper()
-	end := time.NewTimer(d)
-	defer end.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-end.C:
-			return
-		case <-tick.C:
-			if got := rec.take(); len(got) != 0 {
-				t.Fatalf("applied again: %q", got)
-			}
+	testkit.Never(t, d, "applied again", func() bool {
+		got := rec.take()
+		if len(got) != 0 {
+			t.Logf("applied: %q", got)
 		}
-	}
+		return len(got) != 0
+	})
 }
 
 // watchesInPlace waits for the read the watcher asks for once its watches are in place (it
