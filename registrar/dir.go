@@ -141,8 +141,12 @@ func (d *Dir) Run(ctx context.Context) error {
 	}
 }
 
-// Close lets the next instance take the directory. The lock file stays.
+// Close lets the next instance take the directory. The lock file stays. A nil Dir closes
+// nothing.
 func (d *Dir) Close() error {
+	if d == nil {
+		return nil
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.lock.release()
