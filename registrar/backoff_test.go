@@ -52,9 +52,8 @@ func TestBackoffJitterBounds(t *testing.T) {
 // the interval, and at once when the context ends.
 func TestSleepWaitsTheInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d := &driver{}
 		start := time.Now()
-		if woken, ok := d.sleep(context.Background(), 90*time.Second, nil); woken || !ok {
+		if woken, ok := sleepUntil(context.Background(), 90*time.Second, nil, nil); woken || !ok {
 			t.Fatalf("sleep = %v, %v", woken, ok)
 		}
 		if got := time.Since(start); got != 90*time.Second {
@@ -67,7 +66,7 @@ func TestSleepWaitsTheInterval(t *testing.T) {
 			cancel()
 		}()
 		start = time.Now()
-		if _, ok := d.sleep(ctx, time.Hour, nil); ok {
+		if _, ok := sleepUntil(ctx, time.Hour, nil, nil); ok {
 			t.Error("sleep went on after its context ended")
 		}
 		if got := time.Since(start); got != 5*time.Second {

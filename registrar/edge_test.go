@@ -264,22 +264,6 @@ func TestEndpointDirectoryRecreatedWhileServing(t *testing.T) {
 	eventually(t, 5*time.Second, "the endpoint reported up", func() bool { return statusOf(s, d.Name).EndpointUp })
 }
 
-// watchesFor reports whether the supervisor's watcher watches dir for the file name.
-func watchesFor(s *Supervisor, dir, name string) bool {
-	s.w.mu.Lock()
-	defer s.w.mu.Unlock()
-	d, ok := s.w.dirs[dir]
-	if !ok || !d.active {
-		return false
-	}
-	for sub := range d.subs {
-		if sub.name == name {
-			return true
-		}
-	}
-	return false
-}
-
 // TestVerdictWithoutGetInfoIgnored: kubelet's client reconnects to a recreated socket at the
 // same path, so a verdict about an older socket can arrive on the new one, on a connection
 // that never asked the new one's GetInfo. It must not count.
