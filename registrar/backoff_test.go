@@ -3,6 +3,8 @@ package registrar
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -98,5 +100,31 @@ func TestRegistrationTimeoutGrows(t *testing.T) {
 		if p.timeout != tc.base {
 			t.Errorf("multiplier %v, base %s: after a registration %s, want %s", tc.multiplier, tc.base, p.timeout, tc.base)
 		}
+	}
+}
+
+// TestRegistrationBackoffIndependentOfEndpointWait: a long wait for the endpoint must not
+// make the first registration failure after it wait the longest interval.
+func TestRegistrationBackoffIndependentOfEndpointWait(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	if err := os.MkdirAll(filepath.Dir(ep), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	d.Backoff = config.Backoff{InitialInterval: 100 * time.Millisecond, MaxInterval: 30 * time.Second, Multiplier: 4}
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	// 100ms, 400ms, 1.6s: after about 2 s the endpoint wait is at 6.4 s.
+	eventually(t, 10*time.Second, "a long wait for the endpoint", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 3*time.Second
+	})
+	startEndpoint(t, ep, "") // wakes the loop at once
+	awaitSocket(t, d)
+	register(t, d.SocketPath, false, "no")
+	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
+	if wait := time.Until(statusOf(s, d.Name).NextAttempt); wait > time.Second {
+		t.Errorf("first registration retry in %s, want the initial interval (100ms)", wait)
 	}
 }
