@@ -106,21 +106,18 @@ func TestRegistrationTimeoutGrows(t *testing.T) {
 // TestRegistrationBackoffIndependentOfEndpointWait: a long wait for the endpoint must not
 // make the first registration failure after it wait the longest interval.
 func TestRegistrationBackoffIndependentOfEndpointWait(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	if err := os.MkdirAll(filepath.Dir(ep), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	d.Backoff = config.Backoff{InitialInterval: 100 * time.Millisecond, MaxInterval: 30 * time.Second, Multiplier: 4}
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d := setupWaiting(t, config.DevicePlugin, func(d *config.Driver) {
+		if err := os.MkdirAll(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		d.Backoff = config.Backoff{InitialInterval: 100 * time.Millisecond, MaxInterval: 30 * time.Second, Multiplier: 4}
+	})
 	// 100ms, 400ms, 1.6s: after about 2 s the endpoint wait is at 6.4 s.
 	eventually(t, 10*time.Second, "a long wait for the endpoint", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 3*time.Second
 	})
-	startEndpoint(t, ep, "") // wakes the loop at once
+	startEndpoint(t, d.LocalEndpoint, "") // wakes the loop at once
 	awaitSocket(t, d)
 	register(t, d.SocketPath, false, "no")
 	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })

@@ -26,13 +26,9 @@ func TestTypesMatchKubelet(t *testing.T) {
 }
 
 func TestRegistersAndAnswersGetInfo(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "csi.sock")
-	startEndpoint(t, ep, "nfs.csi.k8s.io")
-	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-	d.Endpoint = "/var/lib/kubelet/plugins/nfs/csi.sock" // what kubelet dials differs from what multireg sees
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.CSIPlugin, func(d *config.Driver) {
+		d.Endpoint = "/var/lib/kubelet/plugins/nfs/csi.sock" // what kubelet dials differs from what multireg sees
+	})
 
 	awaitSocket(t, d)
 	fi, err := os.Stat(d.SocketPath)
@@ -73,12 +69,7 @@ func TestRegistersAndAnswersGetInfo(t *testing.T) {
 }
 
 func TestRejectionRecreatesSocket(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dra.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "gpu.example.com", config.DRAPlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DRAPlugin, nil)
 
 	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
@@ -103,14 +94,10 @@ func TestRejectionRecreatesSocket(t *testing.T) {
 // the backoff wait, so that kubelet deregisters it (kubelet <= 1.35 keeps a plugin whose
 // registration failed until its socket goes).
 func TestRejectionRemovesSocketWhileBackingOff(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	d.Backoff.InitialInterval = time.Minute // stays in BackingOff for the test
-	d.Backoff.MaxInterval = time.Minute
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) {
+		d.Backoff.InitialInterval = time.Minute // stays in BackingOff for the test
+		d.Backoff.MaxInterval = time.Minute
+	})
 	awaitSocket(t, d)
 	register(t, d.SocketPath, false, "no")
 	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
@@ -124,14 +111,10 @@ func TestRejectionRemovesSocketWhileBackingOff(t *testing.T) {
 }
 
 func TestDeletedSocketIsRecreated(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "csi.sock")
-	startEndpoint(t, ep, "nfs.csi.k8s.io")
-	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-	d.Backoff.InitialInterval = time.Minute // recreation must not wait for a backoff
-	d.Backoff.MaxInterval = time.Minute
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.CSIPlugin, func(d *config.Driver) {
+		d.Backoff.InitialInterval = time.Minute // recreation must not wait for a backoff
+		d.Backoff.MaxInterval = time.Minute
+	})
 	awaitSocket(t, d)
 	registerAndWait(t, s, d)
 
@@ -148,12 +131,7 @@ func TestDeletedSocketIsRecreated(t *testing.T) {
 }
 
 func TestRegistrationDirectoryRecreated(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	_, d, _ := setup(t, config.DevicePlugin, nil)
 	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
 
@@ -181,13 +159,7 @@ func TestRegistrationDirectoryRecreated(t *testing.T) {
 }
 
 func TestRegistrationTimeoutRecreates(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	d.RegistrationTimeout = time.Second
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) { d.RegistrationTimeout = time.Second })
 	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
 	eventually(t, 5*time.Second, "socket recreated after the timeout", func() bool {
@@ -211,13 +183,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 // so the driver ends Registered; the registration brings the timeout back to the configured
 // one.
 func TestSlowRegistrationCompletes(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	d.RegistrationTimeout = time.Second
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) { d.RegistrationTimeout = time.Second })
 	stop := runSlowKubelet(t, d.SocketPath, 1500*time.Millisecond)
 	eventually(t, 20*time.Second, "Registered although kubelet takes 1.5s", func() bool { return statusOf(s, d.Name).Phase == Registered })
 	if st := statusOf(s, d.Name); st.Results[ResultTimeout] < 1 {
@@ -236,12 +202,7 @@ func TestSlowRegistrationCompletes(t *testing.T) {
 // TestStaleVerdictIgnored: while a restarted driver is probed, the old socket still serves;
 // a verdict that reaches it belongs to an older generation once the new socket is out.
 func TestStaleVerdictIgnored(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DevicePlugin, nil)
 	awaitSocket(t, d)
 
 	// Publish generation 2 by removing the socket; generation 1's server stops, so a late

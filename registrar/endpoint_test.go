@@ -11,18 +11,15 @@ import (
 )
 
 func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "csi.sock")
-	if err := os.MkdirAll(filepath.Dir(ep), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-	// After the first failed probe the loop would wait a minute; the endpoint's Create
-	// event must wake it at once.
-	d.Backoff.InitialInterval = time.Minute
-	d.Backoff.MaxInterval = time.Minute
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d := setupWaiting(t, config.CSIPlugin, func(d *config.Driver) {
+		if err := os.MkdirAll(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// After the first failed probe the loop would wait a minute; the endpoint's Create
+		// event must wake it at once.
+		d.Backoff.InitialInterval = time.Minute
+		d.Backoff.MaxInterval = time.Minute
+	})
 	eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == WaitingForEndpoint && strings.Contains(st.LastError, "does not accept connections")
@@ -30,7 +27,7 @@ func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
 	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
 		t.Fatalf("socket published before the endpoint is up: %v", err)
 	}
-	startEndpoint(t, ep, "nfs.csi.k8s.io")
+	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io")
 	eventually(t, 5*time.Second, "socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
 }
 
@@ -52,12 +49,7 @@ func TestCSINameMismatch(t *testing.T) {
 }
 
 func TestEndpointRestartReregisters(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "csi.sock")
-	e := startEndpoint(t, ep, "nfs.csi.k8s.io")
-	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, e := setup(t, config.CSIPlugin, nil)
 	awaitSocket(t, d)
 	registerAndWait(t, s, d)
 	first := mustID(t, d.SocketPath)
@@ -73,7 +65,7 @@ func TestEndpointRestartReregisters(t *testing.T) {
 	}
 
 	// The driver comes back: a new socket makes kubelet register it again.
-	startEndpoint(t, ep, "nfs.csi.k8s.io")
+	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io")
 	eventually(t, 5*time.Second, "socket recreated after the restart", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first
@@ -84,17 +76,12 @@ func TestEndpointRestartReregisters(t *testing.T) {
 // TestRestartUnderAnotherNameWithdraws: a CSI driver that comes back under another name
 // must not stay registered under the configured one.
 func TestRestartUnderAnotherNameWithdraws(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "csi.sock")
-	e := startEndpoint(t, ep, "nfs.csi.k8s.io")
-	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, e := setup(t, config.CSIPlugin, nil)
 	awaitSocket(t, d)
 	registerAndWait(t, s, d)
 
 	e.stop()
-	startEndpoint(t, ep, "other.csi.k8s.io")
+	startEndpoint(t, d.LocalEndpoint, "other.csi.k8s.io")
 	eventually(t, 5*time.Second, "socket withdrawn", func() bool {
 		_, err := os.Lstat(d.SocketPath)
 		return os.IsNotExist(err)
@@ -108,15 +95,12 @@ func TestRestartUnderAnotherNameWithdraws(t *testing.T) {
 // created its directory, whose creation cannot be watched; the driver must still be picked up
 // within seconds, not after the backoff interval.
 func TestEndpointDirectoryAppearsLater(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "csi.sock") // ep/ does not exist yet
-	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
-	d.Backoff.InitialInterval = time.Minute
-	d.Backoff.MaxInterval = time.Minute
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d := setupWaiting(t, config.CSIPlugin, func(d *config.Driver) { // ep/ does not exist yet
+		d.Backoff.InitialInterval = time.Minute
+		d.Backoff.MaxInterval = time.Minute
+	})
 	eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool { return statusOf(s, d.Name).Phase == WaitingForEndpoint })
-	startEndpoint(t, ep, "nfs.csi.k8s.io") // creates the directory, then the socket
+	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io") // creates the directory, then the socket
 	eventually(t, 5*time.Second, "the socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
 }
 
@@ -152,17 +136,12 @@ func TestEndpointDirectoriesAppearLevelByLevel(t *testing.T) {
 // published at once; the endpoint's directory, missing then, is watched for through its
 // ancestor, and the endpoint is reported up as soon as it exists.
 func TestEndpointDirectoryRecreatedWhileServing(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	d.WaitForEndpoint = false
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d := setupWaiting(t, config.DevicePlugin, func(d *config.Driver) { d.WaitForEndpoint = false })
 	awaitSocket(t, d)
 	if statusOf(s, d.Name).EndpointUp {
 		t.Fatal("endpoint up before it exists")
 	}
-	startEndpoint(t, ep, "")
+	startEndpoint(t, d.LocalEndpoint, "")
 	eventually(t, 5*time.Second, "the endpoint reported up", func() bool { return statusOf(s, d.Name).EndpointUp })
 }
 
@@ -186,16 +165,11 @@ func TestEndpointUpInSharedDirectory(t *testing.T) {
 // TestEndpointChmodIsNoRestart: drivers often chmod their socket after listening; that is no
 // restart and must not re-register the plugin.
 func TestEndpointChmodIsNoRestart(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DevicePlugin, nil)
 	awaitSocket(t, d)
 	registerAndWait(t, s, d)
 	first := mustID(t, d.SocketPath)
-	if err := os.Chmod(ep, 0o660); err != nil {
+	if err := os.Chmod(d.LocalEndpoint, 0o660); err != nil {
 		t.Fatal(err)
 	}
 	never(t, 1500*time.Millisecond, "a chmod of the endpoint re-registered the driver", func() bool {

@@ -82,6 +82,50 @@ func testDriver(dir, name, typ, endpoint string) config.Driver {
 	}
 }
 
+// fixtureDrivers names, by type, the driver setup starts and its endpoint's socket.
+var fixtureDrivers = map[string]struct{ name, socket string }{
+	config.CSIPlugin:    {"nfs.csi.k8s.io", "csi.sock"},
+	config.DevicePlugin: {"vendor.example/gpu", "dp.sock"},
+	config.DRAPlugin:    {"gpu.example.com", "dra.sock"},
+}
+
+// setup is the start most loop tests share. In a short directory: the endpoint of a driver of
+// type typ, served at ep/ (a CSI driver's answers with the driver's name), and the driver
+// (see testDriver and fixtureDrivers), started on a supervisor that runs until the test ends.
+// before, if not nil, runs before the driver starts and may adjust it.
+func setup(t *testing.T, typ string, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
+	return setupDriver(t, typ, true, before)
+}
+
+// setupWaiting is setup without the endpoint: the driver waits for it.
+func setupWaiting(t *testing.T, typ string, before func(*config.Driver)) (*Supervisor, config.Driver) {
+	t.Helper()
+	s, d, _ := setupDriver(t, typ, false, before)
+	return s, d
+}
+
+func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
+	dir := shortDir(t)
+	n := fixtureDrivers[typ]
+	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", n.socket))
+	if before != nil {
+		before(&d)
+	}
+	var e *endpoint
+	if serve {
+		csiName := ""
+		if typ == config.CSIPlugin {
+			csiName = d.Name
+		}
+		e = startEndpoint(t, d.LocalEndpoint, csiName)
+	}
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	return s, d, e
+}
+
 // runSupervisor starts a supervisor and stops it, waiting for every loop, when the test ends.
 func runSupervisor(t *testing.T, opts Options) *Supervisor {
 	t.Helper()

@@ -15,12 +15,7 @@ import (
 // same path, so a verdict about an older socket can arrive on the new one, on a connection
 // that never asked the new one's GetInfo. It must not count.
 func TestVerdictWithoutGetInfoIgnored(t *testing.T) {
-	dir := shortDir(t)
-	ep := filepath.Join(dir, "ep", "dp.sock")
-	startEndpoint(t, ep, "")
-	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
+	s, d, _ := setup(t, config.DevicePlugin, nil)
 	awaitSocket(t, d)
 	late := dialKubelet(t, d.SocketPath)
 	late.notify(t, false, "about an older socket")

@@ -97,14 +97,10 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 func TestSocketPublishedOnceTheWayIsClear(t *testing.T) {
 	for _, kind := range []string{"file", "directory", "symlink"} {
 		t.Run(kind, func(t *testing.T) {
-			dir := shortDir(t)
-			ep := filepath.Join(dir, "ep", "dp.sock")
-			startEndpoint(t, ep, "")
-			d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-			d.Backoff = config.Backoff{InitialInterval: time.Minute, MaxInterval: time.Minute, Multiplier: 2}
-			block(t, kind, d.SocketPath)
-			s := runSupervisor(t, Options{})
-			s.Start(d)
+			s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) {
+				d.Backoff = config.Backoff{InitialInterval: time.Minute, MaxInterval: time.Minute, Multiplier: 2}
+				block(t, kind, d.SocketPath)
+			})
 			eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
 				st := statusOf(s, d.Name)
 				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket")

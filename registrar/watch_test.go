@@ -215,18 +215,15 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 	}
 	for _, dirExists := range []bool{false, true} {
 		t.Run(fmt.Sprintf("endpoint directory exists=%v", dirExists), func(t *testing.T) {
-			dir := shortDir(t)
-			ep := filepath.Join(dir, "ep", "dp.sock")
-			if dirExists {
-				if err := os.Mkdir(filepath.Dir(ep), 0o755); err != nil {
-					t.Fatal(err)
+			s, d := setupWaiting(t, config.DevicePlugin, func(d *config.Driver) {
+				if dirExists {
+					if err := os.Mkdir(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
-			d.Backoff.InitialInterval = time.Minute
-			d.Backoff.MaxInterval = time.Minute
-			s := runSupervisor(t, Options{})
-			s.Start(d)
+				d.Backoff.InitialInterval = time.Minute
+				d.Backoff.MaxInterval = time.Minute
+			})
 			probeInAMinute := func() bool {
 				st := statusOf(s, d.Name)
 				return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 30*time.Second
@@ -234,12 +231,12 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 			eventually(t, 5*time.Second, "the first probe failed, the next in a minute", probeInAMinute)
 			never(t, 1500*time.Millisecond, "a probe before the backoff ended, with nothing at the endpoint", func() bool { return !probeInAMinute() })
 
-			e := startEndpoint(t, ep, "")
+			e := startEndpoint(t, d.LocalEndpoint, "")
 			awaitSocket(t, d)
 			registerAndWait(t, s, d)
 			first := mustID(t, d.SocketPath)
 			e.stop()
-			startEndpoint(t, ep, "")
+			startEndpoint(t, d.LocalEndpoint, "")
 			eventually(t, 5*time.Second, "the socket recreated after the endpoint restarted", func() bool {
 				id, _, err := statID(d.SocketPath)
 				return err == nil && id != first
