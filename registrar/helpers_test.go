@@ -136,17 +136,23 @@ func runSupervisor(t *testing.T, opts Options) *Supervisor {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runUntilEnd(t, func(ctx context.Context) { s.Run(ctx) })
+	return s
+}
+
+// runUntilEnd runs run in a goroutine until the test ends: then its context is cancelled and
+// the test waits for it to return.
+func runUntilEnd(t *testing.T, run func(context.Context)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.Run(ctx)
+		run(ctx)
 	}()
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	return s
 }
 
 // never checks for a while that cond does not become true: an assertion of absence.

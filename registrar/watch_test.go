@@ -1,7 +1,6 @@
 package registrar
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,16 +17,7 @@ func testWatcher(t *testing.T) *watcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runUntilEnd(t, w.run)
 	return w
 }
 
@@ -39,10 +29,16 @@ func subscribe(t *testing.T, w *watcher, path string) *subscription {
 }
 
 // changes waits until s has reported every bit of want, and returns all that it reported.
+// Bits print as dirGone|lost|changed|created.
 func changes(t *testing.T, s *subscription, want change) change {
 	t.Helper()
 	var got change
-	eventually(t, 5*time.Second, fmt.Sprintf("changes %05b (got %05b)", want, got), func() bool {
+	defer func() {
+		if t.Failed() {
+			t.Logf("the subscription reported %04b", got)
+		}
+	}()
+	eventually(t, 5*time.Second, fmt.Sprintf("the subscription to report %04b", want), func() bool {
 		select {
 		case <-s.c:
 			got |= s.take()
@@ -93,23 +89,23 @@ func TestSubscriptionReportsWhatHappened(t *testing.T) {
 	path := filepath.Join(dir, "f")
 	s := subscribe(t, testWatcher(t), path)
 	if got := s.take(); got != 0 {
-		t.Errorf("reported %05b before anything happened", got)
+		t.Errorf("reported %04b before anything happened", got)
 	}
 	renameInto(t, path)
 	if got := changes(t, s, evCreated); got != evCreated {
-		t.Errorf("a file renamed into place: %05b, want only created", got)
+		t.Errorf("a file renamed into place: %04b, want only created", got)
 	}
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if got := changes(t, s, evChanged); got&evCreated != 0 {
-		t.Errorf("a chmod: %05b, reported as a creation", got)
+		t.Errorf("a chmod: %04b, reported as a creation", got)
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	if got := changes(t, s, evChanged); got&evCreated != 0 {
-		t.Errorf("a removal: %05b, reported as a creation", got)
+		t.Errorf("a removal: %04b, reported as a creation", got)
 	}
 }
 
