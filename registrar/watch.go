@@ -31,6 +31,9 @@ const dirPollInterval = time.Second
 //   - where inotify refuses a watch (its watch limit), it looks at the file itself every
 //     dirPollInterval.
 //
+// The mending runs in take, on the owner's goroutine (dispatch never adds a watch, see opsMu),
+// and a look is due when a timer kicks the subscription: no goroutine runs for it.
+//
 // A wake-up is only a hint: it may be coalesced or spurious, and take says what it may mean.
 // The owner looks at the file itself to decide what happened.
 type watcher struct {
