@@ -3,6 +3,8 @@ package registrar
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -52,9 +54,8 @@ func TestBackoffJitterBounds(t *testing.T) {
 // the interval, and at once when the context ends.
 func TestSleepWaitsTheInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d := &driver{}
 		start := time.Now()
-		if woken, ok := d.sleep(context.Background(), 90*time.Second, nil); woken || !ok {
+		if woken, ok := sleepUntil(context.Background(), 90*time.Second, nil, nil); woken || !ok {
 			t.Fatalf("sleep = %v, %v", woken, ok)
 		}
 		if got := time.Since(start); got != 90*time.Second {
@@ -67,7 +68,7 @@ func TestSleepWaitsTheInterval(t *testing.T) {
 			cancel()
 		}()
 		start = time.Now()
-		if _, ok := d.sleep(ctx, time.Hour, nil); ok {
+		if _, ok := sleepUntil(ctx, time.Hour, nil, nil); ok {
 			t.Error("sleep went on after its context ended")
 		}
 		if got := time.Since(start); got != 5*time.Second {
@@ -99,5 +100,28 @@ func TestRegistrationTimeoutGrows(t *testing.T) {
 		if p.timeout != tc.base {
 			t.Errorf("multiplier %v, base %s: after a registration %s, want %s", tc.multiplier, tc.base, p.timeout, tc.base)
 		}
+	}
+}
+
+// TestRegistrationBackoffIndependentOfEndpointWait: a long wait for the endpoint must not
+// make the first registration failure after it wait the longest interval.
+func TestRegistrationBackoffIndependentOfEndpointWait(t *testing.T) {
+	s, d := setupWaiting(t, config.DevicePlugin, func(d *config.Driver) {
+		if err := os.MkdirAll(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		d.Backoff = config.Backoff{InitialInterval: 100 * time.Millisecond, MaxInterval: 30 * time.Second, Multiplier: 4}
+	})
+	// 100ms, 400ms, 1.6s: after about 2 s the endpoint wait is at 6.4 s.
+	eventually(t, 10*time.Second, "a long wait for the endpoint", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 3*time.Second
+	})
+	startEndpoint(t, d.LocalEndpoint, "") // wakes the loop at once
+	awaitSocket(t, d)
+	register(t, d.SocketPath, false, "no")
+	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
+	if wait := time.Until(statusOf(s, d.Name).NextAttempt); wait > time.Second {
+		t.Errorf("first registration retry in %s, want the initial interval (100ms)", wait)
 	}
 }

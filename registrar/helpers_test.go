@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,6 +82,50 @@ func testDriver(dir, name, typ, endpoint string) config.Driver {
 	}
 }
 
+// fixtureDrivers names, by type, the driver setup starts and its endpoint's socket.
+var fixtureDrivers = map[string]struct{ name, socket string }{
+	config.CSIPlugin:    {"nfs.csi.k8s.io", "csi.sock"},
+	config.DevicePlugin: {"vendor.example/gpu", "dp.sock"},
+	config.DRAPlugin:    {"gpu.example.com", "dra.sock"},
+}
+
+// setup is the start most loop tests share. In a short directory: the endpoint of a driver of
+// type typ, served at ep/ (a CSI driver's answers with the driver's name), and the driver
+// (see testDriver and fixtureDrivers), started on a supervisor that runs until the test ends.
+// before, if not nil, runs before the driver starts and may adjust it.
+func setup(t *testing.T, typ string, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
+	return setupDriver(t, typ, true, before)
+}
+
+// setupWaiting is setup without the endpoint: the driver waits for it.
+func setupWaiting(t *testing.T, typ string, before func(*config.Driver)) (*Supervisor, config.Driver) {
+	t.Helper()
+	s, d, _ := setupDriver(t, typ, false, before)
+	return s, d
+}
+
+func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
+	dir := shortDir(t)
+	n := fixtureDrivers[typ]
+	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", n.socket))
+	if before != nil {
+		before(&d)
+	}
+	var e *endpoint
+	if serve {
+		csiName := ""
+		if typ == config.CSIPlugin {
+			csiName = d.Name
+		}
+		e = startEndpoint(t, d.LocalEndpoint, csiName)
+	}
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	return s, d, e
+}
+
 // runSupervisor starts a supervisor and stops it, waiting for every loop, when the test ends.
 func runSupervisor(t *testing.T, opts Options) *Supervisor {
 	t.Helper()
@@ -90,17 +136,23 @@ func runSupervisor(t *testing.T, opts Options) *Supervisor {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runUntilEnd(t, func(ctx context.Context) { s.Run(ctx) })
+	return s
+}
+
+// runUntilEnd runs run in a goroutine until the test ends: then its context is cancelled and
+// the test waits for it to return.
+func runUntilEnd(t *testing.T, run func(context.Context)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.Run(ctx)
+		run(ctx)
 	}()
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	return s
 }
 
 // never checks for a while that cond does not become true: an assertion of absence.
@@ -345,4 +397,46 @@ func registerSlowly(ctx context.Context, path string, delay time.Duration) error
 		return fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}
 	return nil
+}
+
+// watchLimitEnv tells a test process that it runs in a user namespace of its own, and which
+// inotify watch limit to set there: "<the parent's user namespace>,<watches>".
+const watchLimitEnv = "MULTIREG_TEST_INOTIFY_WATCHES"
+
+// atWatchLimit runs the calling test at inotify's watch limit. inotify's limit is per user
+// namespace: the test runs again in a child process, in a user namespace of its own whose
+// limit is watches; nothing outside the child is touched. It returns true in the child, where
+// the test goes on, and false in the parent, which has reported the child's result.
+func atWatchLimit(t *testing.T, watches int) bool {
+	t.Helper()
+	self, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		t.Skipf("no user namespaces: %v", err)
+	}
+	if v := os.Getenv(watchLimitEnv); v != "" {
+		parent, limit, _ := strings.Cut(v, ",")
+		if self == parent {
+			t.Fatalf("the child runs in its parent's user namespace (%s): the host's inotify limit is left alone", self)
+		}
+		if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte(limit), 0); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d", watchLimitEnv, self, watches))
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+	}
+	out, err := cmd.CombinedOutput()
+	if _, exited := errors.AsType[*exec.ExitError](err); err != nil && !exited {
+		t.Skipf("cannot start a process in a user namespace of its own: %v", err)
+	}
+	t.Logf("at an inotify watch limit of %d:\n%s", watches, out)
+	if err != nil {
+		t.Fatalf("the test failed at the watch limit: %v", err)
+	}
+	return false
 }

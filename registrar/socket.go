@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -245,4 +246,28 @@ func removeIfOurs(path string, id fileID) (bool, error) {
 		return false, fmt.Errorf("remove socket: %w", err)
 	}
 	return true, nil
+}
+
+// removeStale removes a socket at path that nothing listens on: one left by an earlier run.
+// A live socket (another registrar's) and anything that is not a socket stay.
+func removeStale(path string) error {
+	if exists, err := checkSocketOrMissing(path); !exists || err != nil {
+		var ns *notSocketError
+		if errors.As(err, &ns) {
+			return nil
+		}
+		return err
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return nil // someone serves it
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }

@@ -1,6 +1,9 @@
 package registrar
 
-import "time"
+import (
+	"maps"
+	"time"
+)
 
 // Phase is where a driver's loop stands.
 type Phase string
@@ -65,3 +68,69 @@ const (
 	ReasonSocketRemoved     = "socket_removed"
 	ReasonEndpointRestarted = "endpoint_restarted"
 )
+
+// What each ending is counted as: the attempt's result, and the reason its socket is
+// recreated. An attempt cut short (its socket removed, its driver restarted) has no result.
+var (
+	resultOf = map[ending]string{
+		endRegistered:    ResultRegistered,
+		endRejected:      ResultRejected,
+		endTimeout:       ResultTimeout,
+		endPublishFailed: ResultPublishFailed,
+	}
+	recreationOf = map[ending]string{
+		endRejected:          ReasonRejected,
+		endTimeout:           ReasonTimeout,
+		endSocketRemoved:     ReasonSocketRemoved,
+		endEndpointRestarted: ReasonEndpointRestarted,
+	}
+)
+
+// status returns a snapshot of the loop's state.
+func (d *driver) status() DriverStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.st
+	st.Results = maps.Clone(d.st.Results)
+	st.Recreations = maps.Clone(d.st.Recreations)
+	return st
+}
+
+// record counts how an attempt or its socket generation ended.
+func (d *driver) record(e ending) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r, ok := resultOf[e]; ok {
+		d.st.Results[r]++
+	}
+	if r, ok := recreationOf[e]; ok {
+		d.st.Recreations[r]++
+	}
+}
+
+// update sets the phase, the last error and the next attempt, and logs a phase change.
+func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
+	d.mu.Lock()
+	changed := d.st.Phase != p
+	if changed {
+		d.st.Phase = p
+		d.st.Since = time.Now()
+	}
+	if lastErr != "" || p == Registered {
+		d.st.LastError = lastErr
+	}
+	d.st.NextAttempt = nextAttempt
+	d.mu.Unlock()
+	if changed {
+		d.log.Info("phase changed", "phase", p) // the reason is logged where it arises
+	}
+}
+
+// setEndpointUp records the endpoint's state and reports whether it changed.
+func (d *driver) setEndpointUp(up bool) bool {
+	d.mu.Lock()
+	changed := d.st.EndpointUp != up
+	d.st.EndpointUp = up
+	d.mu.Unlock()
+	return changed
+}

@@ -1,11 +1,13 @@
 package registrar
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,5 +91,106 @@ func TestHungEndpointDoesNotDelayOthers(t *testing.T) {
 	})
 	if isSocket(hd.SocketPath) {
 		t.Error("a socket was published for a hung endpoint")
+	}
+}
+
+// TestConcurrentStartsOfOneName: concurrent restarts of one driver leave exactly one loop,
+// which Stop stops.
+func TestConcurrentStartsOfOneName(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	startEndpoint(t, ep, "")
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	s := runSupervisor(t, Options{})
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() { s.Start(d) })
+	}
+	wg.Wait()
+	awaitSocket(t, d)
+	s.Stop(d.Name)
+	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
+		t.Fatalf("socket after Stop: %v", err)
+	}
+	never(t, time.Second, "a loop survived Stop and published again", func() bool {
+		_, err := os.Lstat(d.SocketPath)
+		return err == nil
+	})
+}
+
+func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	startEndpoint(t, ep, "")
+	a := testDriver(dir, "vendor.example/a", config.DevicePlugin, ep)
+	b := testDriver(dir, "vendor.example/b", config.DevicePlugin, ep)
+
+	s, err := New(Options{Log: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	s.Start(a)
+	s.Start(b)
+	eventually(t, 5*time.Second, "both sockets", func() bool { return isSocket(a.SocketPath) && isSocket(b.SocketPath) })
+
+	s.Stop(a.Name) // blocks until the loop has exited
+	if _, err := os.Lstat(a.SocketPath); !os.IsNotExist(err) {
+		t.Errorf("socket of a stopped driver: %v, want removed", err)
+	}
+	if len(s.Status()) != 1 {
+		t.Errorf("status lists %d drivers after Stop, want 1", len(s.Status()))
+	}
+	s.Stop("unknown") // no-op
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5s")
+	}
+	if !isSocket(b.SocketPath) {
+		t.Error("shutdown removed a socket; it must stay so kubelet keeps the plugin")
+	}
+	s.Start(a) // after Run: nothing
+	if len(s.Status()) != 0 {
+		t.Error("Start after Run started a loop")
+	}
+}
+
+func TestCleanupOnExitRemovesSockets(t *testing.T) {
+	dir := shortDir(t)
+	ep := filepath.Join(dir, "ep", "dp.sock")
+	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
+	// A stale socket from an earlier run, never replaced because the endpoint is down.
+	stale := testDriver(dir, "vendor.example/stale", config.DevicePlugin, filepath.Join(dir, "ep", "none.sock"))
+	if err := os.MkdirAll(filepath.Dir(stale.SocketPath), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	l, err := listenUnlinked(stale.SocketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close() // the file stays, nothing listens: stale
+	startEndpoint(t, ep, "")
+
+	s, err := New(Options{Log: testLogger(t), CleanupOnExit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	s.Start(d)
+	s.Start(stale)
+	awaitSocket(t, d)
+	cancel()
+	<-done
+	for _, p := range []string{d.SocketPath, stale.SocketPath} {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after shutdown with cleanup: %v, want removed", p, err)
+		}
 	}
 }

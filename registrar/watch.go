@@ -3,30 +3,48 @@ package registrar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/fsnotify/fsnotify"
 )
 
+// dirPollInterval paces the look at a file for which inotify refuses every watch (its watch
+// limit). It only runs in that state.
+const dirPollInterval = time.Second
+
 // watcher shares one inotify instance among every loop of the process. Linux allows 128
 // inotify instances per user by default; one per driver would stop at 128 drivers.
 //
-// A subscription names one file. Any event on that file, the loss of its directory's watch
-// (the directory was deleted or moved) or a queue overflow marks the subscription and wakes
-// its owner. Events are only hints: the owner looks at the file itself to decide what
-// happened, so a coalesced or spurious wake-up is harmless.
+// A subscription names one file and keeps one promise to its owner: from subscribe on, the
+// owner is woken when the file may have changed. It keeps the promise by itself:
+//   - it watches the file's directory, and watches it again after its watch was lost (the
+//     directory was deleted or moved);
+//   - while the directory is missing, it watches the nearest existing ancestor and descends as
+//     the missing directories appear;
+//   - where inotify refuses a watch (its watch limit), it looks at the file itself every
+//     dirPollInterval.
+//
+// The mending runs in take, on the owner's goroutine (dispatch never adds a watch, see opsMu),
+// and a look is due when a timer kicks the subscription: no goroutine runs for it.
+//
+// A wake-up is only a hint: it may be coalesced or spurious, and take says what it may mean.
+// The owner looks at the file itself to decide what happened.
 type watcher struct {
 	fs  *fsnotify.Watcher
 	log *slog.Logger
 
-	// opsMu serializes adding and removing inotify watches. It is never taken by dispatch:
-	// fsnotify may hold its own lock while it waits for dispatch to read an event.
+	// opsMu serializes adding and removing inotify watches, and with them the moves of
+	// subscriptions between directories. It is never taken by dispatch: fsnotify may hold its
+	// own lock while it waits for dispatch to read an event.
 	opsMu sync.Mutex
-	// mu guards dirs.
+	// mu guards dirs, and where each subscription is registered.
 	mu   sync.Mutex
 	dirs map[string]*watchedDir
 }
@@ -37,23 +55,39 @@ type watchedDir struct {
 	subs   map[*subscription]struct{}
 }
 
-// Wake-up reasons a subscription accumulates until its owner reads them.
+// change is what may have happened to a subscription's file since its owner last took the
+// changes. The bits accumulate until taken.
+type change uint8
+
 const (
-	evCreate  = 1 << iota // the file was created or renamed into place
-	evChange              // removed, renamed away, attributes changed
-	evDirGone             // the directory's watch is gone: the file can no longer be watched
-	evResync              // events may have been lost
+	evCreated change = 1 << iota // the file was created or renamed into place
+	evChanged                    // removed, renamed away, attributes changed
+	evLost                       // events may have been lost: only a look at the file tells
+	evDirGone                    // the file's directory was removed or moved away
+	evMend                       // internal, never taken: the watch must be mended
 )
 
-// subscription is one loop's interest in one file.
+// subscription is one loop's interest in one file. Only its owner's goroutine calls take and
+// close.
 type subscription struct {
 	w    *watcher
-	dir  string
-	name string
+	path string
+	dir  string        // the file's directory
+	name string        // the file's name in dir
 	c    chan struct{} // capacity 1: a pending wake-up
 
+	// Where the subscription is registered, written by its owner under w.mu: at is dir or,
+	// while dir is missing, its nearest existing ancestor; want is the name awaited in at
+	// (the file's, or the next missing directory's).
+	at, want string
+
 	mu     sync.Mutex
-	events int
+	events change
+
+	// While inotify refuses the watch: the timer of the next look, and the file at the last.
+	poll       *time.Timer
+	seen       fileID
+	seenExists bool
 }
 
 func newWatcher(log *slog.Logger) (*watcher, error) {
@@ -100,7 +134,7 @@ func (w *watcher) run(ctx context.Context) {
 				return
 			}
 			w.log.Warn("file watch error; rechecking every watched file", "err", err)
-			w.kickAll(evResync)
+			w.kickAll(evLost | evMend)
 		}
 	}
 }
@@ -113,7 +147,11 @@ func (w *watcher) dispatch(ev fsnotify.Event) {
 		d.active = false
 		d.lost++
 		for s := range d.subs {
-			s.kick(evDirGone)
+			if s.at == s.dir {
+				s.kick(evDirGone | evMend)
+			} else {
+				s.kick(evMend) // an ancestor: watch a higher one
+			}
 		}
 	}
 	d, ok := w.dirs[filepath.Dir(ev.Name)]
@@ -122,18 +160,19 @@ func (w *watcher) dispatch(ev fsnotify.Event) {
 	}
 	base := filepath.Base(ev.Name)
 	for s := range d.subs {
-		if s.name != base {
-			continue
-		}
-		if ev.Has(fsnotify.Create) {
-			s.kick(evCreate)
-		} else {
-			s.kick(evChange)
+		switch {
+		case s.want != base:
+		case s.at != s.dir:
+			s.kick(evMend) // a directory on the way to the file: watch deeper
+		case ev.Has(fsnotify.Create):
+			s.kick(evCreated)
+		default:
+			s.kick(evChanged)
 		}
 	}
 }
 
-func (w *watcher) kickAll(what int) {
+func (w *watcher) kickAll(what change) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, d := range w.dirs {
@@ -143,111 +182,42 @@ func (w *watcher) kickAll(what int) {
 	}
 }
 
-// subscribe returns a subscription for path and tries to watch its directory. It never
-// fails: when the directory cannot be watched (it does not exist yet), watching reports
-// false and the owner calls rewatch later.
+// subscribe returns a subscription for path, whose promise holds from the return on. It never
+// fails: what cannot be watched is looked at.
 func (w *watcher) subscribe(path string) *subscription {
-	s := &subscription{w: w, dir: filepath.Dir(path), name: filepath.Base(path), c: make(chan struct{}, 1)}
-	w.mu.Lock()
-	d, ok := w.dirs[s.dir]
-	if !ok {
-		d = &watchedDir{subs: map[*subscription]struct{}{}}
-		w.dirs[s.dir] = d
-	}
-	d.subs[s] = struct{}{}
-	w.mu.Unlock()
+	s := &subscription{w: w, path: path, dir: filepath.Dir(path), name: filepath.Base(path), c: make(chan struct{}, 1)}
+	s.mend() // what it reports is moot: the owner looks at the file after subscribing
 	return s
 }
 
-// rewatch makes sure the subscription's directory is watched. It reports whether a new
-// watch was put in place (events may have been missed before it) and fails when the
-// directory cannot be watched.
-func (s *subscription) rewatch() (renewed bool, err error) {
-	w := s.w
-	w.opsMu.Lock()
-	defer w.opsMu.Unlock()
-	w.mu.Lock()
-	d := w.dirs[s.dir]
-	active, lost := d.active, d.lost
-	w.mu.Unlock()
-	if active {
-		return false, nil
+// take returns and clears what may have happened to the file since the last take. It mends
+// the watch first when that is due, and then reports evLost if events may have been missed.
+func (s *subscription) take() change {
+	s.mu.Lock()
+	ev := s.events
+	s.events = 0
+	s.mu.Unlock()
+	if ev&evMend != 0 {
+		ev |= s.mend()
 	}
-	if err := w.fs.Add(s.dir); err != nil {
-		return false, err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if d.lost != lost {
-		return false, errors.New("directory vanished while it was being watched")
-	}
-	d.active = true
-	return true, nil
+	return ev &^ evMend
 }
 
-// ancestor returns a subscription that is kicked with evCreate when the next missing component
-// of the subscription's directory is created: the directory does not exist, so it cannot be
-// watched, but its nearest existing ancestor can. It reports appeared when the directory, or
-// that component, exists after all (it was created meanwhile); then it returns no
-// subscription. The caller closes the subscription it gets.
-func (s *subscription) ancestor() (anc *subscription, appeared bool, err error) {
-	missing := s.dir
-	for {
-		parent := filepath.Dir(missing)
-		if parent == missing {
-			return nil, true, nil // the root exists
-		}
-		if _, err := os.Stat(parent); err == nil {
-			break
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			return nil, false, err
-		}
-		missing = parent
-	}
-	if _, err := os.Stat(missing); err == nil {
-		return nil, true, nil
-	}
-	anc = s.w.subscribe(missing)
-	if _, err := anc.rewatch(); err != nil {
-		anc.close()
-		return nil, false, err
-	}
-	// Created between the look and the watch: its event is lost, say so now.
-	if _, err := os.Stat(missing); err == nil {
-		anc.close()
-		return nil, true, nil
-	}
-	return anc, false, nil
-}
-
-// watching reports whether the subscription's directory is watched.
-func (s *subscription) watching() bool {
-	s.w.mu.Lock()
-	defer s.w.mu.Unlock()
-	return s.w.dirs[s.dir].active
-}
-
-// close ends the subscription; the directory's watch is dropped with its last subscription.
+// close ends the subscription; a directory's watch is dropped with its last subscription.
 func (s *subscription) close() {
 	w := s.w
 	w.opsMu.Lock()
 	defer w.opsMu.Unlock()
+	if s.poll != nil {
+		s.poll.Stop()
+	}
 	w.mu.Lock()
-	d := w.dirs[s.dir]
-	delete(d.subs, s)
-	last, active := len(d.subs) == 0, d.active
-	if last {
-		delete(w.dirs, s.dir)
-	}
+	unwatch := w.leaveLocked(s)
 	w.mu.Unlock()
-	if last && active {
-		if err := w.fs.Remove(s.dir); err != nil && !errors.Is(err, fsnotify.ErrNonExistentWatch) && !errors.Is(err, fsnotify.ErrClosed) {
-			w.log.Debug("unwatch", "dir", s.dir, "err", err)
-		}
-	}
+	w.unwatch(unwatch)
 }
 
-func (s *subscription) kick(what int) {
+func (s *subscription) kick(what change) {
 	s.mu.Lock()
 	s.events |= what
 	s.mu.Unlock()
@@ -257,11 +227,141 @@ func (s *subscription) kick(what int) {
 	}
 }
 
-// take returns and clears the accumulated wake-up reasons.
-func (s *subscription) take() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.events
-	s.events = 0
-	return e
+// mend puts in place what keeps the promise: the watch of the file's directory, or of its
+// nearest existing ancestor, or else a look every dirPollInterval. It reports evLost when a
+// watch was added or moved (events before it are lost), and while polling what the look found.
+func (s *subscription) mend() change {
+	w := s.w
+	w.opsMu.Lock()
+	defer w.opsMu.Unlock()
+	was := s.at
+	added, err := s.place()
+	if err != nil {
+		return s.look(err)
+	}
+	if s.poll != nil {
+		s.poll.Stop()
+		s.poll = nil
+		w.log.Info("watching a file's directory again", "path", s.path, "dir", s.at)
+		return evLost
+	}
+	if added || s.at != was {
+		return evLost
+	}
+	return 0
+}
+
+// place registers the subscription where a watch serves it: in the file's directory or, while
+// that is missing, in its nearest existing ancestor, awaiting the next missing directory. It
+// reports whether it added a watch, and fails where inotify refuses one. The caller holds opsMu.
+func (s *subscription) place() (added bool, err error) {
+	at, want := s.dir, s.name
+	for {
+		added, err = s.w.watchAt(s, at, want)
+		if err == nil {
+			break
+		}
+		parent := filepath.Dir(at)
+		if !errors.Is(err, fs.ErrNotExist) || parent == at {
+			return false, err
+		}
+		at, want = parent, filepath.Base(at)
+	}
+	if at != s.dir {
+		// Created between the failed watch below and this one: its event is lost, mend again.
+		if _, err := os.Stat(filepath.Join(at, want)); err == nil {
+			s.kick(evMend)
+		}
+	}
+	return added, nil
+}
+
+// look is the poll, while inotify refuses the watch the subscription needs: it reports how the
+// file differs from the last look, and schedules the next. The caller holds opsMu.
+func (s *subscription) look(watchErr error) change {
+	id, _, err := statID(s.path)
+	exists := err == nil
+	prev, existed := s.seen, s.seenExists
+	s.seen, s.seenExists = id, exists
+	if s.poll == nil {
+		if errors.Is(watchErr, syscall.ENOSPC) {
+			watchErr = fmt.Errorf("%w: inotify's watch limit is reached (sysctl fs.inotify.max_user_watches)", watchErr)
+		}
+		s.w.log.Warn("cannot watch a file's directory; looking at the file every "+dirPollInterval.String(), "path", s.path, "err", watchErr)
+		s.poll = time.AfterFunc(dirPollInterval, func() { s.kick(evMend) })
+		return evLost // what happened before the first look is unknown
+	}
+	s.poll.Reset(dirPollInterval)
+	switch {
+	case exists && (!existed || id.key() != prev.key()):
+		return evCreated
+	case exists && id != prev:
+		return evChanged | evLost // its attributes changed, or a new file got the inode back
+	case !exists && existed:
+		return evChanged
+	}
+	return 0
+}
+
+// watchAt registers s in dir, awaiting want there, and makes sure dir is watched. It reports
+// whether it added the watch. The caller holds opsMu.
+func (w *watcher) watchAt(s *subscription, dir, want string) (added bool, err error) {
+	w.mu.Lock()
+	var unwatch string
+	if s.at != dir {
+		unwatch = w.leaveLocked(s)
+		d, ok := w.dirs[dir]
+		if !ok {
+			d = &watchedDir{subs: map[*subscription]struct{}{}}
+			w.dirs[dir] = d
+		}
+		d.subs[s] = struct{}{}
+		s.at = dir
+	}
+	s.want = want
+	d := w.dirs[dir]
+	active, lost := d.active, d.lost
+	w.mu.Unlock()
+	w.unwatch(unwatch)
+	if active {
+		return false, nil
+	}
+	if err := w.fs.Add(dir); err != nil {
+		return false, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d.lost != lost {
+		return false, fmt.Errorf("watch %s: it vanished while it was being watched: %w", dir, fs.ErrNotExist)
+	}
+	d.active = true
+	return true, nil
+}
+
+// leaveLocked unregisters s from where it is. It returns the directory to unwatch when s was
+// its last subscription and it is watched, else "". The caller holds opsMu and mu.
+func (w *watcher) leaveLocked(s *subscription) (unwatch string) {
+	d, ok := w.dirs[s.at]
+	if !ok {
+		return ""
+	}
+	delete(d.subs, s)
+	if len(d.subs) == 0 {
+		delete(w.dirs, s.at)
+		if d.active {
+			unwatch = s.at
+		}
+	}
+	s.at = ""
+	return unwatch
+}
+
+// unwatch removes dir's watch, if dir is not "". The caller holds opsMu, not mu.
+func (w *watcher) unwatch(dir string) {
+	if dir == "" {
+		return
+	}
+	if err := w.fs.Remove(dir); err != nil && !errors.Is(err, fsnotify.ErrNonExistentWatch) && !errors.Is(err, fsnotify.ErrClosed) {
+		w.log.Debug("unwatch", "dir", dir, "err", err)
+	}
 }

@@ -1,0 +1,108 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
+const (
+	quickProbeMin = 50 * time.Millisecond
+	quickProbeMax = 1600 * time.Millisecond
+)
+
+// readyEndpoint returns the identity of the endpoint's socket once the driver is ready to be
+// registered: at once when the driver does not wait for its endpoint (zero when the socket is
+// not there), else when waitEndpoint says so.
+func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
+	if !d.spec.WaitForEndpoint {
+		id, _, _ := statID(d.spec.LocalEndpoint)
+		return id, nil
+	}
+	return d.waitEndpoint(ctx, b, ep, serving)
+}
+
+// waitEndpoint probes the endpoint until it is ready, backing off between probes and
+// probing again at once when the endpoint's socket is created. It returns the endpoint's
+// identity. It fails only when ctx ends or, while an older socket still serves
+// (serving), when the CSI driver reports another name: that socket must go first.
+func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
+	lastErr := ""
+	// After the endpoint's socket is created, a driver may still be between bind and listen,
+	// or registering its services: probe again soon, a few times, before the backoff resumes.
+	var quick time.Duration
+	var quickFor fileID // the endpoint socket a quick series was started for
+	for {
+		ep.take() // what happened before this look is seen by it
+		id, _, statErr := statID(d.spec.LocalEndpoint)
+		err := d.probe(ctx, d.spec)
+		if ctx.Err() != nil {
+			return fileID{}, ctx.Err()
+		}
+		if err == nil {
+			if statErr != nil {
+				id = fileID{}
+			}
+			d.setEndpointUp(true)
+			b.Reset()
+			return id, nil
+		}
+		_, mismatch := errors.AsType[*nameMismatchError](err)
+		d.setEndpointUp(mismatch) // a driver that answers under another name is up
+		if statErr == nil && id != quickFor {
+			// A socket not seen before that does not answer yet: the driver may be between
+			// bind and listen (its Create event may have come before our watch).
+			quickFor, quick = id, quickProbeMin
+		}
+		var wait time.Duration
+		if quick > 0 && quick <= quickProbeMax {
+			wait, quick = quick, quick*2
+		} else {
+			wait = next(b)
+		}
+		d.update(WaitingForEndpoint, err.Error(), time.Now().Add(wait))
+		if mismatch && serving {
+			return fileID{}, err
+		}
+		// Each distinct reason is a warning once; its repetitions are debug.
+		if msg := err.Error(); msg != lastErr {
+			lastErr = msg
+			d.log.Warn("endpoint not ready", "err", err, "retryIn", wait.Round(time.Millisecond))
+		} else {
+			d.log.Debug("endpoint not ready", "err", err, "retryIn", wait.Round(time.Millisecond))
+		}
+		// Woken when the socket is created, or may have been: a watch was renewed, or moved
+		// closer to it as a directory on the way appeared.
+		woken, ok := sleepUntil(ctx, wait, ep, func(ev change) bool { return ev&(evCreated|evLost) != 0 })
+		if !ok {
+			return fileID{}, ctx.Err()
+		}
+		if woken {
+			quick = quickProbeMin
+		}
+	}
+}
+
+// endpointRestarted looks at the endpoint's socket after a wake-up (ev; 0 for a first look)
+// and reports whether the driver restarted: its socket was created anew, or, when events may
+// have been lost, it is no longer the file probed (*probed; set here when zero, the socket
+// was not there when probed). A change of attributes (a chmod) is no restart. It records
+// whether the endpoint is there.
+func (d *driver) endpointRestarted(ev change, probed *fileID) bool {
+	id, _, err := statID(d.spec.LocalEndpoint)
+	if err != nil {
+		if d.setEndpointUp(false) {
+			d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.spec.LocalEndpoint)
+		}
+		return false
+	}
+	d.setEndpointUp(true)
+	if *probed == (fileID{}) {
+		*probed = id // not there when the socket was published (waitForEndpoint: false)
+		return false
+	}
+	return ev&(evCreated|evLost|evDirGone) != 0 && id != *probed
+}

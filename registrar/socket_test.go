@@ -1,0 +1,143 @@
+package registrar
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/config"
+)
+
+// TestPublishNeverReplacesWhatAppears: a non-socket that appears at the path between the
+// check and the rename is put back untouched.
+func TestPublishNeverReplacesWhatAppears(t *testing.T) {
+	for _, exists := range []bool{false, true} {
+		dir := shortDir(t)
+		tmp, path := filepath.Join(dir, tempSocketName()), filepath.Join(dir, "x-reg.sock")
+		l, err := listenUnlinked(tmp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := os.WriteFile(path, []byte("precious"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err = renameOnto(tmp, path, exists)
+		if _, ok := errors.AsType[*notSocketError](err); !ok {
+			t.Errorf("exists=%v: renameOnto over a file: %v, want a not-a-socket error", exists, err)
+		}
+		if b, err := os.ReadFile(path); err != nil || string(b) != "precious" {
+			t.Errorf("exists=%v: the file: %q, %v", exists, b, err)
+		}
+		if !isSocket(tmp) {
+			t.Errorf("exists=%v: our socket is not back under its temporary name", exists)
+		}
+	}
+}
+
+func TestTempSocketNames(t *testing.T) {
+	n := tempSocketName()
+	if len(n) != config.TempSocketNameLen || !isTempSocketName(n) {
+		t.Errorf("tempSocketName() = %q (%d bytes), want %d bytes and recognized", n, len(n), config.TempSocketNameLen)
+	}
+	for _, name := range []string{".mr-0123abcg.tmp", ".mr-0123abc.tmp", "mr-0123abcd.tmp", ".mr-0123abcd.sock"} {
+		if isTempSocketName(name) {
+			t.Errorf("%q taken for a temporary socket", name)
+		}
+	}
+}
+
+func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
+	for _, kind := range []string{"file", "directory", "symlink"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := shortDir(t)
+			ep := filepath.Join(dir, "ep", "csi.sock")
+			startEndpoint(t, ep, "nfs.csi.k8s.io")
+			d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
+			block(t, kind, d.SocketPath)
+			other := testDriver(dir, "smb.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep2", "csi.sock"))
+			startEndpoint(t, other.LocalEndpoint, other.Name)
+
+			s := runSupervisor(t, Options{})
+			s.Start(d)
+			s.Start(other)
+			eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
+				st := statusOf(s, d.Name)
+				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket: it is left untouched")
+			})
+			// The other driver is not affected.
+			eventually(t, 5*time.Second, "the other driver's socket", func() bool { return isSocket(other.SocketPath) })
+			// Still there, unchanged, after several retries.
+			eventually(t, 5*time.Second, "several retries", func() bool { return statusOf(s, d.Name).Failures >= 3 })
+			fi, err := os.Lstat(d.SocketPath)
+			if err != nil {
+				t.Fatalf("%s in the way: %v", kind, err)
+			}
+			if kind == "file" {
+				if b, _ := os.ReadFile(d.SocketPath); string(b) != "precious" || !fi.Mode().IsRegular() {
+					t.Errorf("the file was touched: %q, %v", b, fi.Mode())
+				}
+			}
+			// Once the user removes it, the socket comes.
+			if err := os.Remove(d.SocketPath); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "socket after the way is clear", func() bool { return isSocket(d.SocketPath) })
+		})
+	}
+}
+
+// TestSocketPublishedOnceTheWayIsClear: while something that is not a socket blocks the
+// socket's path, the loop watches the path: its removal publishes the socket at once, not
+// when the backoff interval (a minute here) ends. A change that leaves it in the way starts
+// no attempt.
+func TestSocketPublishedOnceTheWayIsClear(t *testing.T) {
+	for _, kind := range []string{"file", "directory", "symlink"} {
+		t.Run(kind, func(t *testing.T) {
+			s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) {
+				d.Backoff = config.Backoff{InitialInterval: time.Minute, MaxInterval: time.Minute, Multiplier: 2}
+				block(t, kind, d.SocketPath)
+			})
+			eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
+				st := statusOf(s, d.Name)
+				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket")
+			})
+			if kind != "symlink" { // a symlink's times are its target's
+				attempts := statusOf(s, d.Name).Attempts
+				if err := os.Chtimes(d.SocketPath, time.Now(), time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				never(t, 300*time.Millisecond, "a change of the "+kind+" in the way started an attempt", func() bool {
+					return statusOf(s, d.Name).Attempts != attempts
+				})
+			}
+			if err := os.Remove(d.SocketPath); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "socket once the way is clear, long before the backoff ends", func() bool { return isSocket(d.SocketPath) })
+		})
+	}
+}
+
+// block puts something that is not a socket at path: a "file", a "directory" or a "symlink".
+func block(t *testing.T, kind, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	switch kind {
+	case "file":
+		err = os.WriteFile(path, []byte("precious"), 0o644)
+	case "directory":
+		err = os.Mkdir(path, 0o755)
+	case "symlink":
+		err = os.Symlink(filepath.Join(filepath.Dir(path), "nowhere"), path)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}

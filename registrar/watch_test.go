@@ -1,0 +1,250 @@
+package registrar
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/config"
+)
+
+// testWatcher returns a watcher that dispatches events until the test ends.
+func testWatcher(t *testing.T) *watcher {
+	t.Helper()
+	w, err := newWatcher(testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilEnd(t, w.run)
+	return w
+}
+
+// subscribe subscribes to path on w until the test ends.
+func subscribe(t *testing.T, w *watcher, path string) *subscription {
+	s := w.subscribe(path)
+	t.Cleanup(s.close)
+	return s
+}
+
+// changes waits until s has reported every bit of want, and returns all that it reported.
+// Bits print as dirGone|lost|changed|created.
+func changes(t *testing.T, s *subscription, want change) change {
+	t.Helper()
+	var got change
+	defer func() {
+		if t.Failed() {
+			t.Logf("the subscription reported %04b", got)
+		}
+	}()
+	eventually(t, 5*time.Second, fmt.Sprintf("the subscription to report %04b", want), func() bool {
+		select {
+		case <-s.c:
+			got |= s.take()
+		default:
+		}
+		return got&want == want
+	})
+	return got
+}
+
+// watches reports whether w has an inotify watch on dir for the file, or the missing
+// directory, name.
+func (w *watcher) watches(dir, name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d, ok := w.dirs[dir]
+	if !ok || !d.active {
+		return false
+	}
+	for s := range d.subs {
+		if s.want == name {
+			return true
+		}
+	}
+	return false
+}
+
+// watchesFor reports whether the supervisor's watcher watches dir for the file, or the missing
+// directory, name.
+func watchesFor(s *Supervisor, dir, name string) bool { return s.w.watches(dir, name) }
+
+// renameInto creates a file at path in one step, as a rename into place: a single event.
+func renameInto(t *testing.T, path string) {
+	t.Helper()
+	tmp := filepath.Join(shortDir(t), "tmp")
+	if err := os.WriteFile(tmp, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSubscriptionReportsWhatHappened: a creation, a change of attributes and a removal are
+// told apart; a chmod is no creation (a driver's chmod of its socket is no restart).
+func TestSubscriptionReportsWhatHappened(t *testing.T) {
+	dir := shortDir(t)
+	path := filepath.Join(dir, "f")
+	s := subscribe(t, testWatcher(t), path)
+	if got := s.take(); got != 0 {
+		t.Errorf("reported %04b before anything happened", got)
+	}
+	renameInto(t, path)
+	if got := changes(t, s, evCreated); got != evCreated {
+		t.Errorf("a file renamed into place: %04b, want only created", got)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := changes(t, s, evChanged); got&evCreated != 0 {
+		t.Errorf("a chmod: %04b, reported as a creation", got)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if got := changes(t, s, evChanged); got&evCreated != 0 {
+		t.Errorf("a removal: %04b, reported as a creation", got)
+	}
+}
+
+// TestSubscriptionFollowsItsDirectory: the file's directory moved away is reported; its parent
+// is watched for it meanwhile; when it is back the subscription watches it again, says that
+// events may have been lost, and reports the file's creation.
+func TestSubscriptionFollowsItsDirectory(t *testing.T) {
+	dir := shortDir(t)
+	reg := filepath.Join(dir, "reg")
+	if err := os.Mkdir(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	w := testWatcher(t)
+	s := subscribe(t, w, filepath.Join(reg, "f"))
+	if !w.watches(reg, "f") {
+		t.Fatal("the file's directory is not watched")
+	}
+	if err := os.Rename(reg, reg+".old"); err != nil {
+		t.Fatal(err)
+	}
+	changes(t, s, evDirGone)
+	if !w.watches(dir, "reg") {
+		t.Error("the parent is not watched for the missing directory")
+	}
+	if err := os.Mkdir(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	changes(t, s, evLost)
+	if !w.watches(reg, "f") {
+		t.Error("the directory is not watched again")
+	}
+	renameInto(t, filepath.Join(reg, "f"))
+	changes(t, s, evCreated)
+}
+
+// TestSubscriptionDescendsAsDirectoriesAppear: while directories on the way to the file are
+// missing, the nearest existing one is watched; each creation moves the watch one level down,
+// and the file's creation is reported.
+func TestSubscriptionDescendsAsDirectoriesAppear(t *testing.T) {
+	dir := shortDir(t)
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "a", "b")
+	w := testWatcher(t)
+	s := subscribe(t, w, filepath.Join(b, "f"))
+	if !w.watches(dir, "a") {
+		t.Fatal("no watch for a/")
+	}
+	for _, level := range []struct{ dir, watched, name string }{{a, a, "b"}, {b, b, "f"}} {
+		if err := os.Mkdir(level.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		changes(t, s, evLost)
+		if !w.watches(level.watched, level.name) {
+			t.Fatalf("after %s appeared: no watch in it for %s", level.dir, level.name)
+		}
+	}
+	w.mu.Lock()
+	_, upper := w.dirs[dir]
+	w.mu.Unlock()
+	if upper {
+		t.Error("the top directory is still watched once the file's is")
+	}
+	renameInto(t, filepath.Join(b, "f"))
+	changes(t, s, evCreated)
+}
+
+// TestSubscriptionPollsAtTheWatchLimit: where inotify refuses every watch, the file is looked
+// at every dirPollInterval and what the look finds is reported; once inotify allows a watch
+// again, the directory is watched and events may have been lost.
+func TestSubscriptionPollsAtTheWatchLimit(t *testing.T) {
+	if !atWatchLimit(t, 0) {
+		return
+	}
+	dir := shortDir(t)
+	path := filepath.Join(dir, "f")
+	w := testWatcher(t)
+	s := subscribe(t, w, path)
+	if w.watches(dir, "f") {
+		t.Fatal("a watch beyond the limit")
+	}
+	renameInto(t, path)
+	changes(t, s, evCreated)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	changes(t, s, evChanged)
+
+	if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte("100"), 0); err != nil {
+		t.Fatal(err)
+	}
+	changes(t, s, evLost)
+	if !w.watches(dir, "f") {
+		t.Error("the directory is not watched once inotify allows it")
+	}
+}
+
+// TestDriverAtTheWatchLimit: with no inotify watch at all, a driver waits for its endpoint
+// (whose directory exists or not) without probing before its backoff ends, is published as
+// soon as a look finds the endpoint, and a look sees the endpoint restart and the socket
+// removed.
+func TestDriverAtTheWatchLimit(t *testing.T) {
+	if !atWatchLimit(t, 0) {
+		return
+	}
+	for _, dirExists := range []bool{false, true} {
+		t.Run(fmt.Sprintf("endpoint directory exists=%v", dirExists), func(t *testing.T) {
+			s, d := setupWaiting(t, config.DevicePlugin, func(d *config.Driver) {
+				if dirExists {
+					if err := os.Mkdir(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+				d.Backoff.InitialInterval = time.Minute
+				d.Backoff.MaxInterval = time.Minute
+			})
+			probeInAMinute := func() bool {
+				st := statusOf(s, d.Name)
+				return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 30*time.Second
+			}
+			eventually(t, 5*time.Second, "the first probe failed, the next in a minute", probeInAMinute)
+			never(t, 1500*time.Millisecond, "a probe before the backoff ended, with nothing at the endpoint", func() bool { return !probeInAMinute() })
+
+			e := startEndpoint(t, d.LocalEndpoint, "")
+			awaitSocket(t, d)
+			registerAndWait(t, s, d)
+			first := mustID(t, d.SocketPath)
+			e.stop()
+			startEndpoint(t, d.LocalEndpoint, "")
+			eventually(t, 5*time.Second, "the socket recreated after the endpoint restarted", func() bool {
+				id, _, err := statID(d.SocketPath)
+				return err == nil && id != first
+			})
+			second := mustID(t, d.SocketPath)
+			if err := os.Remove(d.SocketPath); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "the removed socket recreated", func() bool {
+				id, _, err := statID(d.SocketPath)
+				return err == nil && id != second
+			})
+		})
+	}
+}
