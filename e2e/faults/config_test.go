@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // Faults of the drivers file: deleted, truncated to nothing, cut in the middle of an entry,

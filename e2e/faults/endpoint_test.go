@@ -9,9 +9,9 @@ import (
 	"sync"
 	"testing"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // Fault: a driver's endpoint dies (its socket removed, as a crashing driver leaves it) and

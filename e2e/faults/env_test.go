@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 var soakDuration = flag.Duration("soak", 90*time.Second, "how long TestSoak injects faults (at most 5m in CI; longer needs a larger -timeout)")

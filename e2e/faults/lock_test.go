@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // Fault: two multireg start at once on one registration directory. One serves, the other

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // Fault: multireg is killed (SIGKILL) right after the drivers file was changed — before,

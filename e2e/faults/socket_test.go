@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // Fault: a registration socket is deleted by hand. multireg recreates it at once; kubelet

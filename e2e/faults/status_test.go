@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // What multireg says about its drivers, in /status and in its log, awaited.

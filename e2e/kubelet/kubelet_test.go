@@ -10,8 +10,8 @@ import (
 
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // Kubelet's reconciler passes once a second; a first registration takes 0–1 s after the socket

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"multireg.dev/multireg/e2e/wait"
+	"multireg.dev/multireg/e2e/internal/wait"
 )
 
 // Status is GET /status.

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"multireg.dev/multireg/e2e/child"
+	"multireg.dev/multireg/e2e/internal/child"
 )
 
 var (

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // A driver rejected by kubelet: /readyz, /status, /metrics and `multireg status` all name it

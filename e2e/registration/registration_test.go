@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // 1. Thirty drivers of all three types in one file all reach Registered, in kubelet and in

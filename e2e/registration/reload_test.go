@@ -10,9 +10,9 @@ import (
 
 	"k8s.io/kubernetes/pkg/volume/util"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
-	"multireg.dev/multireg/e2e/wait"
 )
 
 // configMap is a drivers file in a ConfigMap volume, updated by kubelet's own AtomicWriter:

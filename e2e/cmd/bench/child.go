@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"multireg.dev/multireg/e2e/child"
+	"multireg.dev/multireg/e2e/internal/child"
 )
 
 // startChild starts cmd as a child.Process named name, to be killed by the kernel if the
@@ -180,10 +181,11 @@ func startEndpoints(bin, list string) (*endpoints, error) {
 	return e, nil
 }
 
-// stop closes the standard input, then stops the process like child.Process.Stop.
+// stop closes the standard input, then stops the process like child.Process.Stop; it also
+// returns the error of an exit other than 0.
 func (e *endpoints) stop(grace time.Duration) error {
 	e.stdin.Close()
-	return e.Stop(grace)
+	return cmp.Or(e.Stop(grace), e.Err())
 }
 
 // waitReady waits until the endpoints all listen.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -252,7 +253,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	}
 	defer func() {
 		res.Warnings = mr.logs.problems()
-		if serr := mr.Stop(10 * time.Second); serr != nil && err == nil {
+		if serr := cmp.Or(mr.Stop(10*time.Second), mr.Err()); serr != nil && err == nil {
 			err = fmt.Errorf("multireg: %w", serr)
 		}
 	}()

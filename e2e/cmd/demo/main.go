@@ -12,6 +12,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -26,7 +27,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
-	"multireg.dev/multireg/e2e/child"
+	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/plugins"
 )
@@ -168,7 +169,7 @@ func run(bin, cfgPath string, timeout time.Duration, out io.Writer) error {
 	}
 	say("demo", "registered in kubelet: %s", strings.Join(k.RegisteredNames(), ", "))
 	say("demo", "stopping multireg with SIGTERM: sockets stay, kubelet keeps the plugins")
-	if err := mr.Stop(grace); err != nil {
+	if err := cmp.Or(mr.Stop(grace), mr.Err()); err != nil {
 		return fmt.Errorf("multireg: %w", err)
 	}
 	say("demo", "done")

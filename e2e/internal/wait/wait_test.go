@@ -1,6 +1,8 @@
 package wait
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -32,6 +34,39 @@ func failure(t *testing.T, fn func(tb testing.TB)) string {
 	}()
 	<-done
 	return f.msg
+}
+
+func TestUntil(t *testing.T) {
+	n := 0
+	if !Until(time.Minute, time.Millisecond, func() bool { n++; return n == 3 }) || n != 3 {
+		t.Errorf("Until returned before the condition held, or called it %d times for 3", n)
+	}
+	calls := 0
+	if Until(20*time.Millisecond, time.Millisecond, func() bool { calls++; return false }) {
+		t.Errorf("Until reported a condition that never held")
+	}
+	if calls < 1 {
+		t.Errorf("cond never called")
+	}
+}
+
+func TestPoll(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	n := 0
+	err := Poll(ctx, time.Millisecond, "the answer", func() (bool, error) {
+		n++
+		if n == 1 {
+			return false, errors.New("first reason")
+		}
+		return false, nil // no reason this time: the last one given stays
+	})
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the answer") || !strings.Contains(err.Error(), "first reason") {
+		t.Errorf("Poll past its context: %v; want what, the deadline and the last reason", err)
+	}
+	if err := Poll(context.Background(), time.Millisecond, "x", func() (bool, error) { return true, nil }); err != nil {
+		t.Errorf("Poll on a condition that holds: %v", err)
+	}
 }
 
 func TestFor(t *testing.T) {

@@ -111,9 +111,14 @@ func (p *Process) Wait(timeout time.Duration) (int, error) {
 	return 0, nil
 }
 
+// killWait bounds Stop's wait after SIGKILL: a process stuck in the kernel (an unanswered
+// mount, say) must not hang a teardown.
+const killWait = 10 * time.Second
+
 // Stop sends SIGTERM (unless the process has exited), waits up to grace, then kills the
-// process and waits for its exit. It returns the exit error of a process that did not exit 0,
-// or says that it had to be killed. Later calls return the first call's result.
+// process and waits up to killWait for its exit. It returns an error only if it had to kill
+// the process: how a process that exited by itself ended is Err's. Later calls return the
+// first call's result.
 func (p *Process) Stop(grace time.Duration) error {
 	p.once.Do(func() {
 		if !p.Exited() {
@@ -123,10 +128,15 @@ func (p *Process) Stop(grace time.Duration) error {
 		defer t.Stop()
 		select {
 		case <-p.done:
-			p.stop = p.err
+			return
 		case <-t.C:
-			p.Kill()
+		}
+		_ = p.cmd.Process.Kill()
+		select {
+		case <-p.done:
 			p.stop = fmt.Errorf("%s did not exit within %v of SIGTERM; killed", p.name, grace)
+		case <-time.After(killWait):
+			p.stop = fmt.Errorf("%s (pid %d) still runs %v after SIGKILL", p.name, p.PID(), killWait)
 		}
 	})
 	return p.stop

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"multireg.dev/multireg/e2e/wait"
+	"multireg.dev/multireg/e2e/internal/wait"
 )
 
 func start(t *testing.T, script string) *Process {
@@ -57,11 +57,17 @@ func TestStop(t *testing.T) {
 	// Exits 0 on SIGTERM.
 	p := start(t, "trap 'exit 0' TERM; echo ready; while :; do sleep 0.01; done")
 	ready(t, p)
-	if err := p.Stop(10 * time.Second); err != nil {
-		t.Errorf("Stop of a process that exits 0 on SIGTERM: %v", err)
+	if err := p.Stop(10 * time.Second); err != nil || p.Err() != nil {
+		t.Errorf("Stop of a process that exits 0 on SIGTERM: %v, exit %v", err, p.Err())
 	}
 	if !p.Exited() {
 		t.Error("Stop returned before the exit")
+	}
+
+	// Dies of SIGTERM: stopped, with the signal in Err.
+	r := start(t, "exec sleep 60")
+	if err := r.Stop(10 * time.Second); err != nil || r.Err() == nil || !strings.Contains(r.Err().Error(), "terminated") {
+		t.Errorf("Stop of a process that dies of SIGTERM: %v, exit %v", err, r.Err())
 	}
 
 	// Ignores SIGTERM: killed after the grace.
