@@ -55,7 +55,12 @@ func mixed(n int, epDir string) []driver {
 
 func configContent(reg string, ds []driver) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\ndrivers:\n", reg)
+	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\n", reg)
+	if len(ds) == 0 {
+		b.WriteString("drivers: []\n") // an empty "drivers:" is null, which multireg refuses
+	} else {
+		b.WriteString("drivers:\n")
+	}
 	for _, d := range ds {
 		fmt.Fprintf(&b, "  - name: %s\n    type: %s\n    endpoint: %s\n", d.name, d.typ, d.endpoint)
 		if d.fixed {
