@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // Faults of the drivers file: deleted, truncated to nothing, cut in the middle of an entry,
@@ -25,13 +26,13 @@ func TestConfigFaults(t *testing.T) {
 	}{
 		{
 			name:      "deleted",
-			breakFile: func(t *testing.T, e *env, _ string) { mustRemove(t, e.cfg) },
+			breakFile: func(t *testing.T, e *env, _ string) { mustRemove(t, e.Cfg) },
 			reason:    "no such file or directory",
 		},
 		{
 			name: "truncated",
 			breakFile: func(t *testing.T, e *env, _ string) {
-				if err := os.Truncate(e.cfg, 0); err != nil {
+				if err := os.Truncate(e.Cfg, 0); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -42,29 +43,29 @@ func TestConfigFaults(t *testing.T) {
 			breakFile: func(t *testing.T, e *env, good string) {
 				// Half-written: the file ends in the middle of the last "endpoint" key.
 				i := strings.LastIndex(good, "    endpoint: ")
-				writeInPlace(t, e.cfg, good[:i+len("    endp")])
+				writeInPlace(t, e.Cfg, good[:i+len("    endp")])
 			},
 			reason: "yaml: line",
 		},
 		{
 			name: "invalid",
 			breakFile: func(t *testing.T, e *env, good string) {
-				e.writeConfigContent(good + "  - name: bad.csi.example.com\n    type: CSIPlugin\n    endpoint: csi.sock\n")
+				e.WriteConfigContent(good + "  - name: bad.csi.example.com\n    type: CSIPlugin\n    endpoint: csi.sock\n")
 			},
 			reason: `endpoint: "csi.sock": must be an absolute path`,
 		},
 		{
 			name: "symlink-loop",
 			breakFile: func(t *testing.T, e *env, _ string) {
-				loop := filepath.Join(filepath.Dir(e.cfg), "loop.yaml")
-				if err := os.Symlink(e.cfg, loop); err != nil {
+				loop := filepath.Join(filepath.Dir(e.Cfg), "loop.yaml")
+				if err := os.Symlink(e.Cfg, loop); err != nil {
 					t.Fatal(err)
 				}
-				tmp := e.cfg + ".link"
+				tmp := e.Cfg + ".link"
 				if err := os.Symlink(loop, tmp); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.Rename(tmp, e.cfg); err != nil {
+				if err := os.Rename(tmp, e.Cfg); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -74,7 +75,7 @@ func TestConfigFaults(t *testing.T) {
 			name: "over-1MiB",
 			breakFile: func(t *testing.T, e *env, good string) {
 				pad := strings.Repeat("# padding padding padding padding padding padding padding padding\n", (1<<20)/64+1)
-				e.writeConfigContent(good + pad)
+				e.WriteConfigContent(good + pad)
 			},
 			reason: "larger than 1048576 bytes",
 		},
@@ -82,18 +83,18 @@ func TestConfigFaults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			ds := mixed("c", 6)
-			added := driver{name: "added.csi.example.com", typ: "CSIPlugin"}
-			e.startEndpoint(added)
+			ds := testenv.Mixed("c", 6)
+			added := driver{Name: "added.csi.example.com", Type: "CSIPlugin"}
+			e.StartEndpoint(added)
 			p := e.startAll(ds)
-			good := e.configContent(ds)
+			good := e.ConfigContent(ds)
 			before := e.snap(ds)
-			gen := status(t, p).Config.Generation
+			gen := p.Status(t).Config.Generation
 
 			tc.breakFile(t, e, good)
-			var st statusDoc
-			poll(t, registerTimeout, "/status to say the file is not applied, and why", func() bool {
-				st = status(t, p)
+			var st mrproc.Status
+			wait.Every(t, requestPoll, registerTimeout, "/status to say the file is not applied, and why", func() bool {
+				st = p.Status(t)
 				return !st.Config.LastReloadSuccessful && strings.Contains(st.Config.LastReloadError, tc.reason)
 			})
 			t.Logf("lastReloadError: %s", st.Config.LastReloadError)
@@ -101,25 +102,25 @@ func TestConfigFaults(t *testing.T) {
 				t.Errorf("generation %d → %d for a file that was not applied", gen, st.Config.Generation)
 			}
 			waitCount(t, p, "config not applied; the last good one stays in force", "", 1)
-			if got := metric(metrics(t, p), "multireg_config_last_reload_successful"); got != 0 {
+			if got := mrproc.Metric(p.Metrics(t), "multireg_config_last_reload_successful"); got != 0 {
 				t.Errorf("multireg_config_last_reload_successful = %v, want 0", got)
 			}
 			e.holdUnmoved(before, ds)
 			waitCount(t, p, "config not applied; the last good one stays in force", "", 1) // once only
-			if n := len(status(t, p).Drivers); n != len(ds) {
+			if n := len(p.Status(t).Drivers); n != len(ds) {
 				t.Errorf("%d drivers in /status, want the last good config's %d", n, len(ds))
 			}
 
 			// The next valid file applies.
-			if fi, err := os.Lstat(e.cfg); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-				mustRemove(t, e.cfg)
+			if fi, err := os.Lstat(e.Cfg); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+				mustRemove(t, e.Cfg)
 			}
-			e.writeConfig(append(ds, added))
-			poll(t, registerTimeout, "the next valid file applied", func() bool {
-				st = status(t, p)
+			e.WriteConfig(append(ds, added))
+			wait.Every(t, requestPoll, registerTimeout, "the next valid file applied", func() bool {
+				st = p.Status(t)
 				return st.Config.LastReloadSuccessful && st.Config.LastReloadError == "" && st.Config.Generation == gen+1
 			})
-			kubelet.WaitFor(t, registerTimeout, "the driver it adds registered", func() bool { return e.k.Registered(added.name) })
+			wait.For(t, registerTimeout, "the driver it adds registered", func() bool { return e.K.Registered(added.Name) })
 			waitPhases(t, p, []driver{added}, "Registered")
 			e.assertUnmoved(before, ds)
 		})
@@ -134,26 +135,26 @@ func TestConfigFaults(t *testing.T) {
 func TestConfigRewrittenInPlaceHeaderFirst(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("h", 6)
+	ds := testenv.Mixed("h", 6)
 	p := e.startAll(ds)
-	good := e.configContent(ds)
+	good := e.ConfigContent(ds)
 	header, rest, ok := strings.Cut(good, "drivers:\n")
 	if !ok {
 		t.Fatalf("no drivers key in\n%s", good)
 	}
 	before := e.snap(ds)
-	gen := status(t, p).Config.Generation
+	gen := p.Status(t).Config.Generation
 
-	writeInPlace(t, e.cfg, header)
-	var st statusDoc
-	poll(t, registerTimeout, "/status to say the header alone is not applied", func() bool {
-		st = status(t, p)
+	writeInPlace(t, e.Cfg, header)
+	var st mrproc.Status
+	wait.Every(t, requestPoll, registerTimeout, "/status to say the header alone is not applied", func() bool {
+		st = p.Status(t)
 		return !st.Config.LastReloadSuccessful && strings.Contains(st.Config.LastReloadError, "drivers: required")
 	})
 	t.Logf("lastReloadError: %s", st.Config.LastReloadError)
 	e.holdUnmoved(before, ds)
 
-	f, err := os.OpenFile(e.cfg, os.O_WRONLY|os.O_APPEND, 0)
+	f, err := os.OpenFile(e.Cfg, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +164,8 @@ func TestConfigRewrittenInPlaceHeaderFirst(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, registerTimeout, "the completed file applied", func() bool {
-		st = status(t, p)
+	wait.Every(t, requestPoll, registerTimeout, "the completed file applied", func() bool {
+		st = p.Status(t)
 		return st.Config.LastReloadSuccessful && st.Config.Generation == gen+1
 	})
 	waitCount(t, p, "config reloaded; no driver changed", "", 1)
@@ -177,21 +178,21 @@ func TestConfigRewrittenInPlaceHeaderFirst(t *testing.T) {
 func TestConfigNamedPipe(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("n", 6)
+	ds := testenv.Mixed("n", 6)
 	p := e.startAll(ds)
 	before := e.snap(ds)
 
-	fifo := e.cfg + ".fifo"
+	fifo := e.Cfg + ".fifo"
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(fifo, e.cfg); err != nil {
+	if err := os.Rename(fifo, e.Cfg); err != nil {
 		t.Fatal(err)
 	}
 	const reason = "is a named pipe (FIFO), not a regular file"
-	var st statusDoc
-	poll(t, registerTimeout, "/status to say the file is a named pipe", func() bool {
-		st = status(t, p)
+	var st mrproc.Status
+	wait.Every(t, requestPoll, registerTimeout, "/status to say the file is a named pipe", func() bool {
+		st = p.Status(t)
 		return !st.Config.LastReloadSuccessful && strings.Contains(st.Config.LastReloadError, reason)
 	})
 	t.Logf("lastReloadError: %s", st.Config.LastReloadError)
@@ -203,17 +204,17 @@ func TestConfigNamedPipe(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, code := mrproc.Run(t, "validate", "--config", e.cfg)
+		out, code := mrproc.Run(t, "validate", "--config", e.Cfg)
 		done <- result{out, code}
 	}()
 	select {
 	case r := <-done:
-		if r.code != 1 || !strings.Contains(r.out, e.cfg) || !strings.Contains(r.out, reason) {
+		if r.code != 1 || !strings.Contains(r.out, e.Cfg) || !strings.Contains(r.out, reason) {
 			t.Errorf("multireg validate on a named pipe: exit %d, output:\n%s\nwant exit 1 and %q", r.code, r.out, reason)
 		}
 	case <-time.After(exitTimeout):
 		// Release the reader blocked in open(2), so that the process ends.
-		if w, err := os.OpenFile(e.cfg, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+		if w, err := os.OpenFile(e.Cfg, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
 			w.Close()
 		}
 		<-done

@@ -9,8 +9,9 @@ import (
 	"sync"
 	"testing"
 
-	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // Fault: a driver's endpoint dies (its socket removed, as a crashing driver leaves it) and
@@ -22,30 +23,30 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 		t.Run(typ, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			ds := mixed("e", 6)
+			ds := testenv.Mixed("e", 6)
 			victim := ds[i]
-			others := without(ds, victim.name)
+			others := testenv.Without(ds, victim.Name)
 			p := e.startAll(ds)
 			before := e.snap(others)
-			sock := idOf(e.socketPath(victim))
-			regs := e.k.Counts(victim.name).Registrations
+			sock := testenv.ID(e.SocketPath(victim))
+			regs := e.K.Counts(victim.Name).Registrations
 
-			e.stopEndpoint(victim)
-			waitDriver(t, p, victim.name, "/status to show the endpoint down", func(d driverStatus) bool { return !d.EndpointUp })
-			kubelet.Never(t, quietPeriod, "the registration of a driver whose endpoint is down moved", func() bool {
-				c := e.k.Counts(victim.name)
-				return !e.k.Registered(victim.name) || c.Deregistrations != 0 || idOf(e.socketPath(victim)) != sock
+			e.StopEndpoint(victim)
+			waitDriver(t, p, victim.Name, "/status to show the endpoint down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
+			wait.Never(t, quietPeriod, "the registration of a driver whose endpoint is down moved", func() bool {
+				c := e.K.Counts(victim.Name)
+				return !e.K.Registered(victim.Name) || c.Deregistrations != 0 || testenv.ID(e.SocketPath(victim)) != sock
 			})
-			if d, _ := status(t, p).driver(victim.name); d.Phase != "Registered" {
+			if d, _ := p.Status(t).Driver(victim.Name); d.Phase != "Registered" {
 				t.Errorf("phase %q while the endpoint is down, want Registered", d.Phase)
 			}
 
-			e.startEndpoint(victim)
-			kubelet.WaitFor(t, registerTimeout, "the driver registered again once its endpoint is back", func() bool {
-				return e.k.Counts(victim.name).Registrations == regs+1 && e.k.Registered(victim.name)
+			e.StartEndpoint(victim)
+			wait.For(t, registerTimeout, "the driver registered again once its endpoint is back", func() bool {
+				return e.K.Counts(victim.Name).Registrations == regs+1 && e.K.Registered(victim.Name)
 			})
-			waitDriver(t, p, victim.name, "Registered with the endpoint up", func(d driverStatus) bool { return d.Phase == "Registered" && d.EndpointUp })
-			waitCount(t, p, "driver endpoint restarted; registering again", victim.name, 1)
+			waitDriver(t, p, victim.Name, "Registered with the endpoint up", func(d mrproc.DriverStatus) bool { return d.Phase == "Registered" && d.EndpointUp })
+			waitCount(t, p, "driver endpoint restarted; registering again", victim.Name, 1)
 			e.assertUnmoved(before, others)
 			e.holdUnmoved(before, others)
 		})
@@ -58,33 +59,31 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 func TestEndpointWrongCSIName(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("w", 6)
-	victim := driver{name: "right.csi.example.com", typ: "CSIPlugin"}
+	ds := testenv.Mixed("w", 6)
+	victim := driver{Name: "right.csi.example.com", Type: "CSIPlugin"}
 	const wrong = "wrong.csi.example.com"
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
-	e.startEndpointAs(victim, wrong)
-	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
+	e.StartEndpoints(ds)
+	e.StartEndpointAs(victim, wrong)
+	p := mrproc.Start(t, e.WriteConfig(append(ds, victim)))
 	e.waitRegistered(p, ds)
 	before := e.snap(ds)
 
-	d := waitDriver(t, p, victim.name, "/status to name both names", func(d driverStatus) bool {
-		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, `"`+wrong+`"`) && strings.Contains(d.LastError, `"`+victim.name+`"`)
+	d := waitDriver(t, p, victim.Name, "/status to name both names", func(d mrproc.DriverStatus) bool {
+		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, `"`+wrong+`"`) && strings.Contains(d.LastError, `"`+victim.Name+`"`)
 	})
 	t.Logf("lastError: %s", d.LastError)
-	kubelet.Never(t, quietPeriod, "the misnamed driver reached kubelet", func() bool {
-		return len(e.k.EventsFor(victim.name)) != 0 || len(e.k.EventsFor(wrong)) != 0 || isExisting(e.socketPath(victim))
+	wait.Never(t, quietPeriod, "the misnamed driver reached kubelet", func() bool {
+		return len(e.K.EventsFor(victim.Name)) != 0 || len(e.K.EventsFor(wrong)) != 0 || testenv.Exists(e.SocketPath(victim))
 	})
-	if d, _ := status(t, p).driver(victim.name); d.Phase == "Registered" {
+	if d, _ := p.Status(t).Driver(victim.Name); d.Phase == "Registered" {
 		t.Error("the misnamed driver is Registered in /status")
 	}
 
-	e.stopEndpoint(victim)
-	e.startEndpoint(victim)
-	kubelet.WaitFor(t, registerTimeout, "the driver registered under its configured name", func() bool { return e.k.Registered(victim.name) })
+	e.StopEndpoint(victim)
+	e.StartEndpoint(victim)
+	wait.For(t, registerTimeout, "the driver registered under its configured name", func() bool { return e.K.Registered(victim.Name) })
 	waitPhases(t, p, []driver{victim}, "Registered")
-	if len(e.k.EventsFor(wrong)) != 0 {
+	if len(e.K.EventsFor(wrong)) != 0 {
 		t.Errorf("kubelet heard of %s", wrong)
 	}
 	e.assertUnmoved(before, ds)
@@ -96,32 +95,32 @@ func TestEndpointWrongCSIName(t *testing.T) {
 func TestEndpointRestartsUnderAnotherName(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("n", 6)
+	ds := testenv.Mixed("n", 6)
 	victim := ds[3] // a CSI driver
-	others := without(ds, victim.name)
+	others := testenv.Without(ds, victim.Name)
 	p := e.startAll(ds)
 	before := e.snap(others)
 	const wrong = "impostor.csi.example.com"
 
-	e.stopEndpoint(victim)
-	e.startEndpointAs(victim, wrong)
-	kubelet.WaitFor(t, registerTimeout, "kubelet to deregister the driver that changed its name", func() bool {
-		return !e.k.Registered(victim.name) && e.k.Counts(victim.name).Deregistrations == 1
+	e.StopEndpoint(victim)
+	e.StartEndpointAs(victim, wrong)
+	wait.For(t, registerTimeout, "kubelet to deregister the driver that changed its name", func() bool {
+		return !e.K.Registered(victim.Name) && e.K.Counts(victim.Name).Deregistrations == 1
 	})
-	waitDriver(t, p, victim.name, "/status to name both names", func(d driverStatus) bool {
-		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, wrong) && strings.Contains(d.LastError, victim.name)
+	waitDriver(t, p, victim.Name, "/status to name both names", func(d mrproc.DriverStatus) bool {
+		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, wrong) && strings.Contains(d.LastError, victim.Name)
 	})
-	if isExisting(e.socketPath(victim)) {
+	if testenv.Exists(e.SocketPath(victim)) {
 		t.Error("the withdrawn driver's socket is still there")
 	}
-	if len(e.k.EventsFor(wrong)) != 0 {
+	if len(e.K.EventsFor(wrong)) != 0 {
 		t.Errorf("kubelet heard of %s", wrong)
 	}
 
-	e.stopEndpoint(victim)
-	e.startEndpoint(victim)
-	kubelet.WaitFor(t, registerTimeout, "the driver registered again under its name", func() bool {
-		return e.k.Registered(victim.name) && e.k.Counts(victim.name).Registrations == 2
+	e.StopEndpoint(victim)
+	e.StartEndpoint(victim)
+	wait.For(t, registerTimeout, "the driver registered again under its name", func() bool {
+		return e.K.Registered(victim.Name) && e.K.Counts(victim.Name).Registrations == 2
 	})
 	waitPhases(t, p, []driver{victim}, "Registered")
 	e.assertUnmoved(before, others)
@@ -136,20 +135,20 @@ func TestEndpointRestartsUnderAnotherName(t *testing.T) {
 func TestEndpointPathWithURLCharacters(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("u", 6)
+	ds := testenv.Mixed("u", 6)
 	p := e.startAll(ds)
 	before := e.snap(ds)
 
 	const odd = "a #%25?b"
-	local := filepath.Join(e.dir, odd, odd+".sock")
-	victim := driver{name: "odd.csi.example.com", typ: "CSIPlugin", ep: filepath.Join(e.dir, "odd.sock"),
-		extra: fmt.Sprintf("    localEndpoint: %q\n", local)}
-	e.startEndpoint(driver{name: victim.name, typ: victim.typ, ep: local})
-	if err := os.Symlink(local, victim.ep); err != nil {
+	local := filepath.Join(e.Dir, odd, odd+".sock")
+	victim := driver{Name: "odd.csi.example.com", Type: "CSIPlugin", Endpoint: filepath.Join(e.Dir, "odd.sock"),
+		Extra: fmt.Sprintf("    localEndpoint: %q\n", local)}
+	e.StartEndpoint(driver{Name: victim.Name, Type: victim.Type, Endpoint: local})
+	if err := os.Symlink(local, victim.Endpoint); err != nil {
 		t.Fatal(err)
 	}
-	e.writeConfig(append(ds, victim))
-	kubelet.WaitFor(t, registerTimeout, "the driver registered", func() bool { return e.k.Registered(victim.name) })
+	e.WriteConfig(append(ds, victim))
+	wait.For(t, registerTimeout, "the driver registered", func() bool { return e.K.Registered(victim.Name) })
 	waitPhases(t, p, []driver{victim}, "Registered")
 	e.assertUnmoved(before, ds)
 }
@@ -161,26 +160,24 @@ func TestEndpointPathWithURLCharacters(t *testing.T) {
 func TestHungEndpoint(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("h", 6)
-	victim := driver{name: "hung.csi.example.com", typ: "CSIPlugin"}
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
-	hung := hangingListener(t, e.endpointPath(victim))
-	p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
+	ds := testenv.Mixed("h", 6)
+	victim := driver{Name: "hung.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoints(ds)
+	hung := hangingListener(t, e.EndpointPath(victim))
+	p := mrproc.Start(t, e.WriteConfig(append(ds, victim)))
 	e.waitRegistered(p, ds)
 	before := e.snap(ds)
-	d := waitDriver(t, p, victim.name, "/status to say the hung endpoint does not answer", func(d driverStatus) bool {
+	d := waitDriver(t, p, victim.Name, "/status to say the hung endpoint does not answer", func(d mrproc.DriverStatus) bool {
 		return d.Phase == "WaitingForEndpoint" && strings.Contains(d.LastError, "GetPluginInfo")
 	})
 	t.Logf("lastError: %s", d.LastError)
-	kubelet.Never(t, quietPeriod, "the hung driver was published", func() bool {
-		return isExisting(e.socketPath(victim)) || len(e.k.EventsFor(victim.name)) != 0
+	wait.Never(t, quietPeriod, "the hung driver was published", func() bool {
+		return testenv.Exists(e.SocketPath(victim)) || len(e.K.EventsFor(victim.Name)) != 0
 	})
 
 	hung()
-	e.startEndpoint(victim)
-	kubelet.WaitFor(t, registerTimeout, "the driver registered once its endpoint answers", func() bool { return e.k.Registered(victim.name) })
+	e.StartEndpoint(victim)
+	wait.For(t, registerTimeout, "the driver registered once its endpoint answers", func() bool { return e.K.Registered(victim.Name) })
 	waitPhases(t, p, []driver{victim}, "Registered")
 	e.assertUnmoved(before, ds)
 }
@@ -225,9 +222,4 @@ func hangingListener(t *testing.T, path string) func() {
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-func isExisting(path string) bool {
-	_, err := os.Lstat(path)
-	return err == nil
 }

@@ -17,8 +17,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
-	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // Fault: a hostile client on a registration socket: 10,000 GetInfo and
@@ -32,11 +33,11 @@ import (
 func TestHostileClient(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("y", 6)
-	target := driver{name: "target.dra.example.com", typ: "DRAPlugin", extra: "    backoff: {initialInterval: 10ms, maxInterval: 50ms}\n"}
+	ds := testenv.Mixed("y", 6)
+	target := driver{Name: "target.dra.example.com", Type: "DRAPlugin", Extra: "    backoff: {initialInterval: 10ms, maxInterval: 50ms}\n"}
 	p := e.startAll(append(ds, target))
 	before := e.snap(ds)
-	sock := e.socketPath(target)
+	sock := e.SocketPath(target)
 
 	const total = 10000
 	var issued, ok, garbage atomic.Int64
@@ -65,7 +66,7 @@ func TestHostileClient(t *testing.T) {
 				case r < 45:
 					var info *registerapi.PluginInfo
 					info, err = c.GetInfo(cctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
-					if err == nil && info.Name != target.name {
+					if err == nil && info.Name != target.Name {
 						t.Errorf("GetInfo answered %q", info.Name)
 					}
 				case r < 98:
@@ -85,7 +86,7 @@ func TestHostileClient(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("%d calls, %d answered, %d garbage connections; %d sockets published", total, ok.Load(), garbage.Load(), p.Count("registration socket published", target.name))
+	t.Logf("%d calls, %d answered, %d garbage connections; %d sockets published", total, ok.Load(), garbage.Load(), p.Count("registration socket published", target.Name))
 	if ctx.Err() != nil {
 		t.Fatalf("the hostile calls did not finish in time: %d issued", issued.Load())
 	}
@@ -96,17 +97,17 @@ func TestHostileClient(t *testing.T) {
 	if p.Exited() {
 		t.Fatal("multireg exited")
 	}
-	poll(t, registerTimeout, "/healthz 200", func() bool { return healthy(t, p) })
+	wait.Every(t, requestPoll, registerTimeout, "/healthz 200", func() bool { return p.Healthy(t) })
 	e.assertUnmoved(before, ds)
 
-	e.restartKubelet()
-	kubelet.WaitFor(t, registerTimeout, "the target and every other driver registered by the restarted kubelet", func() bool {
-		return e.allRegistered(append(ds, target))
+	e.RestartKubelet()
+	wait.For(t, registerTimeout, "the target and every other driver registered by the restarted kubelet", func() bool {
+		return e.AllRegistered(append(ds, target))
 	})
 	waitPhases(t, p, append(ds, target), "Registered")
 	for _, d := range ds {
-		if idOf(e.socketPath(d)) != before.ids[d.name] {
-			t.Errorf("%s: socket recreated", d.name)
+		if testenv.ID(e.SocketPath(d)) != before.ids[d.Name] {
+			t.Errorf("%s: socket recreated", d.Name)
 		}
 	}
 }
@@ -148,11 +149,11 @@ func writeGarbage(ctx context.Context, sock string, rng *rand.Rand) error {
 func TestStaleVerdict(t *testing.T) {
 	t.Parallel()
 	e := newEnvWithoutKubelet(t)
-	d := driver{name: "stale.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(d)
-	p := mrproc.Start(t, e.writeConfig([]driver{d}))
+	d := driver{Name: "stale.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(d)
+	p := mrproc.Start(t, e.WriteConfig([]driver{d}))
 	waitPhases(t, p, []driver{d}, "Serving")
-	sock := e.socketPath(d)
+	sock := e.SocketPath(d)
 
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -166,21 +167,21 @@ func TestStaleVerdict(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	first := idOf(sock)
+	first := testenv.ID(sock)
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
 	}
-	kubelet.WaitFor(t, registerTimeout, "a new socket", func() bool { return isSocket(sock) && idOf(sock) != first })
+	wait.For(t, registerTimeout, "a new socket", func() bool { return testenv.IsSocket(sock) && testenv.ID(sock) != first })
 	waitPhases(t, p, []driver{d}, "Serving")
 
 	// The verdict about the first socket, on the same client: gRPC dials the path again.
 	if _, err := c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: false, Error: "about the first socket"}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
-	second := idOf(sock)
-	rejected := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="rejected"}`, d.name)
-	kubelet.Never(t, quietPeriod, "multireg failed its new socket for a verdict about the old one", func() bool {
-		st, _ := status(t, p).driver(d.name)
-		return st.Phase != "Serving" || idOf(sock) != second || metric(metrics(t, p), rejected) != 0
+	second := testenv.ID(sock)
+	rejected := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="rejected"}`, d.Name)
+	wait.Never(t, quietPeriod, "multireg failed its new socket for a verdict about the old one", func() bool {
+		st, _ := p.Status(t).Driver(d.Name)
+		return st.Phase != "Serving" || testenv.ID(sock) != second || mrproc.Metric(p.Metrics(t), rejected) != 0
 	})
 }

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // Fault: kubelet rejects a driver's registration (RegisterPlugin fails) three times in a row.
@@ -19,38 +21,36 @@ func TestKubeletRejects(t *testing.T) {
 		t.Run(typ, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			ds := mixed("r", 6)
-			victim := driver{name: "victim.example.com", typ: typ}
+			ds := testenv.Mixed("r", 6)
+			victim := driver{Name: "victim.example.com", Type: typ}
 			if typ == "DevicePlugin" {
-				victim.name = "example.com/victim"
+				victim.Name = "example.com/victim"
 			}
-			for _, d := range ds {
-				e.startEndpoint(d)
-			}
+			e.StartEndpoints(ds)
 			// The victim's endpoint comes once the others are in: its registration starts after
 			// the snapshot.
-			p := mrproc.Start(t, e.writeConfig(append(ds, victim)))
+			p := mrproc.Start(t, e.WriteConfig(append(ds, victim)))
 			e.waitRegistered(p, ds)
 			before := e.snap(ds)
 
 			const n = 3
-			e.k.FailRegistrations(victim.name, n)
-			e.startEndpoint(victim)
-			kubelet.WaitFor(t, registerTimeout, "the victim registered after three rejections", func() bool {
-				return e.k.Registered(victim.name) && e.k.Counts(victim.name).RegistrationFailures == n
+			e.K.FailRegistrations(victim.Name, n)
+			e.StartEndpoint(victim)
+			wait.For(t, registerTimeout, "the victim registered after three rejections", func() bool {
+				return e.K.Registered(victim.Name) && e.K.Counts(victim.Name).RegistrationFailures == n
 			})
 			waitPhases(t, p, []driver{victim}, "Registered")
-			if c := e.k.Counts(victim.name); c.Registrations != 1 || c.RegistrationFailures != n {
+			if c := e.K.Counts(victim.Name); c.Registrations != 1 || c.RegistrationFailures != n {
 				t.Errorf("victim: %+v, want %d failures and one registration", c, n)
 			}
-			waitCount(t, p, "registration failed", victim.name, n)
-			m := metrics(t, p)
+			waitCount(t, p, "registration failed", victim.Name, n)
+			m := p.Metrics(t)
 			for series, want := range map[string]float64{
-				fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="rejected"}`, victim.name):   n,
-				fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="registered"}`, victim.name): 1,
-				fmt.Sprintf(`multireg_socket_recreations_total{driver=%q,reason="rejected"}`, victim.name):      n,
+				fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="rejected"}`, victim.Name):   n,
+				fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="registered"}`, victim.Name): 1,
+				fmt.Sprintf(`multireg_socket_recreations_total{driver=%q,reason="rejected"}`, victim.Name):      n,
 			} {
-				if got := metric(m, series); got != want {
+				if got := mrproc.Metric(m, series); got != want {
 					t.Errorf("%s = %v, want %v", series, got, want)
 				}
 			}
@@ -66,34 +66,34 @@ func TestKubeletRejects(t *testing.T) {
 func TestKubeletRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("k", 9)
+	ds := testenv.Mixed("k", 9)
 	p := e.startAll(ds)
-	pid := pidOf(t, e.cfg)
+	pid := pidOf(t, e.Cfg)
 	ids := e.snap(ds).ids
 	published := p.Count("registration socket published", "")
 
-	e.k.Stop()
-	if !healthy(t, p) {
+	e.K.Stop()
+	if !p.Healthy(t) {
 		t.Error("/healthz not 200 while kubelet is down")
 	}
-	e.startKubelet()
-	kubelet.WaitFor(t, registerTimeout, "every driver registered by the restarted kubelet", func() bool { return e.allRegistered(ds) })
+	e.StartKubelet()
+	wait.For(t, registerTimeout, "every driver registered by the restarted kubelet", func() bool { return e.AllRegistered(ds) })
 	waitPhases(t, p, ds, "Registered")
 	for _, d := range ds {
-		if c := e.k.Counts(d.name); c.Registrations != 1 || c.Deregistrations != 0 || c.RegistrationFailures != 0 {
-			t.Errorf("%s in the new kubelet: %+v, want one registration", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != 1 || c.Deregistrations != 0 || c.RegistrationFailures != 0 {
+			t.Errorf("%s in the new kubelet: %+v, want one registration", d.Name, c)
 		}
 	}
-	kubelet.Never(t, quietPeriod, "multireg moved after the kubelet restart", func() bool {
+	wait.Never(t, quietPeriod, "multireg moved after the kubelet restart", func() bool {
 		for _, d := range ds {
-			if idOf(e.socketPath(d)) != ids[d.name] {
-				t.Logf("%s: socket recreated", d.name)
+			if testenv.ID(e.SocketPath(d)) != ids[d.Name] {
+				t.Logf("%s: socket recreated", d.Name)
 				return true
 			}
 		}
 		return p.Exited() || p.Count("registration socket published", "") != published
 	})
-	if got := pidOf(t, e.cfg); got != pid {
+	if got := pidOf(t, e.Cfg); got != pid {
 		t.Errorf("multireg pid %d → %d", pid, got)
 	}
 	if n := p.Count("registration failed", ""); n != 0 {
@@ -106,20 +106,18 @@ func TestKubeletRestart(t *testing.T) {
 func TestKubeletDownAtStart(t *testing.T) {
 	t.Parallel()
 	e := newEnvWithoutKubelet(t)
-	ds := mixed("d", 9)
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
-	p := mrproc.Start(t, e.writeConfig(ds))
+	ds := testenv.Mixed("d", 9)
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
 	waitPhases(t, p, ds, "Serving")
-	ids := map[string]fileID{}
+	ids := map[string]testenv.FileID{}
 	for _, d := range ds {
-		if !isSocket(e.socketPath(d)) {
-			t.Fatalf("%s: no socket", d.name)
+		if !testenv.IsSocket(e.SocketPath(d)) {
+			t.Fatalf("%s: no socket", d.Name)
 		}
-		ids[d.name] = idOf(e.socketPath(d))
+		ids[d.Name] = testenv.ID(e.SocketPath(d))
 	}
-	kubelet.Never(t, quietPeriod, "multireg left Serving with no kubelet", func() bool {
+	wait.Never(t, quietPeriod, "multireg left Serving with no kubelet", func() bool {
 		for _, ph := range phases(t, p) {
 			if ph != "Serving" {
 				return true
@@ -128,14 +126,14 @@ func TestKubeletDownAtStart(t *testing.T) {
 		return false
 	})
 
-	e.startKubelet()
+	e.StartKubelet()
 	e.waitRegistered(p, ds)
 	for _, d := range ds {
-		if c := e.k.Counts(d.name); c.Registrations != 1 || c.RegistrationFailures != 0 {
-			t.Errorf("%s: %+v, want one registration", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != 1 || c.RegistrationFailures != 0 {
+			t.Errorf("%s: %+v, want one registration", d.Name, c)
 		}
-		if idOf(e.socketPath(d)) != ids[d.name] {
-			t.Errorf("%s: socket recreated", d.name)
+		if testenv.ID(e.SocketPath(d)) != ids[d.Name] {
+			t.Errorf("%s: socket recreated", d.Name)
 		}
 	}
 }
@@ -149,29 +147,29 @@ func TestKubeletDownAtStart(t *testing.T) {
 func TestRegistrationTimeout(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("t", 6)
-	victim := driver{name: "example.com/late", typ: "DevicePlugin", extra: "    registrationTimeout: 2s\n"}
+	ds := testenv.Mixed("t", 6)
+	victim := driver{Name: "example.com/late", Type: "DevicePlugin", Extra: "    registrationTimeout: 2s\n"}
 	p, before := e.startBeside(ds, victim)
 
-	e.k.SetRegisterDelay(victim.name, 6*time.Second)
-	e.startEndpoint(victim)
-	timeouts := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="timeout"}`, victim.name)
-	poll(t, registerTimeout, "multireg to count a registration timeout", func() bool {
-		return metric(metrics(t, p), timeouts) >= 1
+	e.K.SetRegisterDelay(victim.Name, 6*time.Second)
+	e.StartEndpoint(victim)
+	timeouts := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="timeout"}`, victim.Name)
+	wait.Every(t, requestPoll, registerTimeout, "multireg to count a registration timeout", func() bool {
+		return mrproc.Metric(p.Metrics(t), timeouts) >= 1
 	})
 	const why = "no registration verdict from kubelet within 2s"
-	poll(t, registerTimeout, "multireg to log the timeout", func() bool { return countWithErr(p, "registration failed", victim.name, why) >= 1 })
-	poll(t, registerTimeout, "/status to give the timeout as the reason", func() bool {
-		d, _ := status(t, p).driver(victim.name)
+	wait.Every(t, requestPoll, registerTimeout, "multireg to log the timeout", func() bool { return countWithErr(p, "registration failed", victim.Name, why) >= 1 })
+	wait.Every(t, requestPoll, registerTimeout, "/status to give the timeout as the reason", func() bool {
+		d, _ := p.Status(t).Driver(victim.Name)
 		return strings.Contains(d.LastError, why) && d.Failures >= 1
 	})
 
 	// kubelet is fast again (the call already delayed still takes its 6 s).
-	e.k.SetRegisterDelay(victim.name, 0)
+	e.K.SetRegisterDelay(victim.Name, 0)
 	registered := func() bool {
-		es := e.k.EventsFor(victim.name)
-		d, _ := status(t, p).driver(victim.name)
-		return e.k.Registered(victim.name) && len(es) > 0 && es[len(es)-1].Kind == kubelet.EventRegister && d.Phase == "Registered"
+		es := e.K.EventsFor(victim.Name)
+		d, _ := p.Status(t).Driver(victim.Name)
+		return e.K.Registered(victim.Name) && len(es) > 0 && es[len(es)-1].Kind == kubelet.EventRegister && d.Phase == "Registered"
 	}
 	// The call delayed before still ends with a verdict that kubelet's client sends on a new
 	// connection to the same path, that is to a newer socket (see TestStaleVerdict): wait
@@ -187,22 +185,22 @@ func TestRegistrationTimeout(t *testing.T) {
 func TestSlowRegistrationCompletes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("l", 6)
-	victim := driver{name: "slow.csi.example.com", typ: "CSIPlugin", extra: "    registrationTimeout: 1s\n"}
+	ds := testenv.Mixed("l", 6)
+	victim := driver{Name: "slow.csi.example.com", Type: "CSIPlugin", Extra: "    registrationTimeout: 1s\n"}
 	p, before := e.startBeside(ds, victim)
 
-	e.k.SetRegisterDelay(victim.name, 2500*time.Millisecond)
-	e.startEndpoint(victim)
+	e.K.SetRegisterDelay(victim.Name, 2500*time.Millisecond)
+	e.StartEndpoint(victim)
 	waitStable(t, 60*time.Second, "the slow driver registered, for good", func() bool {
-		d, _ := status(t, p).driver(victim.name)
-		return e.k.Registered(victim.name) && d.Phase == "Registered"
+		d, _ := p.Status(t).Driver(victim.Name)
+		return e.K.Registered(victim.Name) && d.Phase == "Registered"
 	})
-	timeouts := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="timeout"}`, victim.name)
-	n := metric(metrics(t, p), timeouts)
+	timeouts := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="timeout"}`, victim.Name)
+	n := mrproc.Metric(p.Metrics(t), timeouts)
 	if n < 1 {
 		t.Errorf("%s = %v: registered without a timeout, so the test proved nothing", timeouts, n)
 	}
-	t.Logf("registered after %v timeouts; kubelet: %+v", n, e.k.Counts(victim.name))
+	t.Logf("registered after %v timeouts; kubelet: %+v", n, e.K.Counts(victim.Name))
 	e.assertUnmoved(before, ds)
 }
 
@@ -212,58 +210,40 @@ func TestSlowRegistrationCompletes(t *testing.T) {
 func TestSlowKubeletDoesNotStallOthers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("s", 8)
-	slow := driver{name: "slow.csi.example.com", typ: "CSIPlugin"}
-	added := driver{name: "added.csi.example.com", typ: "CSIPlugin"}
+	ds := testenv.Mixed("s", 8)
+	slow := driver{Name: "slow.csi.example.com", Type: "CSIPlugin"}
+	added := driver{Name: "added.csi.example.com", Type: "CSIPlugin"}
 	const delay = 30 * time.Second
-	e.k.SetRegisterDelay(slow.name, delay)
-	for _, d := range append(ds, slow, added) {
-		e.startEndpoint(d)
-	}
+	e.K.SetRegisterDelay(slow.Name, delay)
+	e.StartEndpoints(append(ds, slow, added))
 	start := time.Now()
-	p := mrproc.Start(t, e.writeConfig(append(ds, slow)))
+	p := mrproc.Start(t, e.WriteConfig(append(ds, slow)))
 	const bound = 15 * time.Second // well under the 30 s the slow one takes
-	kubelet.WaitFor(t, bound, "the other drivers registered while the slow one waits", func() bool { return e.allRegistered(ds) })
+	wait.For(t, bound, "the other drivers registered while the slow one waits", func() bool { return e.AllRegistered(ds) })
 	waitPhases(t, p, ds, "Registered")
-	e.writeConfig(append(ds, slow, added))
-	kubelet.WaitFor(t, bound, "a driver added meanwhile registered", func() bool { return e.k.Registered(added.name) })
-	if e.k.Registered(slow.name) {
+	e.WriteConfig(append(ds, slow, added))
+	wait.For(t, bound, "a driver added meanwhile registered", func() bool { return e.K.Registered(added.Name) })
+	if e.K.Registered(slow.Name) {
 		t.Fatalf("the slow driver registered after %v, before its %v delay", time.Since(start), delay)
 	}
-	if d, _ := status(t, p).driver(slow.name); d.Phase != "Serving" {
+	if d, _ := p.Status(t).Driver(slow.Name); d.Phase != "Serving" {
 		t.Errorf("the slow driver's phase %q while kubelet registers it, want Serving", d.Phase)
 	}
 	before := e.snap(append(ds, added))
-	kubelet.WaitFor(t, delay+registerTimeout, "the slow driver registered", func() bool { return e.k.Registered(slow.name) })
+	wait.For(t, delay+registerTimeout, "the slow driver registered", func() bool { return e.K.Registered(slow.Name) })
 	waitPhases(t, p, []driver{slow}, "Registered")
-	if c := e.k.Counts(slow.name); c.Registrations != 1 || c.RegistrationFailures != 0 {
+	if c := e.K.Counts(slow.Name); c.Registrations != 1 || c.RegistrationFailures != 0 {
 		t.Errorf("slow driver: %+v, want one registration", c)
 	}
 	e.assertUnmoved(before, append(ds, added))
 }
 
-// countWithErr counts the log records with msg and driver whose err contains substr.
-func countWithErr(p *mrproc.Process, msg, driver, substr string) int {
-	n := 0
-	for _, r := range p.Records() {
-		if r["msg"] != msg || r["driver"] != driver {
-			continue
-		}
-		if s, _ := r["err"].(string); strings.Contains(s, substr) {
-			n++
-		}
-	}
-	return n
-}
-
 // startBeside runs multireg on ds and victim, with the endpoints of ds up and registered, and
 // returns it with a snapshot of ds. The victim's endpoint is not started.
 func (e *env) startBeside(ds []driver, victim driver) (*mrproc.Process, snapshot) {
-	e.t.Helper()
-	for _, d := range ds {
-		e.startEndpoint(d)
-	}
-	p := mrproc.Start(e.t, e.writeConfig(append(ds, victim)))
+	e.T.Helper()
+	e.StartEndpoints(ds)
+	p := mrproc.Start(e.T, e.WriteConfig(append(ds, victim)))
 	e.waitRegistered(p, ds)
 	return p, e.snap(ds)
 }

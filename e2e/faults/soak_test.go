@@ -10,15 +10,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
-	"multireg.dev/multireg/e2e/plugins"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // Soak limits.
@@ -74,22 +72,22 @@ func TestSoak(t *testing.T) {
 		faults:  map[string]int{},
 		longest: map[string]time.Duration{},
 		keep:    map[string]string{},
-		ids:     map[string]fileID{},
+		ids:     map[string]testenv.FileID{},
 	}
-	for i, d := range mixed("z", soakPool) {
+	for i, d := range testenv.Mixed("z", soakPool) {
 		// Endpoints in several directories: each is one more inotify watch to account for.
-		d.ep = filepath.Join(e.dir, fmt.Sprintf("ep%d", i%4), safe(d.name)+".sock")
+		d.Endpoint = filepath.Join(e.Dir, fmt.Sprintf("ep%d", i%4), testenv.Safe(d.Name)+".sock")
 		s.pool = append(s.pool, d)
-		e.startEndpoint(d)
+		e.StartEndpoint(d)
 	}
 	s.cfg = slices.Clone(s.pool[:soakConfigured])
 	s.placeForeignFiles()
 
 	start := time.Now()
-	s.p = mrproc.Start(t, e.writeConfig(s.cfg))
+	s.p = mrproc.Start(t, e.WriteConfig(s.cfg))
 	s.waitHealed("start", start, time.Minute, nil)
 	t.Logf("%d drivers registered %v after start", len(s.cfg), time.Since(start).Round(time.Millisecond))
-	pid := pidOf(t, e.cfg)
+	pid := pidOf(t, e.Cfg)
 	base := s.baseline(pid)
 
 	deadline := time.Now().Add(*soakDuration)
@@ -106,10 +104,10 @@ func TestSoak(t *testing.T) {
 	s.waitWhole("the first config again")
 	end := s.settle(pid, base)
 
-	if got := pidOf(t, e.cfg); got != pid {
+	if got := pidOf(t, e.Cfg); got != pid {
 		t.Errorf("multireg pid %d → %d", pid, got)
 	}
-	if !healthy(t, s.p) {
+	if !s.p.Healthy(t) {
 		t.Error("/healthz not 200 at the end")
 	}
 	s.checkForeignFiles()
@@ -148,8 +146,8 @@ type soak struct {
 	longest  map[string]time.Duration // longest heal, by kind
 	orphaned []string                 // registrations kubelet orphaned (see orphans)
 
-	keep map[string]string // files multireg does not own: path → content ("" for a socket)
-	ids  map[string]fileID // their identities
+	keep map[string]string         // files multireg does not own: path → content ("" for a socket)
+	ids  map[string]testenv.FileID // their identities
 }
 
 // fault is one injected fault: heal removes it, healed reports that its driver(s) are back.
@@ -177,7 +175,7 @@ func (s *soak) round() {
 		for _, v := range s.victims(1 + s.rng.IntN(3)) {
 			kind := kinds[s.rng.IntN(len(kinds))]
 			fs = append(fs, s.inject(kind, v))
-			what = append(what, kind+" "+v.name)
+			what = append(what, kind+" "+v.Name)
 		}
 	}
 	if what == nil {
@@ -205,7 +203,7 @@ func (s *soak) round() {
 		// kubelet's own race (see orphans): only a kubelet restart clears it.
 		s.orphaned = append(s.orphaned, orphaned...)
 		s.t.Logf("%s: kubelet %s kept an orphaned registration of %v and rejects every new socket for it; restarting kubelet", strings.Join(what, ", "), kubelet.Version(), orphaned)
-		s.e.restartKubelet()
+		s.e.RestartKubelet()
 		s.waitWhole("kubelet restart to clear orphaned registrations")
 	}
 	// multireg agrees before the next round.
@@ -228,8 +226,8 @@ func (s *soak) orphans() []string {
 		return nil
 	}
 	var out []string
-	for _, d := range status(s.t, s.p).Drivers {
-		if d.Phase == "BackingOff" && strings.Contains(d.LastError, "already registered for DRA driver plugin") && s.e.k.Registered(d.Name) {
+	for _, d := range s.p.Status(s.t).Drivers {
+		if d.Phase == "BackingOff" && strings.Contains(d.LastError, "already registered for DRA driver plugin") && s.e.K.Registered(d.Name) {
 			out = append(out, d.Name)
 		}
 	}
@@ -250,40 +248,40 @@ func (s *soak) victims(n int) []driver {
 func (s *soak) inject(kind string, v driver) fault {
 	t, e := s.t, s.e
 	t.Helper()
-	regs := e.k.Counts(v.name).Registrations
-	reregistered := func() bool { return e.k.Registered(v.name) && e.k.Counts(v.name).Registrations > regs }
-	sock := e.socketPath(v)
+	regs := e.K.Counts(v.Name).Registrations
+	reregistered := func() bool { return e.K.Registered(v.Name) && e.K.Counts(v.Name).Registrations > regs }
+	sock := e.SocketPath(v)
 	switch kind {
 	case faultEndpoint:
-		id := idOf(sock)
-		e.stopEndpoint(v)
-		waitDriverWithin(t, s.p, v.name, settleTimeout, "the endpoint seen down", func(d driverStatus) bool { return !d.EndpointUp })
-		if !e.k.Registered(v.name) || idOf(sock) != id {
-			t.Errorf("%s: the registration did not stay while the endpoint was down", v.name)
+		id := testenv.ID(sock)
+		e.StopEndpoint(v)
+		waitDriverWithin(t, s.p, v.Name, settleTimeout, "the endpoint seen down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
+		if !e.K.Registered(v.Name) || testenv.ID(sock) != id {
+			t.Errorf("%s: the registration did not stay while the endpoint was down", v.Name)
 		}
-		return fault{kind: kind, heal: func() { e.startEndpoint(v) }, healed: reregistered}
+		return fault{kind: kind, heal: func() { e.StartEndpoint(v) }, healed: reregistered}
 	case faultSocketDeleted:
 		if err := os.Remove(sock); err != nil {
 			t.Fatal(err)
 		}
 		return fault{kind: kind, heal: func() {}, healed: reregistered}
 	case faultSocketFile:
-		content := fmt.Sprintf("decoy for %s, %d", v.name, s.rng.Int64())
-		tmp := filepath.Join(e.dir, fmt.Sprintf("decoy%d", s.rng.Int64()))
+		content := fmt.Sprintf("decoy for %s, %d", v.Name, s.rng.Int64())
+		tmp := filepath.Join(e.Dir, fmt.Sprintf("decoy%d", s.rng.Int64()))
 		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Rename(tmp, sock); err != nil {
 			t.Fatal(err)
 		}
-		id := idOf(sock)
-		waitDriverWithin(t, s.p, v.name, settleTimeout, "the file in the way reported", func(d driverStatus) bool {
+		id := testenv.ID(sock)
+		waitDriverWithin(t, s.p, v.Name, settleTimeout, "the file in the way reported", func(d mrproc.DriverStatus) bool {
 			return d.Phase == "BackingOff" && strings.Contains(d.LastError, "is a file, not a socket")
 		})
 		return fault{kind: kind, heal: func() {
 			// multireg never touched it.
-			if err := fileHolds(sock, content); err != nil || idOf(sock) != id {
-				t.Errorf("the file in place of %s's socket was touched: %v", v.name, err)
+			if err := testenv.FileHolds(sock, content); err != nil || testenv.ID(sock) != id {
+				t.Errorf("the file in place of %s's socket was touched: %v", v.Name, err)
 			}
 			if err := os.Remove(sock); err != nil {
 				t.Fatal(err)
@@ -291,13 +289,13 @@ func (s *soak) inject(kind string, v driver) fault {
 		}, healed: reregistered}
 	case faultRejected:
 		n := 1 + s.rng.IntN(2)
-		failures := e.k.Counts(v.name).RegistrationFailures
-		e.k.FailRegistrations(v.name, n)
+		failures := e.K.Counts(v.Name).RegistrationFailures
+		e.K.FailRegistrations(v.Name, n)
 		if err := os.Remove(sock); err != nil { // a new registration, to reject
 			t.Fatal(err)
 		}
-		kubelet.WaitFor(t, settleTimeout, fmt.Sprintf("kubelet to reject %s %d times", v.name, n), func() bool {
-			return e.k.Counts(v.name).RegistrationFailures == failures+n
+		wait.For(t, settleTimeout, fmt.Sprintf("kubelet to reject %s %d times", v.Name, n), func() bool {
+			return e.K.Counts(v.Name).RegistrationFailures == failures+n
 		})
 		return fault{kind: kind, heal: func() {}, healed: reregistered}
 	}
@@ -307,8 +305,8 @@ func (s *soak) inject(kind string, v driver) fault {
 
 // kubeletRestart stops kubelet; the heal starts a new one, which must register every driver.
 func (s *soak) kubeletRestart() fault {
-	s.e.k.Stop()
-	return fault{kind: faultKubelet, heal: s.e.startKubelet, healed: func() bool { return true }}
+	s.e.K.Stop()
+	return fault{kind: faultKubelet, heal: s.e.StartKubelet, healed: func() bool { return true }}
 }
 
 // configEdit adds one to three drivers, removes one to three, and changes one (its backoff
@@ -317,7 +315,7 @@ func (s *soak) configEdit() fault {
 	e := s.e
 	var spare []driver
 	for _, d := range s.pool {
-		if !slices.ContainsFunc(s.cfg, func(c driver) bool { return c.name == d.name }) {
+		if !slices.ContainsFunc(s.cfg, func(c driver) bool { return c.Name == d.Name }) {
 			spare = append(spare, d)
 		}
 	}
@@ -325,20 +323,20 @@ func (s *soak) configEdit() fault {
 	added := spare[:min(len(spare), 1+s.rng.IntN(3))]
 	nRemove := min(1+s.rng.IntN(3), len(s.cfg)+len(added)-soakMinDrivers)
 	removed := s.victims(max(nRemove, 0))
-	kept := without(s.cfg, names(removed)...)
+	kept := testenv.Without(s.cfg, testenv.Names(removed)...)
 	changed := kept[s.rng.IntN(len(kept))]
-	s.tweaked[changed.name] = !s.tweaked[changed.name]
-	regs := e.k.Counts(changed.name).Registrations
+	s.tweaked[changed.Name] = !s.tweaked[changed.Name]
+	regs := e.K.Counts(changed.Name).Registrations
 
 	s.cfg = append(kept, added...)
 	s.writeConfig()
 	return fault{kind: faultConfigEdit, heal: func() {}, healed: func() bool {
 		for _, d := range removed {
-			if isExisting(e.socketPath(d)) {
+			if testenv.Exists(e.SocketPath(d)) {
 				return false
 			}
 		}
-		return e.k.Counts(changed.name).Registrations > regs
+		return e.K.Counts(changed.Name).Registrations > regs
 	}}
 }
 
@@ -351,64 +349,64 @@ func (s *soak) configInvalid() fault {
 		name      string
 		breakFile func()
 	}{
-		{"invalid yaml", func() { e.writeConfigContent(good + "drivers: [\n") }},
+		{"invalid yaml", func() { e.WriteConfigContent(good + "drivers: [\n") }},
 		{"invalid driver", func() {
-			e.writeConfigContent(good + "  - name: bad.csi.example.com\n    type: CSIPlugin\n    endpoint: csi.sock\n")
+			e.WriteConfigContent(good + "  - name: bad.csi.example.com\n    type: CSIPlugin\n    endpoint: csi.sock\n")
 		}},
-		{"empty", func() { e.writeConfigContent("") }},
-		{"deleted", func() { mustRemove(t, e.cfg) }},
-		{"over 1 MiB", func() { e.writeConfigContent(good + "#" + strings.Repeat("x", 1<<20) + "\n") }},
+		{"empty", func() { e.WriteConfigContent("") }},
+		{"deleted", func() { mustRemove(t, e.Cfg) }},
+		{"over 1 MiB", func() { e.WriteConfigContent(good + "#" + strings.Repeat("x", 1<<20) + "\n") }},
 		{"symlink loop", func() {
-			loop := e.cfg + ".loop"
+			loop := e.Cfg + ".loop"
 			os.Remove(loop)
-			if err := os.Symlink(e.cfg, loop); err != nil {
+			if err := os.Symlink(e.Cfg, loop); err != nil {
 				t.Fatal(err)
 			}
-			tmp := e.cfg + ".link"
+			tmp := e.Cfg + ".link"
 			if err := os.Symlink(loop, tmp); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Rename(tmp, e.cfg); err != nil {
+			if err := os.Rename(tmp, e.Cfg); err != nil {
 				t.Fatal(err)
 			}
 		}},
 	}
 	way := ways[s.rng.IntN(len(ways))]
 	way.breakFile()
-	poll(t, settleTimeout, "/status to report the "+way.name+" file", func() bool {
-		st := status(t, s.p)
+	wait.Every(t, requestPoll, settleTimeout, "/status to report the "+way.name+" file", func() bool {
+		st := s.p.Status(t)
 		return !st.Config.LastReloadSuccessful && st.Config.LastReloadError != ""
 	})
-	if !e.allRegistered(s.cfg) {
+	if !e.AllRegistered(s.cfg) {
 		t.Errorf("a driver lost its registration after an %s file", way.name)
 	}
 	return fault{kind: faultConfigInvalid, heal: func() {
-		if fi, err := os.Lstat(e.cfg); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			mustRemove(t, e.cfg)
+		if fi, err := os.Lstat(e.Cfg); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			mustRemove(t, e.Cfg)
 		}
 		s.writeConfig()
-	}, healed: func() bool { return status(t, s.p).Config.LastReloadSuccessful }}
+	}, healed: func() bool { return s.p.Status(t).Config.LastReloadSuccessful }}
 }
 
 // content is the drivers file for the configured drivers.
 func (s *soak) content() string {
 	ds := slices.Clone(s.cfg)
 	for i := range ds {
-		if s.tweaked[ds[i].name] {
-			ds[i].extra = "    backoff: {initialInterval: 300ms}\n"
+		if s.tweaked[ds[i].Name] {
+			ds[i].Extra = "    backoff: {initialInterval: 300ms}\n"
 		}
 	}
-	return s.e.configContent(ds)
+	return s.e.ConfigContent(ds)
 }
 
-func (s *soak) writeConfig() { s.e.writeConfigContent(s.content()) }
+func (s *soak) writeConfig() { s.e.WriteConfigContent(s.content()) }
 
 // whole reports whether every configured driver is registered in kubelet at its endpoint, and
 // no other driver of the pool is.
 func (s *soak) whole() bool {
 	for _, d := range s.pool {
-		in := slices.ContainsFunc(s.cfg, func(c driver) bool { return c.name == d.name })
-		if s.e.k.Registered(d.name) != in {
+		in := slices.ContainsFunc(s.cfg, func(c driver) bool { return c.Name == d.Name })
+		if s.e.K.Registered(d.Name) != in {
 			return false
 		}
 	}
@@ -434,12 +432,12 @@ func (s *soak) waitHealed(what string, since time.Time, limit time.Duration, con
 		if time.Since(since) > limit {
 			var missing, extra []string
 			for _, d := range s.pool {
-				in := slices.ContainsFunc(s.cfg, func(c driver) bool { return c.name == d.name })
-				switch reg := s.e.k.Registered(d.name); {
+				in := slices.ContainsFunc(s.cfg, func(c driver) bool { return c.Name == d.Name })
+				switch reg := s.e.K.Registered(d.Name); {
 				case in && !reg:
-					missing = append(missing, d.name)
+					missing = append(missing, d.Name)
 				case !in && reg:
-					extra = append(extra, d.name)
+					extra = append(extra, d.Name)
 				}
 			}
 			s.t.Fatalf("%s: not healed after %v: not registered %v; registered but not configured %v", what, limit, missing, extra)
@@ -463,7 +461,7 @@ func (s *soak) waitWhole(what string) {
 			return
 		}
 		s.orphaned = append(s.orphaned, o...)
-		s.e.restartKubelet()
+		s.e.RestartKubelet()
 	}
 	s.t.Fatalf("%s: kubelet keeps orphaning registrations", what)
 }
@@ -509,18 +507,18 @@ func (s *soak) settle(pid int, base resources) resources {
 // registration socket of another registrar (kubelet registers it).
 func (s *soak) placeForeignFiles() {
 	t, e := s.t, s.e
-	if err := os.MkdirAll(e.reg, 0o750); err != nil {
+	if err := os.MkdirAll(e.Reg, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	for name, content := range map[string]string{"sentinel": "sentinel of the soak", ".mr-0badf00d.tmp": "a file, not a socket"} {
-		p := filepath.Join(e.reg, name)
+		p := filepath.Join(e.Reg, name)
 		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		s.keep[p] = content
 	}
 
-	dead := filepath.Join(e.reg, "dead-foreign.sock")
+	dead := filepath.Join(e.Reg, "dead-foreign.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: dead, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
@@ -529,106 +527,34 @@ func (s *soak) placeForeignFiles() {
 	l.Close()
 	s.keep[dead] = ""
 
-	foreign := driver{name: "foreign.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(foreign)
-	live := filepath.Join(e.reg, "foreign-reg.sock")
-	serveForeign(t, live, foreign.name, e.endpointPath(foreign))
+	foreign := driver{Name: "foreign.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(foreign)
+	live := filepath.Join(e.Reg, "foreign-reg.sock")
+	e.ServeRegistrar(live, foreign.Name, e.EndpointPath(foreign))
 	s.keep[live] = ""
 	for p := range s.keep {
-		s.ids[p] = idOf(p)
+		s.ids[p] = testenv.ID(p)
 	}
-	kubelet.WaitFor(t, registerTimeout, "kubelet to register the foreign registrar's driver", func() bool { return e.k.Registered(foreign.name) })
+	wait.For(t, registerTimeout, "kubelet to register the foreign registrar's driver", func() bool { return e.K.Registered(foreign.Name) })
 }
 
 // checkForeignFiles fails the test if a file multireg does not own is gone or changed.
 func (s *soak) checkForeignFiles() {
 	t := s.t
 	for p, content := range s.keep {
-		if idOf(p) != s.ids[p] {
+		if testenv.ID(p) != s.ids[p] {
 			t.Errorf("%s: gone or replaced", p)
 			continue
 		}
 		if content == "" {
-			if !isSocket(p) {
+			if !testenv.IsSocket(p) {
 				t.Errorf("%s: not a socket any more", p)
 			}
 			continue
 		}
-		if err := fileHolds(p, content); err != nil {
+		if err := testenv.FileHolds(p, content); err != nil {
 			t.Error(err)
 		}
 	}
-	kubelet.WaitFor(t, registerTimeout, "the foreign registrar's driver registered", func() bool { return s.e.k.Registered("foreign.csi.example.com") })
-}
-
-// serveForeign serves the Registration API of a CSI driver on path until the test ends, as
-// another registrar would, accepting every verdict. The file stays after it stops: the soak
-// checks it after the test's last look.
-func serveForeign(t *testing.T, path, name, endpoint string) {
-	t.Helper()
-	r, err := plugins.ServeRegistrar(path, &registerapi.PluginInfo{
-		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-}
-
-func names(ds []driver) []string {
-	var ns []string
-	for _, d := range ds {
-		ns = append(ns, d.name)
-	}
-	return ns
-}
-
-// waitDriverWithin is waitDriver with its own limit.
-func waitDriverWithin(t testing.TB, p *mrproc.Process, name string, limit time.Duration, what string, cond func(driverStatus) bool) {
-	t.Helper()
-	poll(t, limit, name+": "+what, func() bool {
-		d, ok := status(t, p).driver(name)
-		return ok && cond(d)
-	})
-}
-
-// goroutineDump makes the process print its goroutines (SIGQUIT: it exits) and returns them
-// grouped by stack, the largest groups first.
-func goroutineDump(t *testing.T, p *mrproc.Process) string {
-	t.Helper()
-	p.Signal(t, syscall.SIGQUIT)
-	p.Wait(t, 30*time.Second)
-	logs := p.Logs()
-	i := strings.Index(logs, "goroutine ")
-	if i < 0 {
-		return "no goroutine dump"
-	}
-	groups := map[string]int{}
-	for _, g := range strings.Split(logs[i:], "\n\n") {
-		lines := strings.Split(strings.TrimSpace(g), "\n")
-		if len(lines) < 2 || !strings.HasPrefix(lines[0], "goroutine ") {
-			continue
-		}
-		var frames []string
-		for _, l := range lines[1:] {
-			if !strings.HasPrefix(l, "\t") { // function lines; file:line lines are indented
-				frames = append(frames, l[:max(strings.LastIndexByte(l, '('), 0)])
-			}
-		}
-		state := lines[0][strings.IndexByte(lines[0], '['):]
-		if j := strings.IndexByte(state, ','); j > 0 {
-			state = state[:j] + "]"
-		}
-		groups[state+" "+strings.Join(frames, " < ")]++
-	}
-	keys := make([]string, 0, len(groups))
-	for k := range groups {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(a, b int) bool { return groups[keys[a]] > groups[keys[b]] })
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%5d %s\n", groups[k], k)
-	}
-	return b.String()
+	wait.For(t, registerTimeout, "the foreign registrar's driver registered", func() bool { return s.e.K.Registered("foreign.csi.example.com") })
 }

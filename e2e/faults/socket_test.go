@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/internal/wait"
+	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // Fault: a registration socket is deleted by hand. multireg recreates it at once; kubelet
@@ -15,22 +17,22 @@ import (
 func TestSocketDeleted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("x", 6)
+	ds := testenv.Mixed("x", 6)
 	victim := ds[1]
-	others := without(ds, victim.name)
+	others := testenv.Without(ds, victim.Name)
 	p := e.startAll(ds)
 	before := e.snap(others)
 
-	if err := os.Remove(e.socketPath(victim)); err != nil {
+	if err := os.Remove(e.SocketPath(victim)); err != nil {
 		t.Fatal(err)
 	}
-	kubelet.WaitFor(t, registerTimeout, "a deregistration and a second registration", func() bool {
-		c := e.k.Counts(victim.name)
-		return c.Deregistrations == 1 && c.Registrations == 2 && e.k.Registered(victim.name)
+	wait.For(t, registerTimeout, "a deregistration and a second registration", func() bool {
+		c := e.K.Counts(victim.Name)
+		return c.Deregistrations == 1 && c.Registrations == 2 && e.K.Registered(victim.Name)
 	})
 	waitPhases(t, p, []driver{victim}, "Registered")
-	series := fmt.Sprintf(`multireg_socket_recreations_total{driver=%q,reason="socket_removed"}`, victim.name)
-	if got := metric(metrics(t, p), series); got != 1 {
+	series := fmt.Sprintf(`multireg_socket_recreations_total{driver=%q,reason="socket_removed"}`, victim.Name)
+	if got := mrproc.Metric(p.Metrics(t), series); got != 1 {
 		t.Errorf("%s = %v, want 1", series, got)
 	}
 	e.assertUnmoved(before, others)
@@ -53,7 +55,7 @@ func TestSocketReplaced(t *testing.T) {
 		{
 			kind: "file",
 			place: func(t *testing.T, e *env, path string) {
-				tmp := filepath.Join(e.dir, "decoy")
+				tmp := filepath.Join(e.Dir, "decoy")
 				if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 					t.Fatal(err)
 				}
@@ -61,13 +63,13 @@ func TestSocketReplaced(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			check: func(path string) error { return fileHolds(path, content) },
+			check: func(path string) error { return testenv.FileHolds(path, content) },
 		},
 		{
 			kind: "symlink",
 			place: func(t *testing.T, e *env, path string) {
-				tmp := filepath.Join(e.dir, "decoy")
-				if err := os.Symlink(filepath.Join(e.dir, "nowhere"), tmp); err != nil {
+				tmp := filepath.Join(e.Dir, "decoy")
+				if err := os.Symlink(filepath.Join(e.Dir, "nowhere"), tmp); err != nil {
 					t.Fatal(err)
 				}
 				if err := os.Rename(tmp, path); err != nil {
@@ -103,38 +105,38 @@ func TestSocketReplaced(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			check: func(path string) error { return fileHolds(filepath.Join(path, "keep"), content) },
+			check: func(path string) error { return testenv.FileHolds(filepath.Join(path, "keep"), content) },
 		},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			ds := mixed("p", 6)
-			ds[2].extra = "    backoff: {initialInterval: 1m, maxInterval: 1m}\n"
+			ds := testenv.Mixed("p", 6)
+			ds[2].Extra = "    backoff: {initialInterval: 1m, maxInterval: 1m}\n"
 			victim := ds[2]
-			others := without(ds, victim.name)
+			others := testenv.Without(ds, victim.Name)
 			p := e.startAll(ds)
 			before := e.snap(others)
-			regs := e.k.Counts(victim.name).Registrations
-			path := e.socketPath(victim)
+			regs := e.K.Counts(victim.Name).Registrations
+			path := e.SocketPath(victim)
 
 			tc.place(t, e, path)
-			placed := idOf(path)
+			placed := testenv.ID(path)
 			want := fmt.Sprintf("%s is a %s, not a socket", path, tc.kind)
-			d := waitDriver(t, p, victim.name, "/status to report the "+tc.kind, func(d driverStatus) bool {
+			d := waitDriver(t, p, victim.Name, "/status to report the "+tc.kind, func(d mrproc.DriverStatus) bool {
 				return d.Phase == "BackingOff" && strings.Contains(d.LastError, want)
 			})
 			t.Logf("lastError: %s", d.LastError)
-			kubelet.Never(t, quietPeriod, "the "+tc.kind+" in the way was touched", func() bool {
-				return idOf(path) != placed || tc.check(path) != nil
+			wait.Never(t, quietPeriod, "the "+tc.kind+" in the way was touched", func() bool {
+				return testenv.ID(path) != placed || tc.check(path) != nil
 			})
 			e.assertUnmoved(before, others)
 
 			if err := os.RemoveAll(path); err != nil {
 				t.Fatal(err)
 			}
-			kubelet.WaitFor(t, registerTimeout, "the driver registered again once the "+tc.kind+" is gone", func() bool {
-				return e.k.Registered(victim.name) && e.k.Counts(victim.name).Registrations == regs+1 && isSocket(path)
+			wait.For(t, registerTimeout, "the driver registered again once the "+tc.kind+" is gone", func() bool {
+				return e.K.Registered(victim.Name) && e.K.Counts(victim.Name).Registrations == regs+1 && testenv.IsSocket(path)
 			})
 			waitPhases(t, p, []driver{victim}, "Registered")
 			e.assertUnmoved(before, others)
@@ -150,54 +152,35 @@ func TestSocketReplaced(t *testing.T) {
 func TestRegistryDirRecreated(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ds := mixed("g", 9)
+	ds := testenv.Mixed("g", 9)
 	p := e.startAll(ds)
-	pid := pidOf(t, e.cfg)
+	pid := pidOf(t, e.Cfg)
 	old := e.snap(ds).ids
 
-	e.recreateRegistry()
-	kubelet.WaitFor(t, registerTimeout, "kubelet to deregister every driver", func() bool { return len(e.k.RegisteredNames()) == 0 })
-	kubelet.WaitFor(t, registerTimeout, "every socket published in the new directory", func() bool {
+	e.RecreateRegistry()
+	wait.For(t, registerTimeout, "kubelet to deregister every driver", func() bool { return len(e.K.RegisteredNames()) == 0 })
+	wait.For(t, registerTimeout, "every socket published in the new directory", func() bool {
 		for _, d := range ds {
-			if !isSocket(e.socketPath(d)) || idOf(e.socketPath(d)) == old[d.name] {
+			if !testenv.IsSocket(e.SocketPath(d)) || testenv.ID(e.SocketPath(d)) == old[d.Name] {
 				return false
 			}
 		}
 		return true
 	})
-	lock := filepath.Join(e.reg, ".multireg.lock")
-	kubelet.WaitFor(t, registerTimeout, "multireg to take the new directory's lock", func() bool { return isExisting(lock) })
+	lock := filepath.Join(e.Reg, ".multireg.lock")
+	wait.For(t, registerTimeout, "multireg to take the new directory's lock", func() bool { return testenv.Exists(lock) })
 
-	e.restartKubelet()
+	e.RestartKubelet()
 	e.waitRegistered(p, ds)
 	for _, d := range ds {
-		if c := e.k.Counts(d.name); c.Registrations != 1 || c.RegistrationFailures != 0 {
-			t.Errorf("%s: %+v, want one registration", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != 1 || c.RegistrationFailures != 0 {
+			t.Errorf("%s: %+v, want one registration", d.Name, c)
 		}
 	}
-	if got := pidOf(t, e.cfg); got != pid {
+	if got := pidOf(t, e.Cfg); got != pid {
 		t.Errorf("multireg pid %d → %d", pid, got)
 	}
-	if !healthy(t, p) {
+	if !p.Healthy(t) {
 		t.Error("/healthz not 200")
 	}
-}
-
-// fileHolds fails unless the regular file at path holds content.
-func fileHolds(path, content string) error {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s is %v, not a regular file", path, fi.Mode().Type())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	if string(b) != content {
-		return fmt.Errorf("%s holds %q, want %q", path, b, content)
-	}
-	return nil
 }

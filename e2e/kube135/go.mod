@@ -11,6 +11,7 @@ require (
 	k8s.io/klog/v2 v2.130.1
 	k8s.io/kubelet v0.0.0
 	k8s.io/kubernetes v1.35.4
+	multireg.dev/multireg/e2e/internal v0.0.0-00010101000000-000000000000
 	sigs.k8s.io/yaml v1.6.0
 )
 
@@ -137,3 +138,6 @@ replace (
 	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.35.4
 	k8s.io/sample-controller => k8s.io/sample-controller v0.35.4
 )
+
+// The packages this module shares with e2e/node: a module of their own, in this tree.
+replace multireg.dev/multireg/e2e/internal => ./internal

@@ -10,6 +10,7 @@ import (
 
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 )
 
@@ -59,7 +60,7 @@ func TestRegisterEachType(t *testing.T) {
 
 	for i, info := range infos {
 		p := plugins[i]
-		kubelet.WaitFor(t, registerTimeout, info.Name+" registered and notified", func() bool {
+		wait.For(t, registerTimeout, info.Name+" registered and notified", func() bool {
 			return k.Registered(info.Name) && len(p.Statuses()) == 1
 		})
 		if got, want := p.Statuses(), []status{{Registered: true}}; !slices.Equal(got, want) {
@@ -85,7 +86,7 @@ func TestRegisterEachType(t *testing.T) {
 
 	for i, info := range infos {
 		plugins[i].stop()
-		kubelet.WaitFor(t, registerTimeout, info.Name+" deregistered", func() bool {
+		wait.For(t, registerTimeout, info.Name+" deregistered", func() bool {
 			return !k.Registered(info.Name)
 		})
 		es := k.EventsFor(info.Name)
@@ -115,7 +116,7 @@ func TestRegisterFailure(t *testing.T) {
 	reg := filepath.Join(k.Dir(), "fail-reg.sock")
 	p := servePlugin(t, reg, info)
 
-	kubelet.WaitFor(t, registerTimeout, "a failed registration, notified", func() bool {
+	wait.For(t, registerTimeout, "a failed registration, notified", func() bool {
 		return k.Counts(name).RegistrationFailures == 1 && len(p.Statuses()) >= 1
 	})
 	if s := p.Statuses()[0]; s.Registered || !strings.Contains(s.Error, "injected registration failure") {
@@ -123,7 +124,7 @@ func TestRegisterFailure(t *testing.T) {
 	}
 
 	if kubelet.RetriesRegisterFailures() {
-		kubelet.WaitFor(t, retryTimeout, "registered by kubelet's own retry", func() bool {
+		wait.For(t, retryTimeout, "registered by kubelet's own retry", func() bool {
 			return k.Registered(name) && len(p.Statuses()) == 2
 		})
 		if s := p.Statuses()[1]; !s.Registered {
@@ -137,7 +138,7 @@ func TestRegisterFailure(t *testing.T) {
 	}
 
 	// Kubelet 1.35 would have retried within 1+2+3 s; 6 s covers several of its attempts.
-	kubelet.Never(t, 6*time.Second, "registered without a recreated socket", func() bool {
+	wait.Never(t, 6*time.Second, "registered without a recreated socket", func() bool {
 		return k.Registered(name) || k.Counts(name).Validations > 1
 	})
 	if got := p.Statuses(); len(got) != 1 {
@@ -147,7 +148,7 @@ func TestRegisterFailure(t *testing.T) {
 	// Recreating the socket is what makes 1.35 try again: it deregisters the failed plugin first.
 	p.stop()
 	p = servePlugin(t, reg, info)
-	kubelet.WaitFor(t, retryTimeout, "registered after the socket was recreated", func() bool {
+	wait.For(t, retryTimeout, "registered after the socket was recreated", func() bool {
 		return k.Registered(name) && len(p.Statuses()) == 1
 	})
 	want := []kubelet.EventKind{kubelet.EventValidate, kubelet.EventRegisterFailed, kubelet.EventDeRegister, kubelet.EventValidate, kubelet.EventRegister}
@@ -166,14 +167,14 @@ func TestRestart(t *testing.T) {
 	info := pluginInfo{Type: registerapi.DRAPlugin, Name: name, Endpoint: filepath.Join(dir, "dra.sock"), Versions: []string{"v1.DRAPlugin"}}
 	listenEndpoint(t, info.Endpoint)
 	p := servePlugin(t, filepath.Join(k.Dir(), "restart-reg.sock"), info)
-	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return k.Registered(name) && len(p.Statuses()) == 1 })
+	wait.For(t, registerTimeout, "registered", func() bool { return k.Registered(name) && len(p.Statuses()) == 1 })
 
 	k.Stop()
 	k2 := startKubelet(t, dir, kubelet.Options{})
 	if k2.Registered(name) {
 		t.Fatal("a new kubelet starts with the plugin registered")
 	}
-	kubelet.WaitFor(t, registerTimeout, "registered by the restarted kubelet", func() bool {
+	wait.For(t, registerTimeout, "registered by the restarted kubelet", func() bool {
 		return k2.Registered(name) && len(p.Statuses()) == 2
 	})
 	if got, want := p.Statuses(), []status{{Registered: true}, {Registered: true}}; !slices.Equal(got, want) {
@@ -202,7 +203,7 @@ func TestValidationFailure(t *testing.T) {
 	}
 	for i, info := range infos {
 		p := plugins[i]
-		kubelet.WaitFor(t, registerTimeout, info.Name+" refused", func() bool {
+		wait.For(t, registerTimeout, info.Name+" refused", func() bool {
 			return k.Counts(info.Name).ValidationFailures >= 1 && len(p.Statuses()) >= 1
 		})
 		if s := p.Statuses()[0]; s.Registered || !strings.Contains(s.Error, "validat") {
@@ -226,10 +227,10 @@ func TestEndpointCheck(t *testing.T) {
 			Type: registerapi.DevicePlugin, Name: name, Endpoint: filepath.Join(dir, "missing.sock"), Versions: []string{"v1beta1"},
 		})
 		if skip {
-			kubelet.WaitFor(t, registerTimeout, "registered without a check", func() bool { return k.Registered(name) })
+			wait.For(t, registerTimeout, "registered without a check", func() bool { return k.Registered(name) })
 			continue
 		}
-		kubelet.WaitFor(t, registerTimeout, "a failed registration, notified", func() bool {
+		wait.For(t, registerTimeout, "a failed registration, notified", func() bool {
 			return k.Counts(name).RegistrationFailures >= 1 && len(p.Statuses()) >= 1
 		})
 		if e := k.EventsFor(name)[1]; e.Kind != kubelet.EventRegisterFailed || !strings.Contains(e.Err, "connect to endpoint") {
@@ -253,13 +254,13 @@ func TestRegisterDelay(t *testing.T) {
 		servePlugin(t, filepath.Join(k.Dir(), name+"-reg.sock"), info)
 	}
 
-	kubelet.WaitFor(t, registerTimeout+delay, slow+" registered", func() bool { return k.Registered(slow) })
+	wait.For(t, registerTimeout+delay, slow+" registered", func() bool { return k.Registered(slow) })
 	es := k.EventsFor(slow)
 	if took := es[1].Time.Sub(es[0].Time); took < delay {
 		t.Errorf("RegisterPlugin took %v, want at least %v:%s", took, delay, kubelet.FormatEvents(es))
 	}
 
-	kubelet.WaitFor(t, registerTimeout, stuck+" validated", func() bool { return k.Counts(stuck).Validations == 1 })
+	wait.For(t, registerTimeout, stuck+" validated", func() bool { return k.Counts(stuck).Validations == 1 })
 	start := time.Now()
 	k.Stop()
 	if took := time.Since(start); took > 5*time.Second {
@@ -285,9 +286,9 @@ func TestNameKeys(t *testing.T) {
 		listenEndpoint(t, info.Endpoint)
 		instances = append(instances, servePlugin(t, filepath.Join(k.Dir(), "dra-"+n+"-reg.sock"), info))
 	}
-	kubelet.WaitFor(t, registerTimeout, "two DRA instances registered", func() bool { return len(k.RegisteredEndpoints(dra)) == 2 })
+	wait.For(t, registerTimeout, "two DRA instances registered", func() bool { return len(k.RegisteredEndpoints(dra)) == 2 })
 	instances[0].stop()
-	kubelet.WaitFor(t, registerTimeout, "one DRA instance deregistered", func() bool { return len(k.RegisteredEndpoints(dra)) == 1 })
+	wait.For(t, registerTimeout, "one DRA instance deregistered", func() bool { return len(k.RegisteredEndpoints(dra)) == 1 })
 	if got, want := k.RegisteredEndpoints(dra), []string{filepath.Join(dir, "dra-b.sock")}; !slices.Equal(got, want) {
 		t.Errorf("DRA endpoints %v, want %v", got, want)
 	}
@@ -299,14 +300,14 @@ func TestNameKeys(t *testing.T) {
 	listenEndpoint(t, first.Endpoint)
 	listenEndpoint(t, second.Endpoint)
 	p1 := servePlugin(t, filepath.Join(k.Dir(), "csi-1-reg.sock"), first)
-	kubelet.WaitFor(t, registerTimeout, "first CSI socket registered", func() bool { return k.Registered(csi) })
+	wait.For(t, registerTimeout, "first CSI socket registered", func() bool { return k.Registered(csi) })
 	p2 := servePlugin(t, filepath.Join(k.Dir(), "csi-2-reg.sock"), second)
-	kubelet.WaitFor(t, registerTimeout, "second CSI socket refused", func() bool { return k.Counts(csi).ValidationFailures >= 1 })
+	wait.For(t, registerTimeout, "second CSI socket refused", func() bool { return k.Counts(csi).ValidationFailures >= 1 })
 	if s := p2.Statuses(); len(s) == 0 || s[0].Registered || !strings.Contains(s[0].Error, "already registered") {
 		t.Errorf("second socket notified %+v, want a validation failure", s)
 	}
 	p1.stop()
-	kubelet.WaitFor(t, retryTimeout, "second CSI socket registered once the first is gone", func() bool {
+	wait.For(t, retryTimeout, "second CSI socket registered once the first is gone", func() bool {
 		return slices.Equal(k.RegisteredEndpoints(csi), []string{second.Endpoint})
 	})
 }

@@ -4,20 +4,21 @@ package mrproc
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"multireg.dev/multireg/e2e/internal/child"
 )
 
 var (
@@ -72,10 +73,8 @@ func Binary() (string, error) {
 
 // Process is a running multireg.
 type Process struct {
-	cmd  *exec.Cmd
-	logs *lines
-	done chan struct{}
-	err  error // set before done is closed
+	*child.Process
+	addr atomic.Pointer[string] // the HTTP address, once logged
 }
 
 // Start runs `multireg run --config cfg --log-format json -v 1 --http-endpoint 127.0.0.1:0`
@@ -89,25 +88,15 @@ func Start(t testing.TB, cfg string, args ...string) *Process {
 	}
 	// Port 0: tests run several multireg at once; HTTPAddr reads the port from the log.
 	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1", "--http-endpoint", "127.0.0.1:0"}, args...)
-	p := &Process{cmd: exec.Command(bin, all...), logs: &lines{}, done: make(chan struct{})}
-	p.cmd.Stdout = p.logs
-	p.cmd.Stderr = p.logs
-	if err := p.cmd.Start(); err != nil {
+	c, err := child.Start("multireg", exec.Command(bin, all...))
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
+	p := &Process{Process: c}
 	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.Kill()
 		if t.Failed() {
-			t.Logf("multireg %s logs:\n%s", strings.Join(all, " "), p.logs.String())
+			t.Logf("multireg %s logs:\n%s", strings.Join(all, " "), p.Logs())
 		}
 	})
 	return p
@@ -116,63 +105,46 @@ func Start(t testing.TB, cfg string, args ...string) *Process {
 // Signal sends sig to the process.
 func (p *Process) Signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
+	if err := p.Process.Signal(sig); err != nil {
 		t.Fatalf("signal %v: %v", sig, err)
 	}
 }
 
-// Wait waits up to timeout for the process to exit and returns its exit code.
+// Wait waits up to timeout for the process to exit and returns its exit code (the negated
+// signal number if a signal ended it).
 func (p *Process) Wait(t testing.TB, timeout time.Duration) int {
 	t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		t.Fatalf("multireg did not exit within %v", timeout)
+	code, err := p.Process.Wait(timeout)
+	if err != nil {
+		t.Fatal(err)
 	}
-	var exit *exec.ExitError
-	if errors.As(p.err, &exit) {
-		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return -int(ws.Signal())
-		}
-		return exit.ExitCode()
-	}
-	if p.err != nil {
-		t.Fatalf("wait: %v", p.err)
-	}
-	return 0
+	return code
 }
 
 // HTTPAddr returns the address the process serves HTTP on, once it has logged it, or "".
+// Once found, it is kept: the logs of 200 drivers at -v 1 are long, and parsing them on
+// every poll takes enough CPU on two cores to slow multireg and kubelet down.
 func (p *Process) HTTPAddr() string {
+	if a := p.addr.Load(); a != nil {
+		return *a
+	}
 	for _, r := range p.Records() {
 		if r["msg"] == "serving HTTP" {
 			a, _ := r["address"].(string)
+			p.addr.Store(&a)
 			return a
 		}
 	}
 	return ""
 }
 
-// PID returns the process's id.
-func (p *Process) PID() int { return p.cmd.Process.Pid }
-
-// Exited reports whether the process has exited.
-func (p *Process) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // Logs returns everything the process wrote so far.
-func (p *Process) Logs() string { return p.logs.String() }
+func (p *Process) Logs() string { return p.Output() }
 
 // Records returns the JSON log records written so far.
 func (p *Process) Records() []map[string]any {
 	var recs []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(p.logs.String()))
+	sc := bufio.NewScanner(strings.NewReader(p.Logs()))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var r map[string]any
@@ -204,23 +176,3 @@ func (p *Process) Count(msg, driver string) int {
 	}
 	return n
 }
-
-// lines is a goroutine-safe log buffer.
-type lines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-var _ io.Writer = (*lines)(nil)

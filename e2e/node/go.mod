@@ -16,6 +16,7 @@ require (
 	k8s.io/apimachinery v0.36.3
 	k8s.io/client-go v0.36.3
 	k8s.io/kubelet v0.36.3
+	multireg.dev/multireg/e2e/internal v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -59,3 +60,6 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+// The packages this module shares with e2e: a module of their own, in this tree.
+replace multireg.dev/multireg/e2e/internal => ../internal

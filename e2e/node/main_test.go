@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/node/cluster"
 	"multireg.dev/multireg/e2e/node/hostpaths"
 	"multireg.dev/multireg/e2e/node/images"
@@ -173,27 +174,18 @@ func deleteWorkloads(c *cluster.Cluster) error {
 		}
 	}
 	pods := c.Client.CoreV1().Pods(metav1.NamespaceAll)
-	for {
+	return wait.Poll(ctx, 250*time.Millisecond, "every pod gone within 90s (the teardown removes their containers)", func() (bool, error) {
 		list, err := pods.List(ctx, metav1.ListOptions{})
-		if err == nil && len(list.Items) == 0 {
-			return nil
+		if err != nil {
+			return false, err
 		}
-		if err == nil {
-			for _, p := range list.Items {
-				if p.DeletionTimestamp == nil {
-					_ = c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
-				}
+		for _, p := range list.Items {
+			if p.DeletionTimestamp == nil {
+				_ = c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
 			}
 		}
-		select {
-		case <-ctx.Done():
-			if err == nil {
-				return fmt.Errorf("%d pods still there after 90s (the teardown removes their containers)", len(list.Items))
-			}
-			return err
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+		return len(list.Items) == 0, fmt.Errorf("%d pods still there", len(list.Items))
+	})
 }
 
 func printPhases(phases []cluster.Phase) {
@@ -208,4 +200,12 @@ func printPhases(phases []cluster.Phase) {
 	}
 	w.Flush()
 	fmt.Printf("\ne2e-node phases:\n%s", b.String())
+}
+
+// scenario runs one scenario as a subtest and records its duration for the phase summary.
+func scenario(t *testing.T, name string, f func(t *testing.T)) bool {
+	start := time.Now()
+	ok := t.Run(name, f)
+	scenarioPhases = append(scenarioPhases, cluster.Phase{Name: "  " + name, Duration: time.Since(start)})
+	return ok
 }

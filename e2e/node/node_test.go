@@ -270,7 +270,7 @@ func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 		t.Fatal(err)
 	}
 	socks := idents(t, all...)
-	pid := mr.pid()
+	pid := mr.PID()
 	aOK, _ := eps.a.NodeGetInfoCalls()
 	bOK, _ := eps.b.NodeGetInfoCalls()
 	cOK, _ := eps.c.NodeGetInfoCalls()
@@ -339,7 +339,7 @@ func scenarioKubeletRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 				return fmt.Sprintf("%s: %+v, before %+v", n, st[n], before[n]), nil
 			}
 		}
-		if !mr.running() || mr.pid() != pid {
+		if mr.Exited() || mr.PID() != pid {
 			return "multireg did not survive kubelet's restart", nil
 		}
 		return "", nil

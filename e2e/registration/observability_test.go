@@ -1,13 +1,10 @@
 package registration
 
 import (
-	"encoding/json"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 
-	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 )
 
@@ -16,40 +13,28 @@ import (
 func TestObservabilityNamesTheRejectedDriver(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	good := driver{name: "good.csi.example.com", typ: "CSIPlugin"}
-	bad := driver{name: "bad.csi.example.com", typ: "CSIPlugin", extra: "    backoff: {initialInterval: 4s, maxInterval: 4s}\n"}
-	e.startEndpoint(good)
-	e.startEndpoint(bad)
-	e.k.FailRegistrations(bad.name, 1)
-	p := mrproc.Start(t, e.writeConfig([]driver{good, bad}))
-	kubelet.WaitFor(t, registerTimeout, "the HTTP address", func() bool { return p.HTTPAddr() != "" })
-	base := "http://" + p.HTTPAddr()
+	good := driver{Name: "good.csi.example.com", Type: "CSIPlugin"}
+	bad := driver{Name: "bad.csi.example.com", Type: "CSIPlugin", Extra: "    backoff: {initialInterval: 4s, maxInterval: 4s}\n"}
+	e.StartEndpoint(good)
+	e.StartEndpoint(bad)
+	e.K.FailRegistrations(bad.Name, 1)
+	p := mrproc.Start(t, e.WriteConfig([]driver{good, bad}))
 	get := func(path string) (int, string) {
-		resp, err := http.Get(base + path)
+		code, body, err := p.Get(t, path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return code, body
 	}
 
 	const reason = "injected registration failure"
-	kubelet.WaitFor(t, registerTimeout, "/readyz to name the rejected driver and kubelet's reason", func() bool {
+	wait.For(t, registerTimeout, "/readyz to name the rejected driver and kubelet's reason", func() bool {
 		code, body := get("/readyz")
 		return code == 503 && strings.Contains(body, "bad.csi.example.com: BackingOff: kubelet rejected the registration: RegisterPlugin error -- plugin registration failed with err:") &&
-			strings.Contains(body, reason) && !strings.Contains(body, good.name)
+			strings.Contains(body, reason) && !strings.Contains(body, good.Name)
 	})
-	_, body := get("/status")
-	var doc struct {
-		Drivers []struct{ Name, Phase, LastError string }
-	}
-	if err := json.Unmarshal([]byte(body), &doc); err != nil {
-		t.Fatal(err)
-	}
-	if len(doc.Drivers) != 2 || doc.Drivers[0].Name != bad.name || doc.Drivers[0].Phase != "BackingOff" || !strings.Contains(doc.Drivers[0].LastError, reason) {
-		t.Errorf("/status: %s", body)
+	if doc := p.Status(t); len(doc.Drivers) != 2 || doc.Drivers[0].Name != bad.Name || doc.Drivers[0].Phase != "BackingOff" || !strings.Contains(doc.Drivers[0].LastError, reason) {
+		t.Errorf("/status: %+v", doc)
 	}
 	_, metrics := get("/metrics")
 	for _, want := range []string{
@@ -67,8 +52,8 @@ func TestObservabilityNamesTheRejectedDriver(t *testing.T) {
 	}
 
 	// The retry is accepted: everything turns green.
-	kubelet.WaitFor(t, registerTimeout, "kubelet registers the retried driver", func() bool { return e.k.Registered(bad.name) })
-	kubelet.WaitFor(t, registerTimeout, "/readyz green", func() bool { code, _ := get("/readyz"); return code == 200 })
+	wait.For(t, registerTimeout, "kubelet registers the retried driver", func() bool { return e.K.Registered(bad.Name) })
+	wait.For(t, registerTimeout, "/readyz green", func() bool { code, _ := get("/readyz"); return code == 200 })
 	_, metrics = get("/metrics")
 	if want := `multireg_driver_registered{driver="bad.csi.example.com",type="CSIPlugin"} 1`; !strings.Contains(metrics, want) {
 		t.Errorf("/metrics lacks %s", want)

@@ -1,5 +1,3 @@
-// Package registration runs the built multireg binary against the real kubelet plugin
-// manager, on kubelet 1.36 (go.mod) and 1.35 (kube135/go.mod).
 package registration
 
 import (
@@ -9,11 +7,10 @@ import (
 	"testing"
 	"time"
 
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
-	"multireg.dev/multireg/e2e/plugins"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // 1. Thirty drivers of all three types in one file all reach Registered, in kubelet and in
@@ -21,15 +18,14 @@ import (
 func TestThirtyDriversRegister(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(30)
-	e.startEndpoints(ds)
-	p := mrproc.Start(t, e.writeConfig(ds))
-	kubelet.WaitFor(t, registerTimeout, "30 drivers registered in kubelet", func() bool { return e.allRegistered(ds) })
-	kubelet.WaitFor(t, registerTimeout, "30 drivers Registered in multireg", func() bool { return registeredIn(p, ds) })
+	ds := testenv.Mixed("", 30)
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "30 drivers registered in kubelet", func() bool { return e.AllRegistered(ds) })
+	wait.For(t, registerTimeout, "30 drivers Registered in multireg", func() bool { return registeredIn(p, ds) })
 	for _, d := range ds {
-		if c := e.k.Counts(d.name); c.Registrations != 1 || c.RegistrationFailures != 0 {
-			t.Errorf("%s: %+v, want exactly one registration", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != 1 || c.RegistrationFailures != 0 {
+			t.Errorf("%s: %+v, want exactly one registration", d.Name, c)
 		}
 	}
 }
@@ -40,94 +36,76 @@ func TestThirtyDriversRegister(t *testing.T) {
 func TestFailedRegistrationIsRetried(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	d := driver{name: "flaky.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(d)
-	e.k.FailRegistrations(d.name, 3)
+	d := driver{Name: "flaky.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(d)
+	e.K.FailRegistrations(d.Name, 3)
 
 	// The incumbent's behaviour minus the exit: serve, report nothing, never recreate.
-	still := driver{name: "still.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(still)
-	e.k.FailRegistrations(still.name, 1)
-	serveWithoutRecreate(t, e.socketPath(still), still.name, e.endpointPath(still))
+	still := driver{Name: "still.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(still)
+	e.K.FailRegistrations(still.Name, 1)
+	e.ServeRegistrar(e.SocketPath(still), still.Name, e.EndpointPath(still))
 
-	p := mrproc.Start(t, e.writeConfig([]driver{d}))
-	kubelet.WaitFor(t, registerTimeout, "the flaky driver registered", func() bool { return e.k.Registered(d.name) })
-	if c := e.k.Counts(d.name); c.RegistrationFailures != 3 {
+	p := mrproc.Start(t, e.WriteConfig([]driver{d}))
+	wait.For(t, registerTimeout, "the flaky driver registered", func() bool { return e.K.Registered(d.Name) })
+	if c := e.K.Counts(d.Name); c.RegistrationFailures != 3 {
 		t.Errorf("registration failures %d, want 3", c.RegistrationFailures)
 	}
-	kubelet.WaitFor(t, registerTimeout, "Registered in multireg", func() bool { return p.Phase(d.name) == "Registered" })
-	if n := p.Count("registration failed", d.name); n != 3 {
+	wait.For(t, registerTimeout, "Registered in multireg", func() bool { return p.Phase(d.Name) == "Registered" })
+	if n := p.Count("registration failed", d.Name); n != 3 {
 		t.Errorf("multireg logged %d failures, want 3 (one per rejection)", n)
 	}
 
 	if kubelet.RetriesRegisterFailures() {
-		kubelet.WaitFor(t, registerTimeout, "kubelet "+kubelet.Version()+" to retry the non-recreating registrar", func() bool { return e.k.Registered(still.name) })
+		wait.For(t, registerTimeout, "kubelet "+kubelet.Version()+" to retry the non-recreating registrar", func() bool { return e.K.Registered(still.Name) })
 	} else {
 		// Kubelet's own backoff would have retried several times within 10 s.
-		kubelet.Never(t, 10*time.Second, "kubelet "+kubelet.Version()+" registered a plugin whose registration failed, without a new socket", func() bool { return e.k.Registered(still.name) })
-		if c := e.k.Counts(still.name); c.RegistrationFailures != 1 {
+		wait.Never(t, 10*time.Second, "kubelet "+kubelet.Version()+" registered a plugin whose registration failed, without a new socket", func() bool { return e.K.Registered(still.Name) })
+		if c := e.K.Counts(still.Name); c.RegistrationFailures != 1 {
 			t.Errorf("kubelet %s tried the non-recreating registrar %d times, want once", kubelet.Version(), c.RegistrationFailures)
 		}
 	}
-}
-
-// serveWithoutRecreate serves the Registration API on path until the test ends, ignoring
-// every verdict: a registrar that does not recreate its socket.
-func serveWithoutRecreate(t *testing.T, path, name, endpoint string) {
-	t.Helper()
-	r, err := plugins.ServeRegistrar(path, &registerapi.PluginInfo{
-		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
 }
 
 // 3. One driver whose endpoint never comes up does not delay the other 29.
 func TestDeadEndpointDoesNotDelayOthers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(30)
+	ds := testenv.Mixed("", 30)
 	dead := ds[0] // a CSI driver: its probe also calls GetPluginInfo
-	for _, d := range ds[1:] {
-		e.startEndpoint(d)
-	}
-	p := mrproc.Start(t, e.writeConfig(ds))
-	kubelet.WaitFor(t, registerTimeout, "29 drivers registered", func() bool { return e.allRegistered(ds[1:]) })
-	if e.k.Registered(dead.name) || isSocket(e.socketPath(dead)) {
+	e.StartEndpoints(ds[1:])
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "29 drivers registered", func() bool { return e.AllRegistered(ds[1:]) })
+	if e.K.Registered(dead.Name) || testenv.IsSocket(e.SocketPath(dead)) {
 		t.Errorf("the driver without an endpoint was published")
 	}
-	if got := p.Phase(dead.name); got != "" && got != "WaitingForEndpoint" {
+	if got := p.Phase(dead.Name); got != "" && got != "WaitingForEndpoint" {
 		t.Errorf("the dead driver's phase %q, want WaitingForEndpoint", got)
 	}
 	// It registers as soon as its endpoint comes.
-	e.startEndpoint(dead)
-	kubelet.WaitFor(t, registerTimeout, "the late driver registered", func() bool { return e.k.Registered(dead.name) })
+	e.StartEndpoint(dead)
+	wait.For(t, registerTimeout, "the late driver registered", func() bool { return e.K.Registered(dead.Name) })
 }
 
 // 4. A registration socket deleted by hand is recreated and registered again.
 func TestDeletedSocketReregisters(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(3)
-	e.startEndpoints(ds)
-	mrproc.Start(t, e.writeConfig(ds))
-	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })
+	ds := testenv.Mixed("", 3)
+	e.StartEndpoints(ds)
+	mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
 	victim := ds[1]
-	if err := os.Remove(e.socketPath(victim)); err != nil {
+	if err := os.Remove(e.SocketPath(victim)); err != nil {
 		t.Fatal(err)
 	}
-	kubelet.WaitFor(t, registerTimeout, "a deregistration and a second registration", func() bool {
-		c := e.k.Counts(victim.name)
-		return c.Deregistrations >= 1 && c.Registrations == 2 && e.k.Registered(victim.name)
+	wait.For(t, registerTimeout, "a deregistration and a second registration", func() bool {
+		c := e.K.Counts(victim.Name)
+		return c.Deregistrations >= 1 && c.Registrations == 2 && e.K.Registered(victim.Name)
 	})
 	for _, d := range []driver{ds[0], ds[2]} {
-		if c := e.k.Counts(d.name); c.Registrations != 1 || c.Deregistrations != 0 {
-			t.Errorf("%s moved: %+v", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != 1 || c.Deregistrations != 0 {
+			t.Errorf("%s moved: %+v", d.Name, c)
 		}
 	}
 }
@@ -136,16 +114,15 @@ func TestDeletedSocketReregisters(t *testing.T) {
 func TestDriverRestartReregisters(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(3)
-	e.startEndpoints(ds)
-	p := mrproc.Start(t, e.writeConfig(ds))
-	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })
+	ds := testenv.Mixed("", 3)
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
 	for _, d := range ds {
-		e.eps[d.name].Stop()
-		e.startEndpoint(d)
-		kubelet.WaitFor(t, registerTimeout, d.name+" registered again after its restart", func() bool {
-			return e.k.Counts(d.name).Registrations == 2 && e.k.Registered(d.name)
+		e.StopEndpoint(d)
+		e.StartEndpoint(d)
+		wait.For(t, registerTimeout, d.Name+" registered again after its restart", func() bool {
+			return e.K.Counts(d.Name).Registrations == 2 && e.K.Registered(d.Name)
 		})
 	}
 	if n := p.Count("driver endpoint restarted; registering again", ""); n != 3 {
@@ -158,25 +135,24 @@ func TestDriverRestartReregisters(t *testing.T) {
 func TestRestartAndShutdown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(6)
-	e.startEndpoints(ds)
-	cfg := e.writeConfig(ds)
+	ds := testenv.Mixed("", 6)
+	e.StartEndpoints(ds)
+	cfg := e.WriteConfig(ds)
 
 	p := mrproc.Start(t, cfg)
-	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })
+	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
 	p.Signal(t, syscall.SIGKILL)
 	p.Wait(t, exitTimeout)
 	for _, d := range ds {
-		if !isSocket(e.socketPath(d)) {
-			t.Fatalf("%s: no socket left after SIGKILL", d.name)
+		if !testenv.IsSocket(e.SocketPath(d)) {
+			t.Fatalf("%s: no socket left after SIGKILL", d.Name)
 		}
 	}
 
 	p = mrproc.Start(t, cfg)
-	kubelet.WaitFor(t, registerTimeout, "every driver registered again by the second run", func() bool {
+	wait.For(t, registerTimeout, "every driver registered again by the second run", func() bool {
 		for _, d := range ds {
-			if e.k.Counts(d.name).Registrations != 2 || !e.k.Registered(d.name) {
+			if e.K.Counts(d.Name).Registrations != 2 || !e.K.Registered(d.Name) {
 				return false
 			}
 		}
@@ -187,10 +163,10 @@ func TestRestartAndShutdown(t *testing.T) {
 	if code := p.Wait(t, exitTimeout); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
-	before := e.registrations(ds)
-	kubelet.Never(t, 3*time.Second, "kubelet deregistered a plugin after SIGTERM", func() bool {
+	before := e.Registrations(ds)
+	wait.Never(t, 3*time.Second, "kubelet deregistered a plugin after SIGTERM", func() bool {
 		for _, d := range ds {
-			if !e.k.Registered(d.name) || !isSocket(e.socketPath(d)) {
+			if !e.K.Registered(d.Name) || !testenv.IsSocket(e.SocketPath(d)) {
 				return true
 			}
 		}
@@ -198,17 +174,17 @@ func TestRestartAndShutdown(t *testing.T) {
 	})
 
 	p = mrproc.Start(t, cfg, "--cleanup-on-exit")
-	kubelet.WaitFor(t, registerTimeout, "registered by the third run", func() bool { return e.registeredAgain(ds, before) })
+	wait.For(t, registerTimeout, "registered by the third run", func() bool { return e.registeredAgain(ds, before) })
 	p.Signal(t, syscall.SIGTERM)
 	if code := p.Wait(t, exitTimeout); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
-	kubelet.WaitFor(t, registerTimeout, "every plugin deregistered after --cleanup-on-exit", func() bool {
-		return len(e.k.RegisteredNames()) == 0
+	wait.For(t, registerTimeout, "every plugin deregistered after --cleanup-on-exit", func() bool {
+		return len(e.K.RegisteredNames()) == 0
 	})
 	for _, d := range ds {
-		if _, err := os.Lstat(e.socketPath(d)); !os.IsNotExist(err) {
-			t.Errorf("%s: socket after --cleanup-on-exit: %v", d.name, err)
+		if _, err := os.Lstat(e.SocketPath(d)); !os.IsNotExist(err) {
+			t.Errorf("%s: socket after --cleanup-on-exit: %v", d.Name, err)
 		}
 	}
 }
@@ -218,27 +194,26 @@ func TestRestartAndShutdown(t *testing.T) {
 func TestFileInTheWayIsUntouched(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(6)
-	e.startEndpoints(ds)
+	ds := testenv.Mixed("", 6)
+	e.StartEndpoints(ds)
 	blocked := ds[2]
-	if err := os.MkdirAll(e.reg, 0o750); err != nil {
+	if err := os.MkdirAll(e.Reg, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	const content = "not yours"
-	if err := os.WriteFile(e.socketPath(blocked), []byte(content), 0o644); err != nil {
+	if err := os.WriteFile(e.SocketPath(blocked), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := mrproc.Start(t, e.writeConfig(ds))
+	p := mrproc.Start(t, e.WriteConfig(ds))
 	others := append(append([]driver{}, ds[:2]...), ds[3:]...)
-	kubelet.WaitFor(t, registerTimeout, "the other drivers registered", func() bool { return e.allRegistered(others) })
-	kubelet.WaitFor(t, registerTimeout, "multireg to report the file", func() bool {
-		return p.Phase(blocked.name) == "BackingOff" && p.Count("registration failed", blocked.name) >= 2
+	wait.For(t, registerTimeout, "the other drivers registered", func() bool { return e.AllRegistered(others) })
+	wait.For(t, registerTimeout, "multireg to report the file", func() bool {
+		return p.Phase(blocked.Name) == "BackingOff" && p.Count("registration failed", blocked.Name) >= 2
 	})
-	if b, err := os.ReadFile(e.socketPath(blocked)); err != nil || string(b) != content {
+	if b, err := os.ReadFile(e.SocketPath(blocked)); err != nil || string(b) != content {
 		t.Errorf("the file in the way: %q, %v; want it untouched", b, err)
 	}
-	if e.k.Registered(blocked.name) {
+	if e.K.Registered(blocked.Name) {
 		t.Error("the blocked driver is registered")
 	}
 }
@@ -247,29 +222,28 @@ func TestFileInTheWayIsUntouched(t *testing.T) {
 func TestSecondInstanceWaitsAndTakesOver(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
-	ds := mixed(3)
-	e.startEndpoints(ds)
-	cfg := e.writeConfig(ds)
+	ds := testenv.Mixed("", 3)
+	e.StartEndpoints(ds)
+	cfg := e.WriteConfig(ds)
 	first := mrproc.Start(t, cfg)
-	kubelet.WaitFor(t, registerTimeout, "registered", func() bool { return e.allRegistered(ds) })
+	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
 
 	second := mrproc.Start(t, cfg)
-	kubelet.WaitFor(t, registerTimeout, "the second instance to say it waits", func() bool {
+	wait.For(t, registerTimeout, "the second instance to say it waits", func() bool {
 		return second.Count("another multireg holds the registration directory; waiting for it to exit", "") == 1
 	})
-	before := e.registrations(ds)
-	kubelet.Never(t, 2*time.Second, "the waiting instance touched a socket", func() bool {
-		return fmt.Sprint(e.registrations(ds)) != fmt.Sprint(before)
+	before := e.Registrations(ds)
+	wait.Never(t, 2*time.Second, "the waiting instance touched a socket", func() bool {
+		return fmt.Sprint(e.Registrations(ds)) != fmt.Sprint(before)
 	})
 
 	first.Signal(t, syscall.SIGTERM)
 	if code := first.Wait(t, exitTimeout); code != 0 {
 		t.Fatalf("first instance exit code %d", code)
 	}
-	kubelet.WaitFor(t, registerTimeout, "the second instance to take over and register every driver", func() bool {
+	wait.For(t, registerTimeout, "the second instance to take over and register every driver", func() bool {
 		for _, d := range ds {
-			if e.k.Counts(d.name).Registrations != before[d.name]+1 || !e.k.Registered(d.name) {
+			if e.K.Counts(d.Name).Registrations != before[d.Name]+1 || !e.K.Registered(d.Name) {
 				return false
 			}
 		}

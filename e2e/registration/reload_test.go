@@ -10,8 +10,9 @@ import (
 
 	"k8s.io/kubernetes/pkg/volume/util"
 
-	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
 )
 
 // configMap is a drivers file in a ConfigMap volume, updated by kubelet's own AtomicWriter:
@@ -23,16 +24,16 @@ type configMap struct {
 }
 
 func (e *env) newConfigMap() *configMap {
-	e.t.Helper()
-	dir := filepath.Join(e.dir, "cm")
+	e.T.Helper()
+	dir := filepath.Join(e.Dir, "cm")
 	if err := os.Mkdir(dir, 0o755); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	w, err := util.NewAtomicWriter(dir, "e2e")
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	return &configMap{t: e.t, dir: dir, w: w}
+	return &configMap{t: e.T, dir: dir, w: w}
 }
 
 func (c *configMap) path() string { return filepath.Join(c.dir, "config.yaml") }
@@ -44,19 +45,10 @@ func (c *configMap) write(content string) {
 	}
 }
 
-// inode returns the inode of the file at path, or 0.
-func inode(path string) uint64 {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return 0
-	}
-	return fi.Sys().(*syscall.Stat_t).Ino
-}
-
 func (e *env) inodes(ds []driver) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, d := range ds {
-		m[d.name] = inode(e.socketPath(d))
+		m[d.Name] = testenv.ID(e.SocketPath(d)).Ino
 	}
 	return m
 }
@@ -64,12 +56,12 @@ func (e *env) inodes(ds []driver) map[string]uint64 {
 // startAll starts the endpoints of ds, writes them into the ConfigMap, runs multireg on it and
 // waits until kubelet has registered all of them.
 func (e *env) startAll(cm *configMap, ds []driver) *mrproc.Process {
-	e.t.Helper()
-	e.startEndpoints(ds)
-	cm.write(e.configContent(ds))
-	p := mrproc.Start(e.t, cm.path())
-	kubelet.WaitFor(e.t, registerTimeout, "every driver registered", func() bool { return e.allRegistered(ds) })
-	kubelet.WaitFor(e.t, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
+	e.T.Helper()
+	e.StartEndpoints(ds)
+	cm.write(e.ConfigContent(ds))
+	p := mrproc.Start(e.T, cm.path())
+	wait.For(e.T, registerTimeout, "every driver registered", func() bool { return e.AllRegistered(ds) })
+	wait.For(e.T, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
 	return p
 }
 
@@ -78,35 +70,33 @@ func (e *env) startAll(cm *configMap, ds []driver) *mrproc.Process {
 func TestReloadOneOfHundred(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
 	cm := e.newConfigMap()
-	ds := mixed(100)
+	ds := testenv.Mixed("", 100)
 	p := e.startAll(cm, ds)
-	before, inodes := e.registrations(ds), e.inodes(ds)
+	before, inodes := e.Registrations(ds), e.inodes(ds)
 
 	edited := ds[42]
-	moved := driver{name: edited.name, typ: edited.typ}
-	newEndpoint := filepath.Join(e.dir, "ep2", "moved.sock")
-	e.startEndpointAt(moved, newEndpoint)
-	content := strings.Replace(e.configContent(ds), "endpoint: "+e.endpointPath(edited)+"\n", "endpoint: "+newEndpoint+"\n", 1)
+	newEndpoint := filepath.Join(e.Dir, "ep2", "moved.sock")
+	e.StartEndpoint(driver{Name: edited.Name, Type: edited.Type, Endpoint: newEndpoint})
+	content := strings.Replace(e.ConfigContent(ds), "endpoint: "+e.EndpointPath(edited)+"\n", "endpoint: "+newEndpoint+"\n", 1)
 	cm.write(content)
 
-	kubelet.WaitFor(t, registerTimeout, "the edited driver registered with its new endpoint", func() bool {
-		eps := e.k.RegisteredEndpoints(edited.name)
+	wait.For(t, registerTimeout, "the edited driver registered with its new endpoint", func() bool {
+		eps := e.K.RegisteredEndpoints(edited.Name)
 		return len(eps) == 1 && eps[0] == newEndpoint
 	})
-	if c := e.k.Counts(edited.name); c.Registrations != before[edited.name]+1 {
+	if c := e.K.Counts(edited.Name); c.Registrations != before[edited.Name]+1 {
 		t.Errorf("edited driver: %+v, want one more registration", c)
 	}
 	for _, d := range ds {
-		if d.name == edited.name {
+		if d.Name == edited.Name {
 			continue
 		}
-		if got := e.k.Counts(d.name).Registrations; got != before[d.name] {
-			t.Errorf("%s registered again (%d → %d)", d.name, before[d.name], got)
+		if got := e.K.Counts(d.Name).Registrations; got != before[d.Name] {
+			t.Errorf("%s registered again (%d → %d)", d.Name, before[d.Name], got)
 		}
-		if got := inode(e.socketPath(d)); got != inodes[d.name] {
-			t.Errorf("%s: socket inode %d → %d", d.name, inodes[d.name], got)
+		if got := testenv.ID(e.SocketPath(d)).Ino; got != inodes[d.Name] {
+			t.Errorf("%s: socket inode %d → %d", d.Name, inodes[d.Name], got)
 		}
 	}
 	if n := p.Count("config reloaded", ""); n != 1 {
@@ -118,36 +108,33 @@ func TestReloadOneOfHundred(t *testing.T) {
 func TestReloadRemoveTenAddTen(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
 	cm := e.newConfigMap()
-	all := mixed(40)
+	all := testenv.Mixed("", 40)
 	kept, removed, added := all[:20], all[20:30], all[30:]
 	e.startAll(cm, append(append([]driver{}, kept...), removed...))
-	before := e.registrations(kept)
+	before := e.Registrations(kept)
 
-	for _, d := range added {
-		e.startEndpoint(d)
-	}
-	cm.write(e.configContent(append(append([]driver{}, kept...), added...)))
-	kubelet.WaitFor(t, registerTimeout, "10 added registered and 10 removed deregistered", func() bool {
+	e.StartEndpoints(added)
+	cm.write(e.ConfigContent(append(append([]driver{}, kept...), added...)))
+	wait.For(t, registerTimeout, "10 added registered and 10 removed deregistered", func() bool {
 		for _, d := range removed {
-			if e.k.Registered(d.name) {
+			if e.K.Registered(d.Name) {
 				return false
 			}
 		}
-		return e.allRegistered(added)
+		return e.AllRegistered(added)
 	})
 	for _, d := range removed {
-		if c := e.k.Counts(d.name); c.Deregistrations != 1 {
-			t.Errorf("%s: %+v, want one deregistration", d.name, c)
+		if c := e.K.Counts(d.Name); c.Deregistrations != 1 {
+			t.Errorf("%s: %+v, want one deregistration", d.Name, c)
 		}
-		if _, err := os.Lstat(e.socketPath(d)); !os.IsNotExist(err) {
-			t.Errorf("%s: socket of a removed driver: %v", d.name, err)
+		if _, err := os.Lstat(e.SocketPath(d)); !os.IsNotExist(err) {
+			t.Errorf("%s: socket of a removed driver: %v", d.Name, err)
 		}
 	}
 	for _, d := range kept {
-		if c := e.k.Counts(d.name); c.Registrations != before[d.name] || c.Deregistrations != 0 {
-			t.Errorf("%s moved: %+v", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != before[d.Name] || c.Deregistrations != 0 {
+			t.Errorf("%s moved: %+v", d.Name, c)
 		}
 	}
 }
@@ -157,29 +144,28 @@ func TestReloadRemoveTenAddTen(t *testing.T) {
 func TestReloadInvalidKeepsRunning(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
 	cm := e.newConfigMap()
-	ds := mixed(6)
+	ds := testenv.Mixed("", 6)
 	p := e.startAll(cm, ds)
-	events := len(e.k.Events())
+	events := len(e.K.Events())
 
 	cm.write("apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers: [\n")
-	kubelet.WaitFor(t, registerTimeout, "the invalid YAML reported", func() bool { return p.Count("config not applied; the last good one stays in force", "") == 1 })
-	bad := strings.Replace(e.configContent(ds), "endpoint: "+e.endpointPath(ds[0]), "endpoint: relative.sock", 1)
+	wait.For(t, registerTimeout, "the invalid YAML reported", func() bool { return p.Count("config not applied; the last good one stays in force", "") == 1 })
+	bad := strings.Replace(e.ConfigContent(ds), "endpoint: "+e.EndpointPath(ds[0]), "endpoint: relative.sock", 1)
 	cm.write(bad)
-	kubelet.WaitFor(t, registerTimeout, "the invalid driver reported", func() bool { return p.Count("config not applied; the last good one stays in force", "") == 2 })
-	kubelet.Never(t, 2*time.Second, "kubelet saw a change from an invalid file", func() bool { return len(e.k.Events()) != events })
-	if !e.allRegistered(ds) {
+	wait.For(t, registerTimeout, "the invalid driver reported", func() bool { return p.Count("config not applied; the last good one stays in force", "") == 2 })
+	wait.Never(t, 2*time.Second, "kubelet saw a change from an invalid file", func() bool { return len(e.K.Events()) != events })
+	if !e.AllRegistered(ds) {
 		t.Fatal("a driver lost its registration over an invalid file")
 	}
 
-	extra := driver{name: "late.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(extra)
-	cm.write(e.configContent(append(append([]driver{}, ds...), extra)))
-	kubelet.WaitFor(t, registerTimeout, "the fixed file applied", func() bool { return e.k.Registered(extra.name) })
+	extra := driver{Name: "late.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(extra)
+	cm.write(e.ConfigContent(append(append([]driver{}, ds...), extra)))
+	wait.For(t, registerTimeout, "the fixed file applied", func() bool { return e.K.Registered(extra.Name) })
 	for _, d := range ds {
-		if c := e.k.Counts(d.name); c.Registrations != 1 {
-			t.Errorf("%s: %+v, want its first registration only", d.name, c)
+		if c := e.K.Counts(d.Name); c.Registrations != 1 {
+			t.Errorf("%s: %+v, want its first registration only", d.Name, c)
 		}
 	}
 }
@@ -188,12 +174,11 @@ func TestReloadInvalidKeepsRunning(t *testing.T) {
 func TestReloadTouchDoesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
 	cm := e.newConfigMap()
-	ds := mixed(6)
+	ds := testenv.Mixed("", 6)
 	p := e.startAll(cm, ds)
-	content := e.configContent(ds)
-	events, logs := len(e.k.Events()), len(p.Records())
+	content := e.ConfigContent(ds)
+	events, logs := len(e.K.Events()), len(p.Records())
 	data, err := filepath.EvalSymlinks(cm.path())
 	if err != nil {
 		t.Fatal(err)
@@ -211,8 +196,8 @@ func TestReloadTouchDoesNothing(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // pace the touches over a second, like a real sync
 	}
-	kubelet.Never(t, 2*time.Second, "a touch changed something", func() bool {
-		return len(e.k.Events()) != events || len(p.Records()) != logs
+	wait.Never(t, 2*time.Second, "a touch changed something", func() bool {
+		return len(e.K.Events()) != events || len(p.Records()) != logs
 	})
 }
 
@@ -223,30 +208,29 @@ func TestReloadTouchDoesNothing(t *testing.T) {
 func TestReloadOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dumpOnFailure()
 	cm := e.newConfigMap()
-	ds := mixed(3)
+	ds := testenv.Mixed("", 3)
 	p := e.startAll(cm, ds)
-	events := len(e.k.Events())
+	events := len(e.K.Events())
 
 	p.Signal(t, syscall.SIGHUP)
-	kubelet.WaitFor(t, registerTimeout, "the SIGHUP logged", func() bool { return p.Count("SIGHUP: re-reading the config", "") == 1 })
-	kubelet.Never(t, 2*time.Second, "a SIGHUP with an unchanged file changed something", func() bool {
-		return len(e.k.Events()) != events || p.Count("config reloaded", "") != 0
+	wait.For(t, registerTimeout, "the SIGHUP logged", func() bool { return p.Count("SIGHUP: re-reading the config", "") == 1 })
+	wait.Never(t, 2*time.Second, "a SIGHUP with an unchanged file changed something", func() bool {
+		return len(e.K.Events()) != events || p.Count("config reloaded", "") != 0
 	})
 
 	// An edit of the data file inside the timestamped directory, the config's resolved target.
-	inner := driver{name: "inner.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(inner)
+	inner := driver{Name: "inner.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(inner)
 	ds = append(ds, inner)
 	data, err := filepath.EvalSymlinks(cm.path())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(data, []byte(e.configContent(ds)), 0o644); err != nil {
+	if err := os.WriteFile(data, []byte(e.ConfigContent(ds)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	kubelet.WaitFor(t, registerTimeout, "the edit of the resolved target applied", func() bool { return e.k.Registered(inner.name) })
+	wait.For(t, registerTimeout, "the edit of the resolved target applied", func() bool { return e.K.Registered(inner.Name) })
 	p.Signal(t, syscall.SIGTERM)
 	if code := p.Wait(t, 5*time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM", code)
@@ -255,7 +239,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	// link/config.yaml -> hop/config.yaml -> a/config.yaml: link/ and a/ are watched, hop/
 	// is not. Re-pointing hop/config.yaml to b/config.yaml raises no event multireg sees.
 	mk := func(name, content string) string {
-		dir := filepath.Join(e.dir, name)
+		dir := filepath.Join(e.Dir, name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -265,12 +249,12 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		}
 		return f
 	}
-	a := mk("a", e.configContent(ds))
-	extra := driver{name: "hup.csi.example.com", typ: "CSIPlugin"}
-	e.startEndpoint(extra)
-	b := mk("b", e.configContent(append(append([]driver{}, ds...), extra)))
-	hop := filepath.Join(e.dir, "hop")
-	link := filepath.Join(e.dir, "link")
+	a := mk("a", e.ConfigContent(ds))
+	extra := driver{Name: "hup.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(extra)
+	b := mk("b", e.ConfigContent(append(append([]driver{}, ds...), extra)))
+	hop := filepath.Join(e.Dir, "hop")
+	link := filepath.Join(e.Dir, "link")
 	for _, dir := range []string{hop, link} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -283,7 +267,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	p = mrproc.Start(t, filepath.Join(link, "config.yaml"))
-	kubelet.WaitFor(t, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
+	wait.For(t, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
 	tmp := filepath.Join(hop, "next")
 	if err := os.Symlink(b, tmp); err != nil {
 		t.Fatal(err)
@@ -291,7 +275,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if err := os.Rename(tmp, filepath.Join(hop, "config.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	kubelet.Never(t, 2*time.Second, "the hidden edit was applied without a SIGHUP", func() bool { return e.k.Registered(extra.name) })
+	wait.Never(t, 2*time.Second, "the hidden edit was applied without a SIGHUP", func() bool { return e.K.Registered(extra.Name) })
 	p.Signal(t, syscall.SIGHUP)
-	kubelet.WaitFor(t, registerTimeout, "the edit applied after SIGHUP", func() bool { return e.k.Registered(extra.name) })
+	wait.For(t, registerTimeout, "the edit applied after SIGHUP", func() bool { return e.K.Registered(extra.Name) })
 }

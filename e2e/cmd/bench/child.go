@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,95 +13,15 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"multireg.dev/multireg/e2e/internal/child"
 )
 
-// child is a process the benchmark started and owns: it is stopped by stop (by PID), and
-// killed by the kernel if the benchmark dies first (Pdeathsig).
-type child struct {
-	name  string
-	cmd   *exec.Cmd
-	stdin io.WriteCloser // nil unless asked for
-	done  chan struct{}  // closed once Wait has returned
-	err   error          // Wait's result, set before done is closed
-	once  sync.Once
-}
-
-func startChild(name string, cmd *exec.Cmd, withStdin bool) (*child, error) {
-	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
+// startChild starts cmd as a child.Process named name, to be killed by the kernel if the
+// benchmark dies first (Pdeathsig).
+func startChild(name string, cmd *exec.Cmd) (*child.Process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if withStdin {
-		w, err := cmd.StdinPipe()
-		if err != nil {
-			return nil, err
-		}
-		c.stdin = w
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() {
-		c.err = cmd.Wait()
-		close(c.done)
-	}()
-	return c, nil
-}
-
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM, waits up to grace, then SIGKILL, and waits for the exit. It returns the
-// exit error of a process that had to be killed or did not exit 0; it is idempotent.
-func (c *child) stop(grace time.Duration) error {
-	var err error
-	c.once.Do(func() {
-		if c.stdin != nil {
-			c.stdin.Close()
-		}
-		if !c.exited() {
-			_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		}
-		t := time.NewTimer(grace)
-		defer t.Stop()
-		select {
-		case <-c.done:
-			err = c.err
-		case <-t.C:
-			_ = c.cmd.Process.Kill()
-			<-c.done
-			err = fmt.Errorf("%s did not exit within %v of SIGTERM; killed", c.name, grace)
-		}
-	})
-	return err
-}
-
-// lineSink is an io.Writer that calls fn with each complete line.
-type lineSink struct {
-	mu      sync.Mutex
-	partial []byte
-	fn      func(line []byte)
-}
-
-func (s *lineSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.partial = append(s.partial, p...)
-	for {
-		i := bytes.IndexByte(s.partial, '\n')
-		if i < 0 {
-			break
-		}
-		s.fn(s.partial[:i])
-		s.partial = s.partial[i+1:]
-	}
-	return len(p), nil
+	return child.Start(name, cmd)
 }
 
 // logRecord is one JSON log line of multireg.
@@ -198,21 +119,21 @@ func (l *mrLogs) Tail() string {
 
 // multireg is a running `multireg run`.
 type multireg struct {
-	*child
+	*child.Process
 	logs *mrLogs
 }
 
 func startMultireg(bin, cfg string, env []string) (*multireg, error) {
 	logs := &mrLogs{}
-	sink := &lineSink{fn: logs.add}
+	sink := child.Lines(logs.add)
 	cmd := exec.Command(bin, "run", "--config", cfg, "--log-format", "json", "--http-endpoint", "127.0.0.1:0")
 	cmd.Stdout, cmd.Stderr = sink, sink
 	cmd.Env = env
-	c, err := startChild("multireg", cmd, false)
+	c, err := startChild("multireg", cmd)
 	if err != nil {
 		return nil, err
 	}
-	return &multireg{child: c, logs: logs}, nil
+	return &multireg{Process: c, logs: logs}, nil
 }
 
 // httpAddr returns the address multireg logged it serves HTTP on, or "".
@@ -226,12 +147,14 @@ func (m *multireg) httpAddr() string {
 
 // exitError describes how multireg ended, with its last log lines.
 func (m *multireg) exitError() error {
-	return fmt.Errorf("multireg exited (%v); last log lines:\n%s", m.err, m.logs.Tail())
+	return fmt.Errorf("multireg exited (%v); last log lines:\n%s", m.Err(), m.logs.Tail())
 }
 
-// endpoints is the process serving the plugin endpoints.
+// endpoints is the process serving the plugin endpoints. It ends when its standard input
+// does (-stdin-eof): with the benchmark, whatever way that ends.
 type endpoints struct {
-	*child
+	*child.Process
+	stdin  io.Closer
 	ready  chan struct{}
 	stderr *mrLogs // raw lines only
 }
@@ -240,18 +163,29 @@ func startEndpoints(bin, list string) (*endpoints, error) {
 	e := &endpoints{ready: make(chan struct{}), stderr: &mrLogs{}}
 	var once sync.Once
 	cmd := exec.Command(bin, "-list", list, "-stdin-eof")
-	cmd.Stdout = &lineSink{fn: func(line []byte) {
+	cmd.Stdout = child.Lines(func(line []byte) {
 		if bytes.HasPrefix(line, []byte("ready ")) {
 			once.Do(func() { close(e.ready) })
 		}
-	}}
-	cmd.Stderr = &lineSink{fn: e.stderr.add}
-	c, err := startChild("endpoints", cmd, true)
+	})
+	cmd.Stderr = child.Lines(e.stderr.add)
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
 	}
-	e.child = c
+	c, err := startChild("endpoints", cmd)
+	if err != nil {
+		return nil, err
+	}
+	e.Process, e.stdin = c, stdin
 	return e, nil
+}
+
+// stop closes the standard input, then stops the process like child.Process.Stop; it also
+// returns the error of an exit other than 0.
+func (e *endpoints) stop(grace time.Duration) error {
+	e.stdin.Close()
+	return cmp.Or(e.Stop(grace), e.Err())
 }
 
 // waitReady waits until the endpoints all listen.
@@ -261,8 +195,8 @@ func (e *endpoints) waitReady(timeout time.Duration) error {
 	select {
 	case <-e.ready:
 		return nil
-	case <-e.done:
-		return fmt.Errorf("endpoints exited (%v):\n%s", e.err, e.stderr.Tail())
+	case <-e.Done():
+		return fmt.Errorf("endpoints exited (%v):\n%s", e.Err(), e.stderr.Tail())
 	case <-t.C:
 		return errors.New("endpoints not ready within " + timeout.String())
 	}

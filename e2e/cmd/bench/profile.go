@@ -108,7 +108,7 @@ func (p *profiler) stopCPU() {
 	if p == nil {
 		return
 	}
-	_ = p.mr.cmd.Process.Signal(sigUSR1)
+	_ = p.mr.Signal(sigUSR1)
 }
 
 func (p *profiler) addr() string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,7 +55,12 @@ func mixed(n int, epDir string) []driver {
 
 func configContent(reg string, ds []driver) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\ndrivers:\n", reg)
+	fmt.Fprintf(&b, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: %s\n", reg)
+	if len(ds) == 0 {
+		b.WriteString("drivers: []\n") // an empty "drivers:" is null, which multireg refuses
+	} else {
+		b.WriteString("drivers:\n")
+	}
 	for _, d := range ds {
 		fmt.Fprintf(&b, "  - name: %s\n    type: %s\n    endpoint: %s\n", d.name, d.typ, d.endpoint)
 		if d.fixed {
@@ -241,7 +247,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	if o.profileDir != "" {
 		prof = &profiler{dir: o.profileDir, n: n}
 	}
-	cpu0, err := startCPU(eps.pid())
+	cpu0, err := startCPU(eps.PID())
 	if err != nil {
 		return err
 	}
@@ -252,7 +258,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	}
 	defer func() {
 		res.Warnings = mr.logs.problems()
-		if serr := mr.stop(10 * time.Second); serr != nil && err == nil {
+		if serr := cmp.Or(mr.Stop(10*time.Second), mr.Err()); serr != nil && err == nil {
 			err = fmt.Errorf("multireg: %w", serr)
 		}
 	}()
@@ -281,8 +287,8 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		return err
 	}
 	// Who had the CPUs meanwhile: is the start-up bound by CPU, and whose?
-	if cpu1, err := startCPU(eps.pid()); err == nil {
-		if mrTicks, err := cpuTicks(mr.pid()); err == nil {
+	if cpu1, err := startCPU(eps.PID()); err == nil {
+		if mrTicks, err := cpuTicks(mr.PID()); err == nil {
 			cpu1.multireg = mrTicks
 			res.StartCPU = cpu1.minus(cpu0)
 		}
@@ -341,7 +347,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		res.IdleCPU, res.IdleWindow.Round(time.Millisecond), res.IdleWakeups, res.SysBusy)
 
 	// 3. Footprint, after the idle window: the steady state.
-	if res.FP, err = readFootprint(mr.pid()); err != nil {
+	if res.FP, err = readFootprint(mr.PID()); err != nil {
 		return err
 	}
 	code, body, err := get(addr, "/metrics")
@@ -350,7 +356,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	}
 	m := parseMetrics(body)
 	res.Goroutines, res.HeapInuse, res.StackInuse, res.GoSys = m["go_goroutines"], m["go_memstats_heap_inuse_bytes"], m["go_memstats_stack_inuse_bytes"], m["go_memstats_sys_bytes"]
-	if fp, err := readFootprint(mr.pid()); err == nil {
+	if fp, err := readFootprint(mr.PID()); err == nil {
 		res.RSSAfterScrape = fp.RSS
 	}
 	say("RSS %d KiB, PSS %d KiB, %d threads, %.0f goroutines, %d fds", res.FP.RSS, res.FP.PSS, res.FP.Threads, res.Goroutines, res.FP.FDs)
@@ -419,7 +425,7 @@ func (c cpuShare) minus(o cpuShare) cpuShare {
 // idleWindow measures multireg's CPU time and wake-ups over d, with everything registered and
 // nothing happening, and what else the machine did meanwhile.
 func idleWindow(ctx context.Context, mr *multireg, k *kubelet.Kubelet, d time.Duration, res *result) error {
-	pid := mr.pid()
+	pid := mr.PID()
 	calls0 := len(k.Events())
 	sb0, st0, err := systemCPU()
 	if err != nil {
@@ -450,7 +456,7 @@ func idleWindow(ctx context.Context, mr *multireg, k *kubelet.Kubelet, d time.Du
 	case <-t.C:
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-mr.done:
+	case <-mr.Done():
 		return mr.exitError()
 	}
 
@@ -511,7 +517,7 @@ func settledFootprint(ctx context.Context, mr *multireg, addr string, bound time
 	var lastRSS int64
 	var steady int
 	if err := waitUntil(ctx, mr, time.Minute, time.Second, "RSS to settle", func() bool {
-		fp, err := readFootprint(mr.pid())
+		fp, err := readFootprint(mr.PID())
 		if err != nil {
 			return false
 		}
@@ -525,7 +531,7 @@ func settledFootprint(ctx context.Context, mr *multireg, addr string, bound time
 	}); err != nil {
 		return err
 	}
-	fp, err := readFootprint(mr.pid())
+	fp, err := readFootprint(mr.PID())
 	if err != nil {
 		return err
 	}
@@ -757,7 +763,7 @@ func waitUntil(ctx context.Context, mr *multireg, timeout, tick time.Duration, w
 			return fmt.Errorf("timed out after %v waiting for %s; multireg's last log lines:\n%s", timeout, what, mr.logs.Tail())
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w", what, context.Cause(ctx))
-		case <-mr.done:
+		case <-mr.Done():
 			return fmt.Errorf("waiting for %s: %w", what, mr.exitError())
 		}
 	}

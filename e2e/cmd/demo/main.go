@@ -11,7 +11,8 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -21,12 +22,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
+	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/plugins"
 )
@@ -92,7 +93,7 @@ func run(bin, cfgPath string, timeout time.Duration, out io.Writer) error {
 	klogFlags.Set("skip_headers", "true")
 	klogFlags.Set("stderrthreshold", "FATAL")
 	// Every severity is written to the INFO output (once); the others stay unset.
-	klog.SetOutputBySeverity("INFO", lineWriter(func(line string) { say("kubelet", "%s", line) }))
+	klog.SetOutputBySeverity("INFO", child.Lines(func(line []byte) { say("kubelet", "%s", bytes.TrimSpace(line)) }))
 	defer klog.Flush()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -128,28 +129,17 @@ func run(bin, cfgPath string, timeout time.Duration, out io.Writer) error {
 	}
 
 	cmd := exec.Command(bin, "run", "--config", cfg, "--http-endpoint", "")
-	logs, err := cmd.StderrPipe()
+	logs := child.Lines(func(line []byte) { say("multireg", "%s", line) })
+	cmd.Stdout, cmd.Stderr = logs, logs
+	mr, err := child.Start("multireg", cmd)
 	if err != nil {
 		return err
 	}
-	cmd.Stdout = cmd.Stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
+	// SIGTERM: multireg leaves its sockets and kubelet keeps the plugins. Stop runs once; the
+	// deferred call stops multireg if the demo ends early.
+	const grace = 30 * time.Second
+	defer mr.Stop(grace)
 	say("demo", "$ multireg run --config %s", cfg)
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		sc := bufio.NewScanner(logs)
-		for sc.Scan() {
-			say("multireg", "%s", sc.Text())
-		}
-	}()
-	stop := func() error {
-		cmd.Process.Signal(syscall.SIGTERM)
-		<-copied
-		return cmd.Wait()
-	}
 
 	// Print kubelet's handler calls as they happen, until every plugin is registered.
 	seen := 0
@@ -174,25 +164,14 @@ func run(bin, cfgPath string, timeout time.Duration, out io.Writer) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			stop()
 			return fmt.Errorf("not every plugin registered within %s", timeout)
 		}
 	}
 	say("demo", "registered in kubelet: %s", strings.Join(k.RegisteredNames(), ", "))
 	say("demo", "stopping multireg with SIGTERM: sockets stay, kubelet keeps the plugins")
-	if err := stop(); err != nil {
+	if err := cmp.Or(mr.Stop(grace), mr.Err()); err != nil {
 		return fmt.Errorf("multireg: %w", err)
 	}
 	say("demo", "done")
 	return nil
-}
-
-// lineWriter calls its function with each line written to it.
-type lineWriter func(string)
-
-func (w lineWriter) Write(p []byte) (int, error) {
-	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		w(strings.TrimSpace(line))
-	}
-	return len(p), nil
 }

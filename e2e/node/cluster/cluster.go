@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"multireg.dev/multireg/e2e/internal/wait"
 )
 
 // NodeName is the node's name. kubelet refuses a loopback node IP, so the API server reaches
@@ -336,10 +337,10 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string)
 		}
 	}
 	defer hc.CloseIdleConnections()
-	return poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
+	return wait.Poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
 		if p := c.proc(name); p != nil {
-			if done, err := p.exited(); done {
-				return false, fmt.Errorf("%s exited: %v; see %s", name, err, p.log)
+			if p.Exited() {
+				return false, fmt.Errorf("%s exited: %v; see %s", name, p.Err(), p.log)
 			}
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -376,8 +377,8 @@ func (c *Cluster) caClient() (*http.Client, error) {
 // exitedErr turns an exited component into an error that stops a poll at once.
 func (c *Cluster) exitedErr(name string) error {
 	if p := c.proc(name); p != nil {
-		if done, err := p.exited(); done {
-			return fmt.Errorf("%w: %s exited (%v); last lines of %s:\n%s", errExited, name, err, p.log, Tail(p.log, 30))
+		if p.Exited() {
+			return fmt.Errorf("%w: %s exited (%v); last lines of %s:\n%s", errExited, name, p.Err(), p.log, Tail(p.log, 30))
 		}
 	}
 	return nil
@@ -399,17 +400,17 @@ func (c *Cluster) stop() error {
 	errs := stopTracked(c.state.get().PIDs)
 	for _, name := range clientComponents {
 		if p := c.proc(name); p != nil {
-			errs = append(errs, p.stop(10*time.Second))
+			errs = append(errs, p.Stop(10*time.Second))
 		}
 	}
 	if p := c.proc("containerd"); p != nil {
-		if done, _ := p.exited(); !done {
+		if !p.Exited() {
 			errs = append(errs, removeTasks(c.ContainerdAddress))
 		}
 	}
 	for _, name := range serverComponents {
 		if p := c.proc(name); p != nil {
-			errs = append(errs, p.stop(10*time.Second))
+			errs = append(errs, p.Stop(10*time.Second))
 		}
 	}
 	if c.kubeletClient != nil {

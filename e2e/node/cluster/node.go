@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/node/hostpaths"
 	"multireg.dev/multireg/e2e/node/images"
 )
@@ -108,7 +109,7 @@ state = %q
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := poll(wctx, 100*time.Millisecond, "containerd answering on "+c.ContainerdAddress, func() (bool, error) {
+	if err := wait.Poll(wctx, 100*time.Millisecond, "containerd answering on "+c.ContainerdAddress, func() (bool, error) {
 		if err := c.exitedErr("containerd"); err != nil {
 			return false, err
 		}
@@ -238,7 +239,7 @@ func appendNew(list []string, add ...string) []string {
 func (c *Cluster) WaitNodeReady(ctx context.Context, since time.Time, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	return poll(ctx, 250*time.Millisecond, "node "+NodeName+" Ready with a CSINode", func() (bool, error) {
+	return wait.Poll(ctx, 250*time.Millisecond, "node "+NodeName+" Ready with a CSINode", func() (bool, error) {
 		if err := c.exitedErr("kubelet"); err != nil {
 			return false, err
 		}
@@ -301,7 +302,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for _, ns := range []string{"kube-system", "default"} {
-		if err := poll(wctx, 250*time.Millisecond, "ServiceAccount "+ns+"/default", func() (bool, error) {
+		if err := wait.Poll(wctx, 250*time.Millisecond, "ServiceAccount "+ns+"/default", func() (bool, error) {
 			_, err := c.Client.CoreV1().ServiceAccounts(ns).Get(wctx, "default", metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, err
@@ -320,14 +321,14 @@ func (c *Cluster) StopKubelet() error {
 	if p == nil {
 		return errors.New("kubelet was not started")
 	}
-	return p.stop(30 * time.Second)
+	return p.Stop(30 * time.Second)
 }
 
 // StartKubelet starts kubelet again with the same configuration and waits for the node to be
 // Ready.
 func (c *Cluster) StartKubelet(ctx context.Context) error {
 	if p := c.proc("kubelet"); p != nil {
-		if done, _ := p.exited(); !done {
+		if !p.Exited() {
 			return errors.New("kubelet is running")
 		}
 	}
@@ -337,8 +338,8 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 // KubeletPID is the running kubelet's PID (0 if none).
 func (c *Cluster) KubeletPID() int {
 	if p := c.proc("kubelet"); p != nil {
-		if done, _ := p.exited(); !done {
-			return p.cmd.Process.Pid
+		if !p.Exited() {
+			return p.PID()
 		}
 	}
 	return 0

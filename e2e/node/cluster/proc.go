@@ -12,19 +12,36 @@ import (
 	"syscall"
 	"time"
 
-	"multireg.dev/multireg/e2e/node/wait"
+	"multireg.dev/multireg/e2e/internal/child"
+	"multireg.dev/multireg/e2e/internal/wait"
 )
 
 // proc is one component of the cluster, started by this process and waited for by it.
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{} // closed once cmd.Wait returned
-	err  error         // cmd.Wait's result, valid after done
+	*child.Process
+	log string
 }
 
-// startProc starts bin with args, its output appended to logDir/name.log, and records its
+// StartProc starts bin with args as a child process in its own process group (a Ctrl-C of
+// `make` reaches the test, which stops its processes in order, instead of killing them all
+// at once mid-teardown), with its output appended to logPath.
+func StartProc(name, logPath, bin string, args ...string) (*child.Process, error) {
+	if abs, err := filepath.Abs(bin); err == nil {
+		bin = abs
+	}
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() // the child has its own descriptor
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = f
+	cmd.Stderr = f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return child.Start(name, cmd)
+}
+
+// startProc starts a component (StartProc), its output in logDir/name.log, and records its
 // PID in the state file so that Cleanup can stop it even if this process dies.
 func (c *Cluster) startProc(name, bin string, args ...string) (*proc, error) {
 	c.mu.Lock()
@@ -32,31 +49,14 @@ func (c *Cluster) startProc(name, bin string, args ...string) (*proc, error) {
 	if c.stopped {
 		return nil, fmt.Errorf("start %s: the cluster is being torn down", name)
 	}
-	if abs, err := filepath.Abs(bin); err == nil {
-		bin = abs
-	}
 	logPath := filepath.Join(c.logDir(), name+".log")
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	cp, err := StartProc(name, logPath, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout = f
-	cmd.Stderr = f
-	// Own process group: a Ctrl-C of `make` reaches the test, which stops the components
-	// in order, instead of killing them all at once mid-teardown.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
+	p := &proc{Process: cp, log: logPath}
 	c.procs[name] = p
-	return p, c.Track(name, cmd.Process.Pid)
+	return p, c.Track(name, cp.PID())
 }
 
 // Track records a process the caller started (multireg on the host, say) in the state file,
@@ -98,36 +98,6 @@ func (c *Cluster) proc(name string) *proc {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.procs[name]
-}
-
-// exited reports whether the process has ended, and how.
-func (p *proc) exited() (bool, error) {
-	select {
-	case <-p.done:
-		return true, p.err
-	default:
-		return false, nil
-	}
-}
-
-// stop sends SIGTERM, waits up to grace, then SIGKILLs and waits for the process to be gone.
-func (p *proc) stop(grace time.Duration) error {
-	if done, _ := p.exited(); done {
-		return nil
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(grace):
-	}
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s did not stop within %s of SIGTERM: killed", p.name, grace)
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s (pid %d) still runs 10s after SIGKILL", p.name, p.cmd.Process.Pid)
-	}
 }
 
 // stopPID stops a process this package started in an earlier run (recorded in the state
@@ -176,29 +146,6 @@ func pidIs(rec pidRecord) bool {
 
 func waitGone(rec pidRecord, d time.Duration) bool {
 	return wait.Until(d, 50*time.Millisecond, func() bool { return !pidIs(rec) })
-}
-
-// poll calls cond every interval until it returns true or an error, or ctx ends; the error
-// then names what was awaited and the last reason cond gave.
-func poll(ctx context.Context, interval time.Duration, what string, cond func() (bool, error)) error {
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), last)
-			}
-			return fmt.Errorf("%s: %w", what, ctx.Err())
-		case <-time.After(interval):
-		}
-	}
 }
 
 // Tail returns the last n lines of a file, for failure reports.

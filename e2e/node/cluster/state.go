@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/node/hostpaths"
 )
 
@@ -221,12 +222,10 @@ func removeTasks(address string) error {
 		_, _ = ctr("tasks", "kill", "--signal", "SIGKILL", id)
 		// A task can be deleted only once it stopped: retry until the deadline.
 		var derr error
-		for {
-			if _, derr = ctr("tasks", "delete", id); derr == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // waiting for another process's task to stop
-		}
+		wait.Until(time.Until(deadline), 100*time.Millisecond, func() bool {
+			_, derr = ctr("tasks", "delete", id)
+			return derr == nil
+		})
 		errs = append(errs, derr)
 	}
 	out, err = ctr("containers", "list", "--quiet")

@@ -2,21 +2,20 @@ package images
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"multireg.dev/multireg/e2e/internal/child"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/node/hostpaths"
-	"multireg.dev/multireg/e2e/node/wait"
 )
 
 // TestImport imports a pause image into a private containerd, as the e2e cluster does, and
@@ -74,26 +73,16 @@ func runPause(t *testing.T, address, ref string) {
 		t.Skipf("needs runc: %v", err)
 	}
 	const id = "pause-e2e"
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var output bytes.Buffer
-	run := exec.CommandContext(ctx, "ctr", "--address", address, "--namespace", "k8s.io",
-		"run", "--rm", ref, id)
-	run.Stdout, run.Stderr = &output, &output
+	run := exec.Command("ctr", "--address", address, "--namespace", "k8s.io", "run", "--rm", ref, id)
 	run.WaitDelay = 10 * time.Second
-	if err := run.Start(); err != nil {
+	p, err := child.Start("ctr run", run)
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = run.Wait() // 137 after SIGKILL
-		close(exited)
-	}()
 	t.Cleanup(func() {
 		// Leave no shim behind, whatever failed: it would keep the rootfs mounted.
 		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "task", "kill", "-s", "SIGKILL", id).Run()
-		cancel()
-		<-exited
+		p.Kill()
 		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "task", "delete", "-f", id).Run()
 		_ = exec.Command("ctr", "--address", address, "-n", "k8s.io", "container", "delete", id).Run()
 	})
@@ -107,13 +96,11 @@ func runPause(t *testing.T, address, ref string) {
 		return err == nil && exe == "/pause"
 	})
 	if !running {
-		t.Fatalf("/pause is not the process of task %s after 20s; ctr run: %s", id, output.String())
+		t.Fatalf("/pause is not the process of task %s after 20s; ctr run: %s", id, p.Output())
 	}
 	ctr(t, address, "task", "kill", "--signal", "SIGKILL", id)
-	select {
-	case <-exited:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("ctr run still runs 20s after SIGKILL: %s", output.String())
+	if _, err := p.Wait(20 * time.Second); err != nil { // exit code 137 after SIGKILL
+		t.Fatalf("%v: %s", err, p.Output())
 	}
 }
 
@@ -172,28 +159,18 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, "containerd", "--config", configPath)
+	cmd := exec.Command("containerd", "--config", configPath)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		cancel()
+	p, err := child.Start("containerd", cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
 	t.Cleanup(func() {
-		cancel()
-		<-exited
+		_ = p.Stop(10 * time.Second) // SIGTERM; killed after 10 s
 		logFile.Close()
 		if t.Failed() {
 			if log, err := os.ReadFile(logFile.Name()); err == nil {
-				t.Logf("containerd (%v):\n%s", waitErr, log)
+				t.Logf("containerd (%v):\n%s", p.Err(), log)
 			}
 		}
 		if err := hostpaths.UnmountBelow(dir); err != nil {
@@ -210,17 +187,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	})
 
 	ready := wait.Until(20*time.Second, 20*time.Millisecond, func() bool {
-		select {
-		case <-exited:
-			return true
-		default:
-		}
-		return exec.Command("ctr", "--address", address, "version").Run() == nil
+		return p.Exited() || exec.Command("ctr", "--address", address, "version").Run() == nil
 	})
-	select {
-	case <-exited:
-		t.Fatalf("containerd exited: %v", waitErr)
-	default:
+	if p.Exited() {
+		t.Fatalf("containerd exited: %v", p.Err())
 	}
 	if !ready {
 		t.Fatal("containerd does not answer after 20s")

@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/child"
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/node/images"
-	"multireg.dev/multireg/e2e/node/wait"
 )
 
 // TestPause runs the built binary as PID 1 of a new PID namespace, as in a pod sandbox, and
@@ -32,31 +33,23 @@ func TestPause(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			cmd := exec.Command(bin)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
-			if err := cmd.Start(); err != nil {
+			p, err := child.Start("pause", cmd)
+			if err != nil {
 				t.Fatal(err)
 			}
-			exited := make(chan struct{})
-			var waitErr error
-			go func() {
-				waitErr = cmd.Wait()
-				close(exited)
-			}()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill() // fails once pause has exited
-				<-exited
-			})
+			t.Cleanup(p.Kill)
 
 			// Signals that arrive before pause's signal.Notify are lost or fatal, so the
 			// first orphan it reaps is also the sign that it is ready for sig.
-			waitReaped(t, cmd.Process.Pid)
+			waitReaped(t, p.PID())
 
-			if err := cmd.Process.Signal(sig); err != nil {
+			if err := p.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
 			select {
-			case <-exited:
-				if waitErr != nil {
-					t.Errorf("pause after %v: %v, want exit status 0", sig, waitErr)
+			case <-p.Done():
+				if err := p.Err(); err != nil {
+					t.Errorf("pause after %v: %v, want exit status 0", sig, err)
 				}
 			case <-time.After(10 * time.Second):
 				t.Fatalf("pause still runs 10s after %v", sig)
