@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 func TestBackoffCurve(t *testing.T) {
@@ -113,14 +114,14 @@ func TestRegistrationBackoffIndependentOfEndpointWait(t *testing.T) {
 		d.Backoff = config.Backoff{InitialInterval: 100 * time.Millisecond, MaxInterval: 30 * time.Second, Multiplier: 4}
 	})
 	// 100ms, 400ms, 1.6s: after about 2 s the endpoint wait is at 6.4 s.
-	eventually(t, 10*time.Second, "a long wait for the endpoint", func() bool {
+	testkit.Eventually(t, 10*time.Second, "a long wait for the endpoint", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 3*time.Second
 	})
 	startEndpoint(t, d.LocalEndpoint, "") // wakes the loop at once
 	awaitSocket(t, d)
 	register(t, d.SocketPath, false, "no")
-	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
+	testkit.Eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
 	if wait := time.Until(statusOf(s, d.Name).NextAttempt); wait > time.Second {
 		t.Errorf("first registration retry in %s, want the initial interval (100ms)", wait)
 	}

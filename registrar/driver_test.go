@@ -11,6 +11,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 func TestTypesMatchKubelet(t *testing.T) {
@@ -41,7 +42,7 @@ func TestRegistersAndAnswersGetInfo(t *testing.T) {
 	if di, err := os.Stat(filepath.Dir(d.SocketPath)); err != nil || di.Mode().Perm() != 0o750 {
 		t.Errorf("registration directory created with %v (%v), want 0750", di.Mode().Perm(), err)
 	}
-	eventually(t, 5*time.Second, "Serving, endpoint up, 1 attempt before the verdict", func() bool {
+	testkit.Eventually(t, 5*time.Second, "Serving, endpoint up, 1 attempt before the verdict", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == Serving && st.EndpointUp && st.Attempts == 1
 	})
@@ -56,7 +57,7 @@ func TestRegistersAndAnswersGetInfo(t *testing.T) {
 	if info.Type != want.Type || info.Name != want.Name || info.Endpoint != want.Endpoint || !reflect.DeepEqual(info.SupportedVersions, want.SupportedVersions) {
 		t.Errorf("GetInfo = %v, want %v", info, want)
 	}
-	eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
 
 	// No temporary socket is left behind.
 	entries, err := os.ReadDir(filepath.Dir(d.SocketPath))
@@ -76,7 +77,7 @@ func TestRejectionRecreatesSocket(t *testing.T) {
 	register(t, d.SocketPath, false, "RegisterPlugin error -- plugin registration failed with err: boom")
 
 	// A new generation replaces the rejected one after the backoff interval.
-	eventually(t, 5*time.Second, "a new socket", func() bool {
+	testkit.Eventually(t, 5*time.Second, "a new socket", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first
 	})
@@ -100,7 +101,7 @@ func TestRejectionRemovesSocketWhileBackingOff(t *testing.T) {
 	})
 	awaitSocket(t, d)
 	register(t, d.SocketPath, false, "no")
-	eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
+	testkit.Eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
 	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
 		t.Errorf("socket during backoff: %v, want it removed", err)
 	}
@@ -121,13 +122,13 @@ func TestDeletedSocketIsRecreated(t *testing.T) {
 	if err := os.Remove(d.SocketPath); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "socket recreated within 1s", func() bool { return isSocket(d.SocketPath) })
-	eventually(t, 5*time.Second, "Serving, 2 attempts after the recreation", func() bool {
+	testkit.Eventually(t, time.Second, "socket recreated within 1s", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "Serving, 2 attempts after the recreation", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == Serving && st.Attempts == 2
 	})
 	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, "Registered again", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	testkit.Eventually(t, 5*time.Second, "Registered again", func() bool { return statusOf(s, d.Name).Phase == Registered })
 }
 
 func TestRegistrationDirectoryRecreated(t *testing.T) {
@@ -143,7 +144,7 @@ func TestRegistrationDirectoryRecreated(t *testing.T) {
 	if err := os.RemoveAll(reg + ".old"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "socket recreated within 1s", func() bool {
+	testkit.Eventually(t, time.Second, "socket recreated within 1s", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first
 	})
@@ -152,7 +153,7 @@ func TestRegistrationDirectoryRecreated(t *testing.T) {
 	if err := os.Remove(d.SocketPath); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "socket recreated again", func() bool {
+	testkit.Eventually(t, time.Second, "socket recreated again", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != second
 	})
@@ -162,7 +163,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 	s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) { d.RegistrationTimeout = time.Second })
 	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
-	eventually(t, 5*time.Second, "socket recreated after the timeout", func() bool {
+	testkit.Eventually(t, 5*time.Second, "socket recreated after the timeout", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first
 	})
@@ -173,7 +174,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 	// Once registered, the timeout no longer applies.
 	registerAndWait(t, s, d)
 	registered := mustID(t, d.SocketPath)
-	never(t, 1500*time.Millisecond, "a registered socket recreated by the timeout", func() bool {
+	testkit.Never(t, 1500*time.Millisecond, "a registered socket recreated by the timeout", func() bool {
 		return mustID(t, d.SocketPath) != registered
 	})
 }
@@ -185,7 +186,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 func TestSlowRegistrationCompletes(t *testing.T) {
 	s, d, _ := setup(t, config.DevicePlugin, func(d *config.Driver) { d.RegistrationTimeout = time.Second })
 	stop := runSlowKubelet(t, d.SocketPath, 1500*time.Millisecond)
-	eventually(t, 20*time.Second, "Registered although kubelet takes 1.5s", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	testkit.Eventually(t, 20*time.Second, "Registered although kubelet takes 1.5s", func() bool { return statusOf(s, d.Name).Phase == Registered })
 	if st := statusOf(s, d.Name); st.Results[ResultTimeout] < 1 {
 		t.Errorf("registered without a timeout first: %+v", st)
 	}
@@ -196,7 +197,7 @@ func TestSlowRegistrationCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = "no registration verdict from kubelet within 1s; the next attempt allows 2s"
-	eventually(t, 5*time.Second, "a timeout after the configured 1s", func() bool { return statusOf(s, d.Name).LastError == want })
+	testkit.Eventually(t, 5*time.Second, "a timeout after the configured 1s", func() bool { return statusOf(s, d.Name).LastError == want })
 }
 
 // TestStaleVerdictIgnored: while a restarted driver is probed, the old socket still serves;
@@ -209,7 +210,7 @@ func TestStaleVerdictIgnored(t *testing.T) {
 	// verdict for it cannot arrive over the network. Deliver it as its server would.
 	first := mustID(t, d.SocketPath)
 	os.Remove(d.SocketPath)
-	eventually(t, 5*time.Second, "generation 2", func() bool {
+	testkit.Eventually(t, 5*time.Second, "generation 2", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
@@ -20,7 +21,7 @@ func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
 		d.Backoff.InitialInterval = time.Minute
 		d.Backoff.MaxInterval = time.Minute
 	})
-	eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool {
+	testkit.Eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == WaitingForEndpoint && strings.Contains(st.LastError, "does not accept connections")
 	})
@@ -28,7 +29,7 @@ func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
 		t.Fatalf("socket published before the endpoint is up: %v", err)
 	}
 	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io")
-	eventually(t, 5*time.Second, "socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
 }
 
 func TestCSINameMismatch(t *testing.T) {
@@ -39,7 +40,7 @@ func TestCSINameMismatch(t *testing.T) {
 	s := runSupervisor(t, Options{})
 	s.Start(d)
 	want := `reports the name "smb.csi.k8s.io", but the config names it "nfs.csi.k8s.io"`
-	eventually(t, 5*time.Second, "a name mismatch", func() bool {
+	testkit.Eventually(t, 5*time.Second, "a name mismatch", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == WaitingForEndpoint && strings.Contains(st.LastError, want)
 	})
@@ -56,7 +57,7 @@ func TestEndpointRestartReregisters(t *testing.T) {
 
 	// The driver dies: the registration stays, the endpoint shows as down.
 	e.stop()
-	eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
 	if id := mustID(t, d.SocketPath); id != first {
 		t.Fatal("the registration socket changed when the endpoint went away")
 	}
@@ -66,11 +67,11 @@ func TestEndpointRestartReregisters(t *testing.T) {
 
 	// The driver comes back: a new socket makes kubelet register it again.
 	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io")
-	eventually(t, 5*time.Second, "socket recreated after the restart", func() bool {
+	testkit.Eventually(t, 5*time.Second, "socket recreated after the restart", func() bool {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first
 	})
-	eventually(t, 5*time.Second, "endpoint up", func() bool { return statusOf(s, d.Name).EndpointUp })
+	testkit.Eventually(t, 5*time.Second, "endpoint up", func() bool { return statusOf(s, d.Name).EndpointUp })
 }
 
 // TestRestartUnderAnotherNameWithdraws: a CSI driver that comes back under another name
@@ -82,7 +83,7 @@ func TestRestartUnderAnotherNameWithdraws(t *testing.T) {
 
 	e.stop()
 	startEndpoint(t, d.LocalEndpoint, "other.csi.k8s.io")
-	eventually(t, 5*time.Second, "socket withdrawn", func() bool {
+	testkit.Eventually(t, 5*time.Second, "socket withdrawn", func() bool {
 		_, err := os.Lstat(d.SocketPath)
 		return os.IsNotExist(err)
 	})
@@ -99,9 +100,9 @@ func TestEndpointDirectoryAppearsLater(t *testing.T) {
 		d.Backoff.InitialInterval = time.Minute
 		d.Backoff.MaxInterval = time.Minute
 	})
-	eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool { return statusOf(s, d.Name).Phase == WaitingForEndpoint })
+	testkit.Eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool { return statusOf(s, d.Name).Phase == WaitingForEndpoint })
 	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io") // creates the directory, then the socket
-	eventually(t, 5*time.Second, "the socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
 }
 
 // TestEndpointDirectoriesAppearLevelByLevel: two missing levels under the endpoint; each
@@ -118,18 +119,18 @@ func TestEndpointDirectoriesAppearLevelByLevel(t *testing.T) {
 		st := statusOf(s, d.Name)
 		return st.LastError != "" && time.Until(st.NextAttempt) > 10*time.Minute
 	}
-	eventually(t, 5*time.Second, "the first probe failed, the next in an hour", backingOff)
-	eventually(t, 5*time.Second, "a watch for a/", func() bool { return watchesFor(s, dir, "a") })
+	testkit.Eventually(t, 5*time.Second, "the first probe failed, the next in an hour", backingOff)
+	testkit.Eventually(t, 5*time.Second, "a watch for a/", func() bool { return watchesFor(s, dir, "a") })
 	if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "quick probes once a/ appeared", func() bool {
+	testkit.Eventually(t, 5*time.Second, "quick probes once a/ appeared", func() bool {
 		return time.Until(statusOf(s, d.Name).NextAttempt) < 2*time.Second
 	})
-	eventually(t, 10*time.Second, "the quick probes over, the next in an hour again", backingOff)
-	eventually(t, 5*time.Second, "a watch for a/b/", func() bool { return watchesFor(s, filepath.Join(dir, "a"), "b") })
+	testkit.Eventually(t, 10*time.Second, "the quick probes over, the next in an hour again", backingOff)
+	testkit.Eventually(t, 5*time.Second, "a watch for a/b/", func() bool { return watchesFor(s, filepath.Join(dir, "a"), "b") })
 	startEndpoint(t, ep, "nfs.csi.k8s.io") // creates a/b/ and the socket
-	eventually(t, 5*time.Second, "the socket", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the socket", func() bool { return isSocket(d.SocketPath) })
 }
 
 // TestEndpointDirectoryRecreatedWhileServing: with waitForEndpoint false the socket is
@@ -142,7 +143,7 @@ func TestEndpointDirectoryRecreatedWhileServing(t *testing.T) {
 		t.Fatal("endpoint up before it exists")
 	}
 	startEndpoint(t, d.LocalEndpoint, "")
-	eventually(t, 5*time.Second, "the endpoint reported up", func() bool { return statusOf(s, d.Name).EndpointUp })
+	testkit.Eventually(t, 5*time.Second, "the endpoint reported up", func() bool { return statusOf(s, d.Name).EndpointUp })
 }
 
 // TestEndpointUpInSharedDirectory: with waitForEndpoint false, a driver whose endpoint
@@ -157,9 +158,9 @@ func TestEndpointUpInSharedDirectory(t *testing.T) {
 	a.WaitForEndpoint, b.WaitForEndpoint = false, false
 	s := runSupervisor(t, Options{})
 	s.Start(a)
-	eventually(t, 5*time.Second, "a's endpoint up", func() bool { return statusOf(s, a.Name).EndpointUp })
+	testkit.Eventually(t, 5*time.Second, "a's endpoint up", func() bool { return statusOf(s, a.Name).EndpointUp })
 	s.Start(b)
-	eventually(t, 5*time.Second, "b's endpoint up", func() bool { return statusOf(s, b.Name).EndpointUp })
+	testkit.Eventually(t, 5*time.Second, "b's endpoint up", func() bool { return statusOf(s, b.Name).EndpointUp })
 }
 
 // TestEndpointChmodIsNoRestart: drivers often chmod their socket after listening; that is no
@@ -172,7 +173,7 @@ func TestEndpointChmodIsNoRestart(t *testing.T) {
 	if err := os.Chmod(d.LocalEndpoint, 0o660); err != nil {
 		t.Fatal(err)
 	}
-	never(t, 1500*time.Millisecond, "a chmod of the endpoint re-registered the driver", func() bool {
+	testkit.Never(t, 1500*time.Millisecond, "a chmod of the endpoint re-registered the driver", func() bool {
 		return mustID(t, d.SocketPath) != first || statusOf(s, d.Name).Attempts != 1
 	})
 	if !statusOf(s, d.Name).EndpointUp {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // shortDir returns a temporary directory with a short path: unix socket paths are limited to
@@ -34,32 +34,6 @@ func shortDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
-}
-
-// testLogger logs through t, so that a failing test shows what the loops did.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p[:len(p)-1]))
-	return len(p), nil
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
 }
 
 // testDriver is a resolved driver with fast retries, registering into dir/reg.
@@ -130,7 +104,7 @@ func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Drive
 func runSupervisor(t *testing.T, opts Options) *Supervisor {
 	t.Helper()
 	if opts.Log == nil {
-		opts.Log = testLogger(t)
+		opts.Log = testkit.Logger(t)
 	}
 	s, err := New(opts)
 	if err != nil {
@@ -153,25 +127,6 @@ func runUntilEnd(t *testing.T, run func(context.Context)) {
 		cancel()
 		<-done
 	})
-}
-
-// never checks for a while that cond does not become true: an assertion of absence.
-func never(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.NewTimer(d)
-	defer end.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-end.C:
-			return
-		case <-tick.C:
-			if cond() {
-				t.Fatalf("%s", what)
-			}
-		}
-	}
 }
 
 // listenUnlinked listens on path and leaves the file in place when closed.
@@ -247,7 +202,7 @@ func (k *kubelet) notify(t *testing.T, registered bool, msg string) {
 // awaitSocket waits for the driver's registration socket to be published.
 func awaitSocket(t *testing.T, d config.Driver) {
 	t.Helper()
-	eventually(t, 5*time.Second, d.Name+"'s socket published", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, d.Name+"'s socket published", func() bool { return isSocket(d.SocketPath) })
 }
 
 // registerAndWait plays kubelet accepting the driver's current socket and waits until the
@@ -255,7 +210,7 @@ func awaitSocket(t *testing.T, d config.Driver) {
 func registerAndWait(t *testing.T, s *Supervisor, d config.Driver) {
 	t.Helper()
 	register(t, d.SocketPath, true, "")
-	eventually(t, 5*time.Second, d.Name+" Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	testkit.Eventually(t, 5*time.Second, d.Name+" Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
 }
 
 // register plays kubelet's part for the socket now at path: GetInfo, then the verdict.
@@ -315,26 +270,6 @@ func (e *endpoint) stop() {
 		panic(err)
 	}
 }
-
-// syncLog collects log lines from several goroutines.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *syncLog) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 // runSlowKubelet plays, until the test ends or the returned func is called, a kubelet whose
 // registration of the plugin (RegisterPlugin, between GetInfo and NotifyRegistrationStatus)

@@ -12,24 +12,25 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 func TestLockWaitsAndTakesOver(t *testing.T) {
 	dir := filepath.Join(shortDir(t), "reg")
-	var logs syncLog
-	first, err := acquireLock(context.Background(), dir, logs.logger())
+	var logs testkit.Buffer
+	first, err := acquireLock(context.Background(), dir, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *dirLock, 1)
 	go func() {
-		l, err := acquireLock(context.Background(), dir, logs.logger())
+		l, err := acquireLock(context.Background(), dir, logs.Logger())
 		if err != nil {
 			t.Error(err)
 		}
 		got <- l
 	}()
-	eventually(t, 5*time.Second, "the second instance to say it waits", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the second instance to say it waits", func() bool {
 		return strings.Contains(logs.String(), "waiting for it to exit")
 	})
 	select {
@@ -49,14 +50,14 @@ func TestLockWaitsAndTakesOver(t *testing.T) {
 	}
 
 	// A waiting instance gives up when its context ends.
-	held, err := acquireLock(context.Background(), dir, logs.logger())
+	held, err := acquireLock(context.Background(), dir, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := acquireLock(ctx, dir, logs.logger()); err != context.DeadlineExceeded {
+	if _, err := acquireLock(ctx, dir, logs.Logger()); err != context.DeadlineExceeded {
 		t.Errorf("AcquireLock with an ended context: %v", err)
 	}
 }
@@ -96,7 +97,7 @@ func TestDirRemovesOnlyOurTempSockets(t *testing.T) {
 // openDir opens the registration directory dir for one test, and closes it at its end.
 func openDir(t *testing.T, dir string) *Dir {
 	t.Helper()
-	d, err := OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testLogger(t))
+	d, err := OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func fastLock(t *testing.T) {
 }
 
 // waitingLock starts a second instance's AcquireLock on dir and returns once it says it waits.
-func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *dirLock {
+func waitingLock(t *testing.T, dir string, logs *testkit.Buffer) <-chan *dirLock {
 	t.Helper()
 	got := make(chan *dirLock, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -123,12 +124,12 @@ func waitingLock(t *testing.T, dir string, logs *syncLog) <-chan *dirLock {
 	})
 	go func() {
 		defer close(done)
-		l, err := acquireLock(ctx, dir, logs.logger())
+		l, err := acquireLock(ctx, dir, logs.Logger())
 		if err == nil {
 			got <- l
 		}
 	}()
-	eventually(t, 5*time.Second, "the second instance to say it waits", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the second instance to say it waits", func() bool {
 		return strings.Contains(logs.String(), "waiting for it to exit")
 	})
 	return got
@@ -173,8 +174,8 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(shortDir(t), "reg")
-			var logs syncLog
-			holder, err := acquireLock(context.Background(), dir, logs.logger())
+			var logs testkit.Buffer
+			holder, err := acquireLock(context.Background(), dir, logs.Logger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,8 +220,8 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 func TestLockHolderTooSlow(t *testing.T) {
 	fastLock(t)
 	dir := filepath.Join(shortDir(t), "reg")
-	var logs syncLog
-	holder, err := acquireLock(context.Background(), dir, logs.logger())
+	var logs testkit.Buffer
+	holder, err := acquireLock(context.Background(), dir, logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +232,7 @@ func TestLockHolderTooSlow(t *testing.T) {
 	}
 	// The waiter has taken the new file and settles, or is done: the holder's check fails
 	// either way, before the waiter serves or right after.
-	eventually(t, 5*time.Second, "the waiter to take the new lock file", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the waiter to take the new lock file", func() bool {
 		return strings.Contains(logs.String(), "waiting for its former holder to stop")
 	})
 	if err := holder.refresh(); !errors.Is(err, ErrDirLost) {
@@ -254,7 +255,7 @@ func TestLockHolderTooSlow(t *testing.T) {
 func TestLockCreatesOnlyTheDirectory(t *testing.T) {
 	base := shortDir(t)
 	dir := filepath.Join(base, "reg")
-	l, err := tryLock(dir, testLogger(t))
+	l, err := tryLock(dir, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func TestLockCreatesOnlyTheDirectory(t *testing.T) {
 		t.Errorf("registration directory: %v, %v; want mode 0750", fi.Mode(), err)
 	}
 	deep := filepath.Join(base, "kubelet", "plugins_registry")
-	_, err = tryLock(deep, testLogger(t))
+	_, err = tryLock(deep, testkit.Logger(t))
 	if err == nil || !strings.Contains(err.Error(), filepath.Join(base, "kubelet")+" does not exist") {
 		t.Errorf("lock under a missing parent: %v, want an error naming the parent", err)
 	}
@@ -288,7 +289,7 @@ func TestGuardStopsPublish(t *testing.T) {
 	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, filepath.Join(dir, "dp.sock"))
 	d.WaitForEndpoint = false
 	s.Start(d)
-	eventually(t, 5*time.Second, "the guard's error in the driver's status", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the guard's error in the driver's status", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == BackingOff && strings.Contains(st.LastError, ErrDirLost.Error())
 	})
@@ -308,7 +309,7 @@ func TestLockRefreshWithoutItsDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(base, "reg")
-	l, err := tryLock(dir, testLogger(t))
+	l, err := tryLock(dir, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +361,7 @@ func TestDirMovedToAnotherName(t *testing.T) {
 	if _, err := os.Lstat(alias); !os.IsNotExist(err) {
 		t.Errorf("%s after Check: %v, want nothing there", alias, err)
 	}
-	if _, err := tryLock(real, testLogger(t)); err == nil {
+	if _, err := tryLock(real, testkit.Logger(t)); err == nil {
 		t.Error("another instance took the directory")
 	}
 }
@@ -369,7 +370,7 @@ func TestDirMovedToAnotherName(t *testing.T) {
 // locks the new lock file, or learns that another instance got there first.
 func TestLockRefresh(t *testing.T) {
 	dir := filepath.Join(shortDir(t), "reg")
-	log := testLogger(t)
+	log := testkit.Logger(t)
 	first, err := acquireLock(context.Background(), dir, log)
 	if err != nil {
 		t.Fatal(err)
@@ -422,7 +423,7 @@ func TestDirRunStopsWhenLost(t *testing.T) {
 	if err := os.Remove(lockFile); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the holder to lock the new lock file", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the holder to lock the new lock file", func() bool {
 		_, err := os.Lstat(lockFile)
 		d.mu.Lock()
 		defer d.mu.Unlock()

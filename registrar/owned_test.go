@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"multireg.dev/multireg/internal/testkit"
 )
 
 func TestRemoveOrphans(t *testing.T) {
@@ -29,7 +31,7 @@ func TestRemoveOrphans(t *testing.T) {
 	if err := recordOwned(dir, []string{"kept-reg.sock", "gone-reg.sock", "live-reg.sock", "file-reg.sock"}); err != nil {
 		t.Fatal(err)
 	}
-	removed, err := removeOrphans(dir, []string{"kept-reg.sock"}, testLogger(t))
+	removed, err := removeOrphans(dir, []string{"kept-reg.sock"}, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +44,7 @@ func TestRemoveOrphans(t *testing.T) {
 		}
 	}
 	// No record at all (a first run): nothing to do.
-	if removed, err := removeOrphans(shortDir(t), nil, testLogger(t)); err != nil || len(removed) != 0 {
+	if removed, err := removeOrphans(shortDir(t), nil, testkit.Logger(t)); err != nil || len(removed) != 0 {
 		t.Errorf("without a record: %q, %v", removed, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // TestProbeAnyPath: a CSI endpoint whose path holds bytes that mean something in a URL ('#',
@@ -81,7 +82,7 @@ func TestHungEndpointProbedConcurrently(t *testing.T) {
 	startEndpoint(t, ep, "nfs.csi.k8s.io")
 	ok := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
 	s.Start(ok)
-	eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return isSocket(ok.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return isSocket(ok.SocketPath) })
 	// The hung probe is still waiting: its connection is open.
 	grpcConn.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
 	var buf [1024]byte

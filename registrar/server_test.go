@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // TestVerdictWithoutGetInfoIgnored: kubelet's client reconnects to a recreated socket at the
@@ -19,7 +20,7 @@ func TestVerdictWithoutGetInfoIgnored(t *testing.T) {
 	awaitSocket(t, d)
 	late := dialKubelet(t, d.SocketPath)
 	late.notify(t, false, "about an older socket")
-	never(t, time.Second, "a verdict without GetInfo counted", func() bool {
+	testkit.Never(t, time.Second, "a verdict without GetInfo counted", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase != Serving || st.Failures != 0
 	})
@@ -47,7 +48,7 @@ func TestMessagesLargerThanTheTransportBuffers(t *testing.T) {
 	if !reflect.DeepEqual(info.SupportedVersions, d.SupportedVersions) {
 		t.Errorf("GetInfo returned %d versions, want all %d", len(info.SupportedVersions), len(d.SupportedVersions))
 	}
-	eventually(t, 5*time.Second, "the whole rejection in lastError", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the whole rejection in lastError", func() bool {
 		return strings.Contains(statusOf(s, d.Name).LastError, reason)
 	})
 }

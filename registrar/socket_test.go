@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // TestPublishNeverReplacesWhatAppears: a non-socket that appears at the path between the
@@ -64,14 +65,14 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 			s := runSupervisor(t, Options{})
 			s.Start(d)
 			s.Start(other)
-			eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
+			testkit.Eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
 				st := statusOf(s, d.Name)
 				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket: it is left untouched")
 			})
 			// The other driver is not affected.
-			eventually(t, 5*time.Second, "the other driver's socket", func() bool { return isSocket(other.SocketPath) })
+			testkit.Eventually(t, 5*time.Second, "the other driver's socket", func() bool { return isSocket(other.SocketPath) })
 			// Still there, unchanged, after several retries.
-			eventually(t, 5*time.Second, "several retries", func() bool { return statusOf(s, d.Name).Failures >= 3 })
+			testkit.Eventually(t, 5*time.Second, "several retries", func() bool { return statusOf(s, d.Name).Failures >= 3 })
 			fi, err := os.Lstat(d.SocketPath)
 			if err != nil {
 				t.Fatalf("%s in the way: %v", kind, err)
@@ -85,7 +86,7 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 			if err := os.Remove(d.SocketPath); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "socket after the way is clear", func() bool { return isSocket(d.SocketPath) })
+			testkit.Eventually(t, 5*time.Second, "socket after the way is clear", func() bool { return isSocket(d.SocketPath) })
 		})
 	}
 }
@@ -101,7 +102,7 @@ func TestSocketPublishedOnceTheWayIsClear(t *testing.T) {
 				d.Backoff = config.Backoff{InitialInterval: time.Minute, MaxInterval: time.Minute, Multiplier: 2}
 				block(t, kind, d.SocketPath)
 			})
-			eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
+			testkit.Eventually(t, 5*time.Second, "BackingOff with the reason", func() bool {
 				st := statusOf(s, d.Name)
 				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket")
 			})
@@ -110,14 +111,14 @@ func TestSocketPublishedOnceTheWayIsClear(t *testing.T) {
 				if err := os.Chtimes(d.SocketPath, time.Now(), time.Now()); err != nil {
 					t.Fatal(err)
 				}
-				never(t, 300*time.Millisecond, "a change of the "+kind+" in the way started an attempt", func() bool {
+				testkit.Never(t, 300*time.Millisecond, "a change of the "+kind+" in the way started an attempt", func() bool {
 					return statusOf(s, d.Name).Attempts != attempts
 				})
 			}
 			if err := os.Remove(d.SocketPath); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "socket once the way is clear, long before the backoff ends", func() bool { return isSocket(d.SocketPath) })
+			testkit.Eventually(t, 5*time.Second, "socket once the way is clear, long before the backoff ends", func() bool { return isSocket(d.SocketPath) })
 		})
 	}
 }

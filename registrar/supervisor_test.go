@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // inotifyInstances counts this process's inotify file descriptors.
@@ -44,7 +45,7 @@ func TestManyDriversShareOneWatcher(t *testing.T) {
 		drivers = append(drivers, d)
 		s.Start(d)
 	}
-	eventually(t, 30*time.Second, "every socket", func() bool {
+	testkit.Eventually(t, 30*time.Second, "every socket", func() bool {
 		for _, d := range drivers {
 			if !isSocket(d.SocketPath) {
 				return false
@@ -82,10 +83,10 @@ func TestHungEndpointDoesNotDelayOthers(t *testing.T) {
 	s := runSupervisor(t, Options{})
 	s.Start(hd)
 	s.Start(ok)
-	eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return isSocket(ok.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return isSocket(ok.SocketPath) })
 	register(t, ok.SocketPath, true, "")
-	eventually(t, 5*time.Second, "the healthy driver registered", func() bool { return statusOf(s, ok.Name).Phase == Registered })
-	eventually(t, 5*time.Second, "the hung driver's probe to time out", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the healthy driver registered", func() bool { return statusOf(s, ok.Name).Phase == Registered })
+	testkit.Eventually(t, 5*time.Second, "the hung driver's probe to time out", func() bool {
 		st := statusOf(s, hd.Name)
 		return st.Phase == WaitingForEndpoint && strings.Contains(st.LastError, "GetPluginInfo")
 	})
@@ -112,7 +113,7 @@ func TestConcurrentStartsOfOneName(t *testing.T) {
 	if _, err := os.Lstat(d.SocketPath); !os.IsNotExist(err) {
 		t.Fatalf("socket after Stop: %v", err)
 	}
-	never(t, time.Second, "a loop survived Stop and published again", func() bool {
+	testkit.Never(t, time.Second, "a loop survived Stop and published again", func() bool {
 		_, err := os.Lstat(d.SocketPath)
 		return err == nil
 	})
@@ -125,7 +126,7 @@ func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
 	a := testDriver(dir, "vendor.example/a", config.DevicePlugin, ep)
 	b := testDriver(dir, "vendor.example/b", config.DevicePlugin, ep)
 
-	s, err := New(Options{Log: testLogger(t)})
+	s, err := New(Options{Log: testkit.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
 	go func() { defer close(done); s.Run(ctx) }()
 	s.Start(a)
 	s.Start(b)
-	eventually(t, 5*time.Second, "both sockets", func() bool { return isSocket(a.SocketPath) && isSocket(b.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "both sockets", func() bool { return isSocket(a.SocketPath) && isSocket(b.SocketPath) })
 
 	s.Stop(a.Name) // blocks until the loop has exited
 	if _, err := os.Lstat(a.SocketPath); !os.IsNotExist(err) {
@@ -176,7 +177,7 @@ func TestCleanupOnExitRemovesSockets(t *testing.T) {
 	l.Close() // the file stays, nothing listens: stale
 	startEndpoint(t, ep, "")
 
-	s, err := New(Options{Log: testLogger(t), CleanupOnExit: true})
+	s, err := New(Options{Log: testkit.Logger(t), CleanupOnExit: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
 )
 
 // testWatcher returns a watcher that dispatches events until the test ends.
 func testWatcher(t *testing.T) *watcher {
 	t.Helper()
-	w, err := newWatcher(testLogger(t))
+	w, err := newWatcher(testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func changes(t *testing.T, s *subscription, want change) change {
 			t.Logf("the subscription reported %04b", got)
 		}
 	}()
-	eventually(t, 5*time.Second, fmt.Sprintf("the subscription to report %04b", want), func() bool {
+	testkit.Eventually(t, 5*time.Second, fmt.Sprintf("the subscription to report %04b", want), func() bool {
 		select {
 		case <-s.c:
 			got |= s.take()
@@ -224,8 +225,8 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 				st := statusOf(s, d.Name)
 				return st.Phase == WaitingForEndpoint && time.Until(st.NextAttempt) > 30*time.Second
 			}
-			eventually(t, 5*time.Second, "the first probe failed, the next in a minute", probeInAMinute)
-			never(t, 1500*time.Millisecond, "a probe before the backoff ended, with nothing at the endpoint", func() bool { return !probeInAMinute() })
+			testkit.Eventually(t, 5*time.Second, "the first probe failed, the next in a minute", probeInAMinute)
+			testkit.Never(t, 1500*time.Millisecond, "a probe before the backoff ended, with nothing at the endpoint", func() bool { return !probeInAMinute() })
 
 			e := startEndpoint(t, d.LocalEndpoint, "")
 			awaitSocket(t, d)
@@ -233,7 +234,7 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 			first := mustID(t, d.SocketPath)
 			e.stop()
 			startEndpoint(t, d.LocalEndpoint, "")
-			eventually(t, 5*time.Second, "the socket recreated after the endpoint restarted", func() bool {
+			testkit.Eventually(t, 5*time.Second, "the socket recreated after the endpoint restarted", func() bool {
 				id, _, err := statID(d.SocketPath)
 				return err == nil && id != first
 			})
@@ -241,7 +242,7 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 			if err := os.Remove(d.SocketPath); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "the removed socket recreated", func() bool {
+			testkit.Eventually(t, 5*time.Second, "the removed socket recreated", func() bool {
 				id, _, err := statID(d.SocketPath)
 				return err == nil && id != second
 			})
