@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
@@ -28,14 +29,14 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 			others := testenv.Without(ds, victim.Name)
 			p := e.startAll(ds)
 			before := e.snap(others)
-			sock := testenv.ID(e.SocketPath(victim))
+			sock := fileid.Of(e.SocketPath(victim))
 			regs := e.K.Counts(victim.Name).Registrations
 
 			e.StopEndpoint(victim)
 			waitDriver(t, p, victim.Name, "/status to show the endpoint down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
 			wait.Never(t, quietPeriod, "the registration of a driver whose endpoint is down moved", func() bool {
 				c := e.K.Counts(victim.Name)
-				return !e.K.Registered(victim.Name) || c.Deregistrations != 0 || testenv.ID(e.SocketPath(victim)) != sock
+				return !e.K.Registered(victim.Name) || c.Deregistrations != 0 || fileid.Of(e.SocketPath(victim)) != sock
 			})
 			if d, _ := p.Status(t).Driver(victim.Name); d.Phase != "Registered" {
 				t.Errorf("phase %q while the endpoint is down, want Registered", d.Phase)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
@@ -73,14 +74,14 @@ func (e *env) waitRegistered(p *mrproc.Process, ds []driver) {
 // snapshot is what kubelet and the file system say about some drivers at one moment.
 type snapshot struct {
 	counts map[string]kubelet.Counts
-	ids    map[string]testenv.FileID
+	ids    map[string]fileid.ID
 }
 
 func (e *env) snap(ds []driver) snapshot {
-	s := snapshot{counts: map[string]kubelet.Counts{}, ids: map[string]testenv.FileID{}}
+	s := snapshot{counts: map[string]kubelet.Counts{}, ids: map[string]fileid.ID{}}
 	for _, d := range ds {
 		s.counts[d.Name] = e.K.Counts(d.Name)
-		s.ids[d.Name] = testenv.ID(e.SocketPath(d))
+		s.ids[d.Name] = fileid.Of(e.SocketPath(d))
 	}
 	return s
 }
@@ -96,7 +97,7 @@ func (e *env) moved(s snapshot, ds []driver) string {
 		if !e.K.Registered(d.Name) {
 			diffs = append(diffs, d.Name+": not registered in kubelet")
 		}
-		if id := testenv.ID(e.SocketPath(d)); id != s.ids[d.Name] {
+		if id := fileid.Of(e.SocketPath(d)); id != s.ids[d.Name] {
 			diffs = append(diffs, fmt.Sprintf("%s: socket %+v → %+v", d.Name, s.ids[d.Name], id))
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
@@ -106,7 +107,7 @@ func TestHostileClient(t *testing.T) {
 	})
 	waitPhases(t, p, append(ds, target), "Registered")
 	for _, d := range ds {
-		if testenv.ID(e.SocketPath(d)) != before.ids[d.Name] {
+		if fileid.Of(e.SocketPath(d)) != before.ids[d.Name] {
 			t.Errorf("%s: socket recreated", d.Name)
 		}
 	}
@@ -167,21 +168,21 @@ func TestStaleVerdict(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	first := testenv.ID(sock)
+	first := fileid.Of(sock)
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, registerTimeout, "a new socket", func() bool { return testenv.IsSocket(sock) && testenv.ID(sock) != first })
+	wait.For(t, registerTimeout, "a new socket", func() bool { return testenv.IsSocket(sock) && fileid.Of(sock) != first })
 	waitPhases(t, p, []driver{d}, "Serving")
 
 	// The verdict about the first socket, on the same client: gRPC dials the path again.
 	if _, err := c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: false, Error: "about the first socket"}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
-	second := testenv.ID(sock)
+	second := fileid.Of(sock)
 	rejected := fmt.Sprintf(`multireg_registration_attempts_total{driver=%q,result="rejected"}`, d.Name)
 	wait.Never(t, quietPeriod, "multireg failed its new socket for a verdict about the old one", func() bool {
 		st, _ := p.Status(t).Driver(d.Name)
-		return st.Phase != "Serving" || testenv.ID(sock) != second || mrproc.Metric(p.Metrics(t), rejected) != 0
+		return st.Phase != "Serving" || fileid.Of(sock) != second || mrproc.Metric(p.Metrics(t), rejected) != 0
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
@@ -86,7 +87,7 @@ func TestKubeletRestart(t *testing.T) {
 	}
 	wait.Never(t, quietPeriod, "multireg moved after the kubelet restart", func() bool {
 		for _, d := range ds {
-			if testenv.ID(e.SocketPath(d)) != ids[d.Name] {
+			if fileid.Of(e.SocketPath(d)) != ids[d.Name] {
 				t.Logf("%s: socket recreated", d.Name)
 				return true
 			}
@@ -110,12 +111,12 @@ func TestKubeletDownAtStart(t *testing.T) {
 	e.StartEndpoints(ds)
 	p := mrproc.Start(t, e.WriteConfig(ds))
 	waitPhases(t, p, ds, "Serving")
-	ids := map[string]testenv.FileID{}
+	ids := map[string]fileid.ID{}
 	for _, d := range ds {
 		if !testenv.IsSocket(e.SocketPath(d)) {
 			t.Fatalf("%s: no socket", d.Name)
 		}
-		ids[d.Name] = testenv.ID(e.SocketPath(d))
+		ids[d.Name] = fileid.Of(e.SocketPath(d))
 	}
 	wait.Never(t, quietPeriod, "multireg left Serving with no kubelet", func() bool {
 		for _, ph := range phases(t, p) {
@@ -132,7 +133,7 @@ func TestKubeletDownAtStart(t *testing.T) {
 		if c := e.K.Counts(d.Name); c.Registrations != 1 || c.RegistrationFailures != 0 {
 			t.Errorf("%s: %+v, want one registration", d.Name, c)
 		}
-		if testenv.ID(e.SocketPath(d)) != ids[d.Name] {
+		if fileid.Of(e.SocketPath(d)) != ids[d.Name] {
 			t.Errorf("%s: socket recreated", d.Name)
 		}
 	}

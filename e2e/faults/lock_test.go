@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
@@ -65,7 +66,7 @@ func TestTwoInstances(t *testing.T) {
 			})
 			waitPhases(t, second, ds, "Registered")
 			for _, d := range ds {
-				if testenv.ID(e.SocketPath(d)) == before.ids[d.Name] {
+				if fileid.Of(e.SocketPath(d)) == before.ids[d.Name] {
 					t.Errorf("%s: still the first instance's socket", d.Name)
 				}
 			}
@@ -153,7 +154,7 @@ func TestLockHarmedWhileAnotherWaits(t *testing.T) {
 				e.RecreateRegistry()
 				wait.For(t, registerTimeout, "every socket published in the new directory", func() bool {
 					for _, d := range ds {
-						if !testenv.IsSocket(e.SocketPath(d)) || testenv.ID(e.SocketPath(d)) == before.ids[d.Name] {
+						if !testenv.IsSocket(e.SocketPath(d)) || fileid.Of(e.SocketPath(d)) == before.ids[d.Name] {
 							return false
 						}
 					}

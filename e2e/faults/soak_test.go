@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
@@ -72,7 +73,7 @@ func TestSoak(t *testing.T) {
 		faults:  map[string]int{},
 		longest: map[string]time.Duration{},
 		keep:    map[string]string{},
-		ids:     map[string]testenv.FileID{},
+		ids:     map[string]fileid.ID{},
 	}
 	for i, d := range testenv.Mixed("z", soakPool) {
 		// Endpoints in several directories: each is one more inotify watch to account for.
@@ -146,8 +147,8 @@ type soak struct {
 	longest  map[string]time.Duration // longest heal, by kind
 	orphaned []string                 // registrations kubelet orphaned (see orphans)
 
-	keep map[string]string         // files multireg does not own: path → content ("" for a socket)
-	ids  map[string]testenv.FileID // their identities
+	keep map[string]string    // files multireg does not own: path → content ("" for a socket)
+	ids  map[string]fileid.ID // their identities
 }
 
 // fault is one injected fault: heal removes it, healed reports that its driver(s) are back.
@@ -253,10 +254,10 @@ func (s *soak) inject(kind string, v driver) fault {
 	sock := e.SocketPath(v)
 	switch kind {
 	case faultEndpoint:
-		id := testenv.ID(sock)
+		id := fileid.Of(sock)
 		e.StopEndpoint(v)
 		waitDriverWithin(t, s.p, v.Name, settleTimeout, "the endpoint seen down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
-		if !e.K.Registered(v.Name) || testenv.ID(sock) != id {
+		if !e.K.Registered(v.Name) || fileid.Of(sock) != id {
 			t.Errorf("%s: the registration did not stay while the endpoint was down", v.Name)
 		}
 		return fault{kind: kind, heal: func() { e.StartEndpoint(v) }, healed: reregistered}
@@ -274,13 +275,13 @@ func (s *soak) inject(kind string, v driver) fault {
 		if err := os.Rename(tmp, sock); err != nil {
 			t.Fatal(err)
 		}
-		id := testenv.ID(sock)
+		id := fileid.Of(sock)
 		waitDriverWithin(t, s.p, v.Name, settleTimeout, "the file in the way reported", func(d mrproc.DriverStatus) bool {
 			return d.Phase == "BackingOff" && strings.Contains(d.LastError, "is a file, not a socket")
 		})
 		return fault{kind: kind, heal: func() {
 			// multireg never touched it.
-			if err := testenv.FileHolds(sock, content); err != nil || testenv.ID(sock) != id {
+			if err := testenv.FileHolds(sock, content); err != nil || fileid.Of(sock) != id {
 				t.Errorf("the file in place of %s's socket was touched: %v", v.Name, err)
 			}
 			if err := os.Remove(sock); err != nil {
@@ -533,7 +534,7 @@ func (s *soak) placeForeignFiles() {
 	e.ServeRegistrar(live, foreign.Name, e.EndpointPath(foreign))
 	s.keep[live] = ""
 	for p := range s.keep {
-		s.ids[p] = testenv.ID(p)
+		s.ids[p] = fileid.Of(p)
 	}
 	wait.For(t, registerTimeout, "kubelet to register the foreign registrar's driver", func() bool { return e.K.Registered(foreign.Name) })
 }
@@ -542,7 +543,7 @@ func (s *soak) placeForeignFiles() {
 func (s *soak) checkForeignFiles() {
 	t := s.t
 	for p, content := range s.keep {
-		if testenv.ID(p) != s.ids[p] {
+		if fileid.Of(p) != s.ids[p] {
 			t.Errorf("%s: gone or replaced", p)
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
@@ -121,14 +122,14 @@ func TestSocketReplaced(t *testing.T) {
 			path := e.SocketPath(victim)
 
 			tc.place(t, e, path)
-			placed := testenv.ID(path)
+			placed := fileid.Of(path)
 			want := fmt.Sprintf("%s is a %s, not a socket", path, tc.kind)
 			d := waitDriver(t, p, victim.Name, "/status to report the "+tc.kind, func(d mrproc.DriverStatus) bool {
 				return d.Phase == "BackingOff" && strings.Contains(d.LastError, want)
 			})
 			t.Logf("lastError: %s", d.LastError)
 			wait.Never(t, quietPeriod, "the "+tc.kind+" in the way was touched", func() bool {
-				return testenv.ID(path) != placed || tc.check(path) != nil
+				return fileid.Of(path) != placed || tc.check(path) != nil
 			})
 			e.assertUnmoved(before, others)
 
@@ -161,7 +162,7 @@ func TestRegistryDirRecreated(t *testing.T) {
 	wait.For(t, registerTimeout, "kubelet to deregister every driver", func() bool { return len(e.K.RegisteredNames()) == 0 })
 	wait.For(t, registerTimeout, "every socket published in the new directory", func() bool {
 		for _, d := range ds {
-			if !testenv.IsSocket(e.SocketPath(d)) || testenv.ID(e.SocketPath(d)) == old[d.Name] {
+			if !testenv.IsSocket(e.SocketPath(d)) || fileid.Of(e.SocketPath(d)) == old[d.Name] {
 				return false
 			}
 		}

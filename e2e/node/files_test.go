@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"os"
-	"syscall"
 	"testing"
 )
 
@@ -18,22 +17,6 @@ func writeFileAtomic(t *testing.T, path, content string) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// fileID identifies a file: inode and change time (an inode number alone is often reused at
-// once for a socket created anew).
-type fileID struct {
-	ino   uint64
-	ctime syscall.Timespec
-}
-
-// ident returns path's fileID, the zero value if it does not exist.
-func ident(path string) fileID {
-	var st syscall.Stat_t
-	if err := syscall.Lstat(path, &st); err != nil {
-		return fileID{}
-	}
-	return fileID{st.Ino, st.Ctim}
 }
 
 // tempDir is a new directory below the cluster's, which goes with it even if this binary

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/node/endpoints"
 )
 
@@ -442,19 +443,19 @@ func entryCSlow() string {
 	return entryC() + "    backoff:\n      initialInterval: 2s\n      maxInterval: 4s\n"
 }
 
-func idents(t *testing.T, names ...string) map[string]fileID {
+func idents(t *testing.T, names ...string) map[string]fileid.ID {
 	t.Helper()
-	m := map[string]fileID{}
+	m := map[string]fileid.ID{}
 	for _, n := range names {
-		m[n] = ident(socketOf(t, n))
+		m[n] = fileid.Of(socketOf(t, n))
 	}
 	return m
 }
 
-func assertSame(t *testing.T, what string, before, after map[string]fileID) {
+func assertSame(t *testing.T, what string, before, after map[string]fileid.ID) {
 	t.Helper()
 	for n, id := range before {
-		if id == (fileID{}) {
+		if id == (fileid.ID{}) {
 			t.Errorf("%s: %s had no socket", what, n)
 		} else if after[n] != id {
 			t.Errorf("%s: %s's socket changed (%+v → %+v)", what, n, id, after[n])

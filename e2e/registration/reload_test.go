@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/kubernetes/pkg/volume/util"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
@@ -48,7 +49,7 @@ func (c *configMap) write(content string) {
 func (e *env) inodes(ds []driver) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, d := range ds {
-		m[d.Name] = testenv.ID(e.SocketPath(d)).Ino
+		m[d.Name] = fileid.Of(e.SocketPath(d)).Ino
 	}
 	return m
 }
@@ -95,7 +96,7 @@ func TestReloadOneOfHundred(t *testing.T) {
 		if got := e.K.Counts(d.Name).Registrations; got != before[d.Name] {
 			t.Errorf("%s registered again (%d → %d)", d.Name, before[d.Name], got)
 		}
-		if got := testenv.ID(e.SocketPath(d)).Ino; got != inodes[d.Name] {
+		if got := fileid.Of(e.SocketPath(d)).Ino; got != inodes[d.Name] {
 			t.Errorf("%s: socket inode %d → %d", d.Name, inodes[d.Name], got)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -277,23 +276,6 @@ func (e *Env) ServeRegistrar(path, name, endpoint string) {
 		e.T.Fatal(err)
 	}
 	e.T.Cleanup(r.Stop)
-}
-
-// FileID identifies a file: a file created anew at the same path differs in inode or change
-// time.
-type FileID struct {
-	Ino   uint64
-	Ctime syscall.Timespec
-}
-
-// ID returns the identity of the file at path (not followed if a symlink), the zero FileID if
-// there is none.
-func ID(path string) FileID {
-	var st syscall.Stat_t
-	if err := syscall.Lstat(path, &st); err != nil {
-		return FileID{}
-	}
-	return FileID{Ino: st.Ino, Ctime: st.Ctim}
 }
 
 // Exists reports whether there is a file at path (not followed if a symlink).
