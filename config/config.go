@@ -124,16 +124,6 @@ func (d Driver) Equal(o Driver) bool {
 	return reflect.DeepEqual(d, o)
 }
 
-// Driver returns the driver with the given name.
-func (c *RegistrarConfig) Driver(name string) (Driver, bool) {
-	for _, d := range c.Drivers {
-		if d.Name == name {
-			return d, true
-		}
-	}
-	return Driver{}, false
-}
-
 // Summary describes the configuration in one line, e.g.
 // "4 drivers (2 CSIPlugin, 1 DRAPlugin, 1 DevicePlugin) in /var/lib/kubelet/plugins_registry".
 func (c *RegistrarConfig) Summary() string {

@@ -2,102 +2,81 @@ package config
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// errList collects every problem in a file, each as "path: value: message" on one line,
-// and reports them in the order of the file's fields. A field that failed to decode is not
-// validated again: its zero value would only produce a second, misleading error.
-type errList struct {
-	entries []entry
-	failed  map[string]bool
+// Every problem is a field.Error, kubelet's vocabulary: the field path, the kind of problem,
+// the offending value and a detail. A problem of the YAML itself (syntax, a second document)
+// has no path: its detail carries the line.
+
+// omit stands for "no value to show" in a field.Error.
+var omit = field.OmitValueType{}
+
+func yamlError(msg string) *field.Error {
+	return &field.Error{Type: field.ErrorTypeInvalid, BadValue: omit, Detail: strings.ReplaceAll(msg, "\n", " ")}
 }
 
-type entry struct {
-	path string
-	err  error
-}
-
-// add records an error at path, unless decoding that path already failed.
-func (l *errList) add(path, msg string) {
-	if l.failed[path] {
-		return
+// child is the path of a field of the mapping at p; nil is the top level.
+func child(p *field.Path, name string) *field.Path {
+	if p == nil {
+		return field.NewPath(name)
 	}
-	if path == "" {
-		l.entries = append(l.entries, entry{err: errors.New(msg)})
-		return
-	}
-	l.entries = append(l.entries, entry{path, fmt.Errorf("%s: %s", path, msg)})
+	return p.Child(name)
 }
 
-// addValue records an error at path that shows the offending value.
-func (l *errList) addValue(path string, value any, msg string) {
-	l.add(path, formatValue(value)+": "+msg)
-}
-
-// addf is addValue with a formatted message.
-func (l *errList) addf(path string, value any, format string, args ...any) {
-	l.addValue(path, value, fmt.Sprintf(format, args...))
-}
-
-// decodeFailed records that the value at path could not be decoded.
-func (l *errList) decodeFailed(path string, value any, msg string) {
-	if path == "" {
-		l.add("", "top level: "+formatValue(value)+": "+msg)
-		return
-	}
-	l.addValue(path, value, msg)
-	if l.failed == nil {
-		l.failed = map[string]bool{}
-	}
-	l.failed[path] = true
-}
-
-// addYAML records a YAML syntax or duplicate-key error; each carries its line number.
-func (l *errList) addYAML(err error) {
-	msg := err.Error()
-	if rest, ok := strings.CutPrefix(msg, "yaml: unmarshal errors:\n"); ok {
-		for _, line := range strings.Split(rest, "\n") {
-			if line = strings.TrimSpace(line); line != "" {
-				l.entries = append(l.entries, entry{err: errors.New("yaml: " + line)})
-			}
-		}
-		return
-	}
-	l.entries = append(l.entries, entry{err: errors.New(strings.ReplaceAll(msg, "\n", " "))})
-}
-
-// err returns every problem joined, one per line, in file order: the top-level fields as
-// the schema lists them, then each driver by index.
-func (l *errList) err() error {
-	slices.SortStableFunc(l.entries, func(a, b entry) int {
-		ra, ia := position(a.path)
-		rb, ib := position(b.path)
+// joined returns the problems as one error of one line each, "path: value: detail", in file
+// order: the top-level fields as the file format lists them, then each driver by index.
+func joined(errs field.ErrorList) error {
+	slices.SortStableFunc(errs, func(a, b *field.Error) int {
+		ra, ia := position(a.Field)
+		rb, ib := position(b.Field)
 		return cmp.Or(cmp.Compare(ra, rb), cmp.Compare(ia, ib))
 	})
-	errs := make([]error, len(l.entries))
-	for i, e := range l.entries {
-		errs[i] = e.err
+	lines := make([]error, len(errs))
+	for i, e := range errs {
+		lines[i] = errors.New(render(e))
 	}
-	return errors.Join(errs...)
+	return errors.Join(lines...)
 }
 
-var topLevelOrder = []string{"", "apiVersion", "kind", "registrationDir", "defaults", "drivers"}
+// render writes a problem the way multireg always has. field.Error's own Error() would say
+// "Invalid value:" and "Required value" on every line, and change what users and scripts read.
+func render(e *field.Error) string {
+	parts := []string{e.Field}
+	switch {
+	case e.Type == field.ErrorTypeRequired:
+		parts = append(parts, "required")
+	case e.Type != field.ErrorTypeForbidden && e.BadValue != omit:
+		parts = append(parts, formatValue(e.BadValue))
+	}
+	parts = append(parts, e.Detail)
+	return strings.Join(slices.DeleteFunc(parts, func(s string) bool { return s == "" }), ": ")
+}
 
-// position is where a field path stands in the file: its top-level field's rank and, for
-// drivers, the index.
+// position is where a field path stands in the file: its top-level field's rank (no path
+// first, unknown fields last) and, for drivers, the index.
 func position(path string) (rank, index int) {
+	if path == "" {
+		return 0, 0
+	}
 	top := path
 	if i := strings.IndexAny(path, ".["); i >= 0 {
 		top = path[:i]
 	}
-	rank = slices.Index(topLevelOrder, top)
-	if rank < 0 {
-		rank = len(topLevelOrder)
+	rank = len(topFields) + 1
+	if i := slices.Index(topFields, top); i >= 0 {
+		rank = i + 1
 	}
 	if rest, ok := strings.CutPrefix(path, "drivers["); ok {
 		if end := strings.IndexByte(rest, ']'); end > 0 {
@@ -105,4 +84,96 @@ func position(path string) (rank, index int) {
 		}
 	}
 	return rank, index
+}
+
+// unknownField is the detail for a field the struct t does not have, with the known field
+// closest to it if it is a likely typo.
+func unknownField(name string, t reflect.Type) string {
+	if s := suggest(name, fieldNames(t)); s != "" {
+		return fmt.Sprintf("unknown field (did you mean %q?)", s)
+	}
+	return "unknown field"
+}
+
+// suggest returns the known field closest to an unknown one, if it is a likely typo.
+func suggest(unknown string, known []string) string {
+	best, bestDist := "", 3
+	for _, k := range known {
+		if strings.EqualFold(k, unknown) {
+			return k
+		}
+		if d := editDistance(strings.ToLower(unknown), strings.ToLower(k)); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// nodeValue is what a node holds, for a message: a string's text, or the value YAML reads.
+func nodeValue(n *yaml.Node) any {
+	if s, ok := stringValue(n); ok {
+		return s
+	}
+	if b, ok := yaml11Bool(n); ok {
+		return b
+	}
+	var v any
+	if n.Decode(&v) != nil {
+		return n.Value
+	}
+	return v
+}
+
+// formatValue renders a value for a message: a string quoted, a list or mapping as JSON.
+func formatValue(v any) string {
+	switch x := v.(type) {
+	case string:
+		return strconv.Quote(x)
+	case float64:
+		return formatFloat(x)
+	case time.Duration:
+		return x.String()
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	if len(b) > 60 {
+		return string(b[:57]) + "..."
+	}
+	return string(b)
+}
+
+// formatFloat renders a number; infinities and NaN as YAML writes them.
+func formatFloat(f float64) string {
+	switch {
+	case math.IsInf(f, 1):
+		return ".inf"
+	case math.IsInf(f, -1):
+		return "-.inf"
+	case math.IsNaN(f):
+		return ".nan"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }

@@ -101,14 +101,17 @@ func Parse(b []byte) (*RegistrarConfig, error) {
 	if len(b) > MaxFileSize {
 		return nil, fmt.Errorf("config is %d bytes, larger than %d bytes (1 MiB), the most a drivers file may be", len(b), MaxFileSize)
 	}
-	var errs errList
-	f := decode(b, &errs)
-	if f == nil {
-		return nil, errs.err()
+	f, failed, errs := decode(b)
+	if f != nil {
+		cfg, verrs := resolve(f)
+		for _, e := range verrs {
+			if !failed[e.Field] {
+				errs = append(errs, e)
+			}
+		}
+		if len(errs) == 0 {
+			return cfg, nil
+		}
 	}
-	cfg := resolve(f, &errs)
-	if err := errs.err(); err != nil {
-		return nil, err
-	}
-	return cfg, nil
+	return nil, joined(errs)
 }

@@ -93,6 +93,17 @@ func TestParseInvalid(t *testing.T) {
 		{"socketname-url-characters", []string{`drivers[0].socketName: "nfs?reg.sock": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
 		{"registration-dir-url-characters", []string{`registrationDir: "/var/lib/kubelet/plugins%25registry": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
 		{"endpoint-in-registry", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins_registry/nfs/csi.sock": is inside registrationDir "/var/lib/kubelet/plugins_registry": kubelet would take the plugin's socket for a registration socket`}},
+		// What YAML 1.2 and the library's decoder would take otherwise: a number or a YAML 1.1
+		// boolean as a string, a quoted "yes" as a boolean, a null key or entry dropped, a bad
+		// entry dropped with the ones after it renumbered, a value reused by an alias reported once.
+		{"number-name", []string{`drivers[0].name: 123: must be a string`}},
+		{"yes-name", []string{`drivers[0].name: true: must be a string`}},
+		{"quoted-yes", []string{`defaults.waitForEndpoint: "yes": must be true or false`}},
+		{"null-key", []string{`drivers[0].null: unknown field`}},
+		{"null-driver", []string{`drivers[0].type: required: one of CSIPlugin, DRAPlugin, DevicePlugin`, `drivers[0].name: required`, `drivers[0].endpoint: required: the absolute path of the plugin's socket`}},
+		{"driver-not-mapping", []string{`drivers[0]: ["nfs.csi.k8s.io"]: must be a mapping`, `drivers[0].type: required: one of CSIPlugin, DRAPlugin, DevicePlugin`, `drivers[0].name: required`, `drivers[0].endpoint: required: the absolute path of the plugin's socket`, `drivers[1].endpoint: "csi.sock": must be an absolute path`}},
+		{"alias-bad-value", []string{`drivers[0].backoff.initialInterval: 5: must be a duration such as "500ms" or "2m"`, `drivers[1].backoff.initialInterval: 5: must be a duration such as "500ms" or "2m"`}},
+		{"flow-type-errors", []string{`drivers[0].backoff.multiplier: "2": must be a number`, `drivers[0].backoff.randomizationFactor: "0.1": must be a number`}},
 	}
 	seen := map[string]bool{}
 	for _, tt := range tests {
@@ -342,6 +353,22 @@ func TestBareZeroDuration(t *testing.T) {
 	}
 	if got := cfg.Drivers[0].RegistrationTimeout; got != 0 {
 		t.Errorf("registrationTimeout %s, want 0 (disabled)", got)
+	}
+}
+
+// TestYAML11Booleans checks that yes and off are booleans, as they always were in a drivers
+// file, although YAML 1.2 reads them as strings.
+func TestYAML11Booleans(t *testing.T) {
+	cfg, err := Load(filepath.Join("testdata", "valid-yaml11-booleans.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Drivers[0].WaitForEndpoint {
+		t.Errorf("waitForEndpoint: yes read as %v", cfg.Drivers[0].WaitForEndpoint)
+	}
+	cfg, err = Parse([]byte("apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndefaults: {waitForEndpoint: off}\ndrivers:\n- {name: a.csi.k8s.io, type: CSIPlugin, endpoint: /run/a.sock}\n"))
+	if err != nil || cfg.Drivers[0].WaitForEndpoint {
+		t.Errorf("defaults.waitForEndpoint: off: %v, %+v", err, cfg)
 	}
 }
 

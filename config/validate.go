@@ -8,129 +8,227 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
 
-// resolve validates a decoded file and folds the defaults into every driver. It records every
-// problem in errs and returns the resolved configuration, which is only meaningful when errs
-// stays empty.
-func resolve(f *file, errs *errList) *RegistrarConfig {
-	checkConst(errs, "apiVersion", f.APIVersion, APIVersion)
-	checkConst(errs, "kind", f.Kind, Kind)
+// resolve validates a decoded file and folds the defaults into every driver. It returns the
+// resolved configuration, which is only meaningful when there is no problem, and every problem.
+func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
+	errs := checkConst(field.NewPath("apiVersion"), string(f.APIVersion), APIVersion)
+	errs = append(errs, checkConst(field.NewPath("kind"), string(f.Kind), Kind)...)
+	dir, dirErrs := registrationDir(field.NewPath("registrationDir"), string(f.RegistrationDir))
+	errs = append(errs, dirErrs...)
 
-	dir := DefaultRegistrationDir
-	if f.RegistrationDir != "" {
-		dir = filepath.Clean(f.RegistrationDir)
-		switch {
-		case !filepath.IsAbs(dir):
-			errs.addf("registrationDir", f.RegistrationDir, "must be an absolute path")
-		case strings.ContainsRune(dir, 0):
-			errs.addf("registrationDir", f.RegistrationDir, "must not contain a NUL byte")
-		case !kubeletCanDial(dir):
-			errs.addValue("registrationDir", f.RegistrationDir, notDialable)
-		case len(dir)+1+TempSocketNameLen > MaxSocketPathLen:
-			errs.addf("registrationDir", f.RegistrationDir,
-				"is %d bytes: a socket in it needs at least %d more, and a unix socket path is at most %d bytes",
-				len(dir), 1+TempSocketNameLen, MaxSocketPathLen)
-		}
+	builtin := Driver{
+		Backoff: Backoff{
+			InitialInterval:     DefaultInitialInterval,
+			MaxInterval:         DefaultMaxInterval,
+			Multiplier:          DefaultMultiplier,
+			RandomizationFactor: DefaultRandomizationFactor,
+		},
+		RegistrationTimeout: DefaultRegistrationTimeout,
+		WaitForEndpoint:     DefaultWaitForEndpoint,
 	}
-
-	builtin := Backoff{
-		InitialInterval:     DefaultInitialInterval,
-		MaxInterval:         DefaultMaxInterval,
-		Multiplier:          DefaultMultiplier,
-		RandomizationFactor: DefaultRandomizationFactor,
-	}
-	defBackoff := mergeBackoff(errs, "defaults.backoff", builtin, f.Defaults.Backoff)
-	defTimeout := mergeTimeout(errs, "defaults.registrationTimeout", DefaultRegistrationTimeout, f.Defaults.RegistrationTimeout)
-	defWait := DefaultWaitForEndpoint
-	if f.Defaults.WaitForEndpoint != nil {
-		defWait = *f.Defaults.WaitForEndpoint
-	}
+	base, defErrs := f.Defaults.over(field.NewPath("defaults"), builtin)
+	errs = append(errs, defErrs...)
 
 	// A file cut short after its header must not read as "no drivers": that would stop them all.
 	if f.Drivers == nil {
-		errs.add("drivers", `required: the list of drivers (write "drivers: []" for none)`)
+		errs = append(errs, field.Required(field.NewPath("drivers"), `the list of drivers (write "drivers: []" for none)`))
 	}
 
 	cfg := &RegistrarConfig{RegistrationDir: dir, Drivers: make([]Driver, 0, len(f.Drivers))}
 	byName := map[string]int{}
 	bySocket := map[string]int{}
 	for i, fd := range f.Drivers {
-		p := fmt.Sprintf("drivers[%d]", i)
-		d := Driver{
-			Name:                fd.Name,
-			Type:                fd.Type,
-			Endpoint:            cleanPath(fd.Endpoint),
-			LocalEndpoint:       cleanPath(fd.LocalEndpoint),
-			SupportedVersions:   fd.SupportedVersions,
-			SocketName:          fd.SocketName,
-			Backoff:             mergeBackoff(errs, p+".backoff", defBackoff, fd.Backoff),
-			RegistrationTimeout: mergeTimeout(errs, p+".registrationTimeout", defTimeout, fd.RegistrationTimeout),
-			WaitForEndpoint:     defWait,
+		if fd == nil {
+			fd = &driverSpec{}
 		}
-		if fd.WaitForEndpoint != nil {
-			d.WaitForEndpoint = *fd.WaitForEndpoint
+		p := field.NewPath("drivers").Index(i)
+		d, derrs := fd.resolve(p, base, dir)
+		errs = append(errs, derrs...)
+		if j, dup := byName[d.Name]; dup {
+			e := field.Duplicate(p.Child("name"), d.Name)
+			e.Detail = fmt.Sprintf("duplicate of drivers[%d].name", j)
+			errs = append(errs, e)
+		} else if d.Name != "" {
+			byName[d.Name] = i
 		}
-
-		typeOK := checkType(errs, p+".type", d.Type)
-		if d.Name == "" {
-			errs.add(p+".name", "required")
-		} else if typeOK {
-			checkName(errs, p+".name", d.Type, d.Name)
-		}
-
-		checkSocketPath(errs, p+".endpoint", fd.Endpoint, true, true)
-		if d.LocalEndpoint == "" {
-			d.LocalEndpoint = d.Endpoint
-		} else {
-			checkSocketPath(errs, p+".localEndpoint", fd.LocalEndpoint, false, false)
-		}
-		if fd.LocalEndpoint != "" || fd.Endpoint != "" {
-			checkOutsideRegistry(errs, p, fd, d.LocalEndpoint, dir)
-		}
-
-		if d.SupportedVersions == nil {
-			d.SupportedVersions = DefaultVersions(d.Type)
-		} else if typeOK {
-			checkVersions(errs, p+".supportedVersions", d.Type, d.SupportedVersions)
-		}
-
-		defaulted := d.SocketName == ""
-		if defaulted {
-			d.SocketName = DefaultSocketName(d.Name)
-		} else {
-			checkSocketName(errs, p+".socketName", d.SocketName)
-		}
-		d.SocketPath = filepath.Join(dir, d.SocketName)
-		shown := formatValue(d.SocketName)
-		if defaulted {
-			shown += " (default)"
-		}
-		// A default name built from a missing name is already reported as "name: required".
-		checkSocket := !defaulted || d.Name != ""
-		if n := len(d.SocketPath); n > MaxSocketPathLen && checkSocket {
-			errs.add(p+".socketName", fmt.Sprintf(
-				"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
-				shown, d.SocketPath, n, MaxSocketPathLen))
-		}
-
-		if d.Name != "" {
-			if j, dup := byName[d.Name]; dup {
-				errs.addf(p+".name", d.Name, "duplicate of drivers[%d].name", j)
-			} else {
-				byName[d.Name] = i
-			}
-		}
-		if j, dup := bySocket[d.SocketPath]; dup && checkSocket {
-			errs.add(p+".socketName", fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
-				shown, d.SocketPath, j, f.Drivers[j].Name))
-		} else if !dup && checkSocket {
+		if j, dup := bySocket[d.SocketPath]; dup && fd.checksSocket() {
+			errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
+				fd.shownSocket(d), d.SocketPath, j, cfg.Drivers[j].Name)))
+		} else if fd.checksSocket() {
 			bySocket[d.SocketPath] = i
 		}
 		cfg.Drivers = append(cfg.Drivers, d)
 	}
-	return cfg
+	return cfg, errs
+}
+
+// resolve validates one driver and applies its settings over base, the file's defaults.
+func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, field.ErrorList) {
+	d, errs := fd.over(p, base)
+	d.Name, d.Type, d.SocketName = string(fd.Name), string(fd.Type), string(fd.SocketName)
+	d.Endpoint, d.LocalEndpoint = cleanPath(string(fd.Endpoint)), cleanPath(string(fd.LocalEndpoint))
+
+	typeOK := slices.Contains(Types, d.Type)
+	switch {
+	case d.Type == "":
+		errs = append(errs, field.Required(p.Child("type"), "one of "+strings.Join(Types, ", ")))
+	case !typeOK:
+		errs = append(errs, field.Invalid(p.Child("type"), d.Type, "must be one of "+strings.Join(Types, ", ")))
+	}
+	if d.Name == "" {
+		errs = append(errs, field.Required(p.Child("name"), ""))
+	} else if typeOK {
+		errs = append(errs, checkName(p.Child("name"), d.Type, d.Name)...)
+	}
+
+	errs = append(errs, checkEndpoint(p.Child("endpoint"), string(fd.Endpoint), true, true)...)
+	if d.LocalEndpoint == "" {
+		d.LocalEndpoint = d.Endpoint
+	} else {
+		errs = append(errs, checkEndpoint(p.Child("localEndpoint"), string(fd.LocalEndpoint), false, false)...)
+	}
+	if fd.LocalEndpoint != "" || fd.Endpoint != "" {
+		errs = append(errs, fd.checkOutsideRegistry(p, d.LocalEndpoint, dir)...)
+	}
+
+	if fd.SupportedVersions == nil {
+		d.SupportedVersions = DefaultVersions(d.Type)
+	} else {
+		d.SupportedVersions = make([]string, len(fd.SupportedVersions))
+		for i, v := range fd.SupportedVersions {
+			if v != nil {
+				d.SupportedVersions[i] = string(*v)
+			}
+		}
+		if typeOK {
+			errs = append(errs, checkVersions(p.Child("supportedVersions"), d.Type, d.SupportedVersions)...)
+		}
+	}
+
+	if d.SocketName == "" {
+		d.SocketName = DefaultSocketName(d.Name)
+	} else {
+		errs = append(errs, checkSocketName(p.Child("socketName"), d.SocketName)...)
+	}
+	d.SocketPath = filepath.Join(dir, d.SocketName)
+	if n := len(d.SocketPath); n > MaxSocketPathLen && fd.checksSocket() {
+		errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
+			"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
+			fd.shownSocket(d), d.SocketPath, n, MaxSocketPathLen)))
+	}
+	return d, errs
+}
+
+// checksSocket reports whether the driver's socket path is worth checking: a default socket
+// name built from a missing name is already reported as "name: required".
+func (fd driverSpec) checksSocket() bool {
+	return fd.SocketName != "" || fd.Name != ""
+}
+
+// shownSocket is the socket name as messages show it, marked when it is the default.
+func (fd driverSpec) shownSocket(d Driver) string {
+	if fd.SocketName == "" {
+		return formatValue(d.SocketName) + " (default)"
+	}
+	return formatValue(d.SocketName)
+}
+
+// over applies the settings set in s over base, validating each.
+func (s settings) over(p *field.Path, base Driver) (Driver, field.ErrorList) {
+	d := base
+	errs := s.Backoff.over(p.Child("backoff"), &d.Backoff)
+	if s.RegistrationTimeout != nil {
+		t := time.Duration(*s.RegistrationTimeout)
+		d.RegistrationTimeout = t
+		switch {
+		case t < 0:
+			errs = append(errs, field.Invalid(p.Child("registrationTimeout"), t, "must not be negative (0 disables the timeout)"))
+		case t > 0 && t < time.Second:
+			errs = append(errs, field.Invalid(p.Child("registrationTimeout"), t, "must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second"))
+		}
+	}
+	if s.WaitForEndpoint != nil {
+		d.WaitForEndpoint = bool(*s.WaitForEndpoint)
+	}
+	return d, errs
+}
+
+// over validates the fields set in spec and applies them over b.
+func (spec backoffSpec) over(p *field.Path, b *Backoff) field.ErrorList {
+	var errs field.ErrorList
+	if spec.InitialInterval != nil {
+		b.InitialInterval = time.Duration(*spec.InitialInterval)
+		errs = append(errs, checkInterval(p.Child("initialInterval"), b.InitialInterval)...)
+	}
+	if spec.MaxInterval != nil {
+		b.MaxInterval = time.Duration(*spec.MaxInterval)
+		errs = append(errs, checkInterval(p.Child("maxInterval"), b.MaxInterval)...)
+	}
+	if spec.Multiplier != nil {
+		b.Multiplier = float64(*spec.Multiplier)
+		if b.Multiplier < 1 {
+			errs = append(errs, field.Invalid(p.Child("multiplier"), b.Multiplier, "must be at least 1"))
+		}
+	}
+	if spec.RandomizationFactor != nil {
+		b.RandomizationFactor = float64(*spec.RandomizationFactor)
+		if b.RandomizationFactor < 0 || b.RandomizationFactor > 1 {
+			errs = append(errs, field.Invalid(p.Child("randomizationFactor"), b.RandomizationFactor, "must be between 0 and 1"))
+		}
+	}
+	if (spec.InitialInterval != nil || spec.MaxInterval != nil) &&
+		b.InitialInterval > 0 && b.MaxInterval > 0 && b.MaxInterval < b.InitialInterval {
+		errs = append(errs, field.Invalid(p.Child("maxInterval"), b.MaxInterval,
+			fmt.Sprintf("must not be less than initialInterval (%s)", b.InitialInterval)))
+	}
+	return errs
+}
+
+// checkInterval refuses a backoff interval that is not positive, or so short that retries
+// would spin a core.
+func checkInterval(p *field.Path, d time.Duration) field.ErrorList {
+	switch {
+	case d <= 0:
+		return field.ErrorList{field.Invalid(p, d, "must be positive")}
+	case d < MinInterval:
+		return field.ErrorList{field.Invalid(p, d, "must be at least "+MinInterval.String())}
+	}
+	return nil
+}
+
+func checkConst(p *field.Path, got, want string) field.ErrorList {
+	switch got {
+	case want:
+		return nil
+	case "":
+		return field.ErrorList{field.Required(p, fmt.Sprintf("must be %q", want))}
+	}
+	return field.ErrorList{field.Invalid(p, got, fmt.Sprintf("must be %q", want))}
+}
+
+// registrationDir returns the directory the file names, cleaned, or the default.
+func registrationDir(p *field.Path, raw string) (string, field.ErrorList) {
+	if raw == "" {
+		return DefaultRegistrationDir, nil
+	}
+	dir := filepath.Clean(raw)
+	switch {
+	case !filepath.IsAbs(dir):
+		return dir, field.ErrorList{field.Invalid(p, raw, "must be an absolute path")}
+	case strings.ContainsRune(dir, 0):
+		return dir, field.ErrorList{field.Invalid(p, raw, "must not contain a NUL byte")}
+	case !kubeletCanDial(dir):
+		return dir, field.ErrorList{field.Invalid(p, raw, notDialable)}
+	case len(dir)+1+TempSocketNameLen > MaxSocketPathLen:
+		return dir, field.ErrorList{field.Invalid(p, raw, fmt.Sprintf(
+			"is %d bytes: a socket in it needs at least %d more, and a unix socket path is at most %d bytes",
+			len(dir), 1+TempSocketNameLen, MaxSocketPathLen))}
+	}
+	return dir, nil
 }
 
 func cleanPath(p string) string {
@@ -140,47 +238,27 @@ func cleanPath(p string) string {
 	return filepath.Clean(p)
 }
 
-func checkConst(errs *errList, path, got, want string) {
-	switch got {
-	case want:
-	case "":
-		errs.add(path, fmt.Sprintf("required: must be %q", want))
-	default:
-		errs.addf(path, got, "must be %q", want)
-	}
-}
-
-func checkType(errs *errList, path, typ string) bool {
-	if slices.Contains(Types, typ) {
-		return true
-	}
-	if typ == "" {
-		errs.add(path, "required: one of "+strings.Join(Types, ", "))
-	} else {
-		errs.addf(path, typ, "must be one of %s", strings.Join(Types, ", "))
-	}
-	return false
-}
-
 // checkName applies the rules kubelet and the API server apply to a plugin name of the type.
-func checkName(errs *errList, path, typ, name string) {
+func checkName(p *field.Path, typ, name string) field.ErrorList {
+	var errs field.ErrorList
 	switch typ {
 	case CSIPlugin, DRAPlugin:
 		// The API server's ValidateCSIDriverName, used for CSINode entries and for DRA
 		// driver names: at most 63 characters, a DNS subdomain when lowercased.
 		if len(name) > 63 {
-			errs.addf(path, name, "is %d characters, at most 63 are allowed", len(name))
+			errs = append(errs, field.Invalid(p, name, fmt.Sprintf("is %d characters, at most 63 are allowed", len(name))))
 		}
 		for _, msg := range validation.IsDNS1123Subdomain(strings.ToLower(name)) {
 			// Keep the rule, drop the example and regular expression that follow it.
 			msg, _, _ = strings.Cut(msg, " (e.g.")
-			errs.addf(path, name, "must be a DNS subdomain such as \"nfs.csi.k8s.io\": %s", msg)
+			errs = append(errs, field.Invalid(p, name, `must be a DNS subdomain such as "nfs.csi.k8s.io": `+msg))
 		}
 	case DevicePlugin:
 		if !isExtendedResourceName(name) {
-			errs.addf(path, name, "must be an extended resource name such as \"vendor.example/gpu\" (a domain prefix outside kubernetes.io, a '/', and a name)")
+			errs = append(errs, field.Invalid(p, name, `must be an extended resource name such as "vendor.example/gpu" (a domain prefix outside kubernetes.io, a '/', and a name)`))
 		}
 	}
+	return errs
 }
 
 // isExtendedResourceName is kubelet's check for a device plugin's name
@@ -194,11 +272,11 @@ func isExtendedResourceName(name string) bool {
 }
 
 // checkVersions applies the version checks of kubelet's handler for the type.
-func checkVersions(errs *errList, path, typ string, versions []string) {
+func checkVersions(p *field.Path, typ string, versions []string) field.ErrorList {
 	if len(versions) == 0 {
-		errs.add(path, "must not be empty (leave it out for the default)")
-		return
+		return field.ErrorList{field.Invalid(p, omit, "must not be empty (leave it out for the default)")}
 	}
+	const reject = "kubelet would reject it: "
 	switch typ {
 	case CSIPlugin:
 		// kubelet's CSI handler: the highest version of major 1 or lower, parsed with at
@@ -206,17 +284,18 @@ func checkVersions(errs *errList, path, typ string, versions []string) {
 		if _, err := utilversion.HighestSupportedVersion(versions); err != nil {
 			// kubelet's message ends in ": <nil>" when every entry parsed but none is 1.x.
 			detail := strings.TrimSuffix(err.Error(), ": <nil>")
-			errs.addf(path, versions, `kubelet would reject it: the highest version below 2 must be 1.x with at least two parts, such as "1.0.0" (kubelet: %s)`, detail)
+			return field.ErrorList{field.Invalid(p, versions, reject+`the highest version below 2 must be 1.x with at least two parts, such as "1.0.0" (kubelet: `+detail+")")}
 		}
 	case DRAPlugin:
 		if !slices.Contains(versions, "v1.DRAPlugin") && !slices.Contains(versions, "v1beta1.DRAPlugin") {
-			errs.addf(path, versions, `kubelet would reject it: must contain "v1.DRAPlugin" or "v1beta1.DRAPlugin"`)
+			return field.ErrorList{field.Invalid(p, versions, reject+`must contain "v1.DRAPlugin" or "v1beta1.DRAPlugin"`)}
 		}
 	case DevicePlugin:
 		if !slices.Contains(versions, "v1beta1") {
-			errs.addf(path, versions, `kubelet would reject it: must contain "v1beta1"`)
+			return field.ErrorList{field.Invalid(p, versions, reject+`must contain "v1beta1"`)}
 		}
 	}
+	return nil
 }
 
 // notDialable is why a path kubelet dials may not hold some characters.
@@ -233,113 +312,64 @@ func kubeletCanDial(p string) bool {
 	})
 }
 
-// checkSocketPath checks an endpoint path: absolute and short enough to dial, and, when
+// checkEndpoint checks an endpoint path: absolute and short enough to dial, and, when
 // kubelet dials it, free of what kubelet would read as a URL.
-func checkSocketPath(errs *errList, path, p string, required, kubeletDials bool) {
+func checkEndpoint(p *field.Path, path string, required, kubeletDials bool) field.ErrorList {
+	var msg string
 	switch {
-	case p == "":
-		if required {
-			errs.add(path, "required: the absolute path of the plugin's socket")
-		}
-	case !filepath.IsAbs(p):
-		errs.addf(path, p, "must be an absolute path")
-	case len(filepath.Clean(p)) > MaxSocketPathLen:
-		errs.addf(path, p, "is %d bytes, more than the %d a unix socket path allows", len(filepath.Clean(p)), MaxSocketPathLen)
-	case strings.ContainsRune(p, 0):
-		errs.addf(path, p, "must not contain a NUL byte")
-	case kubeletDials && !kubeletCanDial(p):
-		errs.addValue(path, p, notDialable)
+	case path == "" && required:
+		return field.ErrorList{field.Required(p, "the absolute path of the plugin's socket")}
+	case path == "":
+		return nil
+	case !filepath.IsAbs(path):
+		msg = "must be an absolute path"
+	case len(filepath.Clean(path)) > MaxSocketPathLen:
+		msg = fmt.Sprintf("is %d bytes, more than the %d a unix socket path allows", len(filepath.Clean(path)), MaxSocketPathLen)
+	case strings.ContainsRune(path, 0):
+		msg = "must not contain a NUL byte"
+	case kubeletDials && !kubeletCanDial(path):
+		msg = notDialable
+	default:
+		return nil
 	}
+	return field.ErrorList{field.Invalid(p, path, msg)}
 }
 
 // checkOutsideRegistry refuses an endpoint inside the registration directory: kubelet would
 // take the plugin's own socket for a registration socket and retry it forever.
-func checkOutsideRegistry(errs *errList, p string, fd fileDriver, local, dir string) {
+func (fd driverSpec) checkOutsideRegistry(p *field.Path, local, dir string) field.ErrorList {
 	if !filepath.IsAbs(local) {
-		return
+		return nil
 	}
 	rel, err := filepath.Rel(dir, local)
 	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return
+		return nil
 	}
-	for _, elem := range strings.Split(rel, string(filepath.Separator)) {
+	for elem := range strings.SplitSeq(rel, string(filepath.Separator)) {
 		if strings.HasPrefix(elem, ".") {
-			return // kubelet ignores hidden names
+			return nil // kubelet ignores hidden names
 		}
 	}
-	field, value := p+".endpoint", fd.Endpoint
+	fp, value := p.Child("endpoint"), string(fd.Endpoint)
 	if fd.LocalEndpoint != "" {
-		field, value = p+".localEndpoint", fd.LocalEndpoint
+		fp, value = p.Child("localEndpoint"), string(fd.LocalEndpoint)
 	}
-	errs.addf(field, value, "is inside registrationDir %q: kubelet would take the plugin's socket for a registration socket", dir)
+	return field.ErrorList{field.Invalid(fp, value, fmt.Sprintf("is inside registrationDir %q: kubelet would take the plugin's socket for a registration socket", dir))}
 }
 
-func checkSocketName(errs *errList, path, name string) {
+func checkSocketName(p *field.Path, name string) field.ErrorList {
+	var msg string
 	switch {
 	case strings.ContainsRune(name, '/'):
-		errs.addf(path, name, "must be a file name, without '/'")
+		msg = "must be a file name, without '/'"
 	case strings.HasPrefix(name, "."):
-		errs.addf(path, name, "must not start with '.': kubelet ignores hidden files")
+		msg = "must not start with '.': kubelet ignores hidden files"
 	case strings.ContainsRune(name, 0):
-		errs.addf(path, name, "must not contain a NUL byte")
+		msg = "must not contain a NUL byte"
 	case !kubeletCanDial(name):
-		errs.addValue(path, name, notDialable)
+		msg = notDialable
+	default:
+		return nil
 	}
-}
-
-// mergeBackoff validates the fields set in spec and applies them over base.
-func mergeBackoff(errs *errList, path string, base Backoff, spec fileBackoff) Backoff {
-	b := base
-	if spec.InitialInterval != nil {
-		b.InitialInterval = time.Duration(*spec.InitialInterval)
-		checkInterval(errs, path+".initialInterval", b.InitialInterval)
-	}
-	if spec.MaxInterval != nil {
-		b.MaxInterval = time.Duration(*spec.MaxInterval)
-		checkInterval(errs, path+".maxInterval", b.MaxInterval)
-	}
-	if spec.Multiplier != nil {
-		b.Multiplier = *spec.Multiplier
-		if b.Multiplier < 1 {
-			errs.addValue(path+".multiplier", b.Multiplier, "must be at least 1")
-		}
-	}
-	if spec.RandomizationFactor != nil {
-		b.RandomizationFactor = *spec.RandomizationFactor
-		if b.RandomizationFactor < 0 || b.RandomizationFactor > 1 {
-			errs.addValue(path+".randomizationFactor", b.RandomizationFactor, "must be between 0 and 1")
-		}
-	}
-	if (spec.InitialInterval != nil || spec.MaxInterval != nil) &&
-		b.InitialInterval > 0 && b.MaxInterval > 0 && b.MaxInterval < b.InitialInterval {
-		errs.addValue(path+".maxInterval", b.MaxInterval,
-			fmt.Sprintf("must not be less than initialInterval (%s)", b.InitialInterval))
-	}
-	return b
-}
-
-// checkInterval refuses a backoff interval that is not positive, or so short that retries
-// would spin a core.
-func checkInterval(errs *errList, path string, d time.Duration) {
-	switch {
-	case d <= 0:
-		errs.addValue(path, d, "must be positive")
-	case d < MinInterval:
-		errs.addValue(path, d, "must be at least "+MinInterval.String())
-	}
-}
-
-// mergeTimeout validates a registrationTimeout if set and returns it, or base.
-func mergeTimeout(errs *errList, path string, base time.Duration, spec *duration) time.Duration {
-	if spec == nil {
-		return base
-	}
-	t := time.Duration(*spec)
-	switch {
-	case t < 0:
-		errs.addValue(path, t, "must not be negative (0 disables the timeout)")
-	case t > 0 && t < time.Second:
-		errs.addValue(path, t, "must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second")
-	}
-	return t
+	return field.ErrorList{field.Invalid(p, name, msg)}
 }

@@ -166,8 +166,8 @@ example.com/gpu    DevicePlugin  WaitingForEndpoint  1s     0         0         
 
 func TestAge(t *testing.T) {
 	for d, want := range map[time.Duration]string{
-		0: "0s", 59 * time.Second: "59s", 61 * time.Second: "1m1s", 3*time.Hour + 5*time.Minute: "3h5m",
-		50 * time.Hour: "2d2h", -time.Second: "0s",
+		0: "0s", 59 * time.Second: "59s", 61 * time.Second: "61s", 4*time.Minute + 12*time.Second: "4m12s",
+		3*time.Hour + 5*time.Minute: "3h5m", 50 * time.Hour: "2d2h", -time.Second: "0s", -time.Minute: "0s",
 	} {
 		if got := age(d); got != want {
 			t.Errorf("age(%s) = %q, want %q", d, got, want)

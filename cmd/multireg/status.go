@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/duration"
+
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -175,18 +177,8 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 	tw.Flush()
 }
 
-// age renders a duration the way kubectl does: 3s, 4m12s, 2h5m, 3d4h.
+// age renders a duration as kubectl renders ages (3s, 90s, 4m12s, 2h5m, 3d4h); a moment
+// already past reads 0s.
 func age(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+	return duration.HumanDuration(max(d, 0))
 }
