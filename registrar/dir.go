@@ -25,8 +25,8 @@ import (
 type Dir struct {
 	log *slog.Logger
 
-	// mu serializes every look at the lock: a check, a move, the release. Check runs under
-	// it, so that no publish crosses a move.
+	// mu serializes every use of the lock: a check, a move, the release, and the write of
+	// the owned record, which happens only while the lock is checked held.
 	mu   sync.Mutex
 	lock *dirLock
 
@@ -66,8 +66,8 @@ func (d *Dir) Path() string {
 	return d.lock.dir
 }
 
-// Check makes sure this process still holds the directory (see dirLock.refresh): nothing is
-// written there unless it passes. It fails with ErrDirLost once another instance holds it;
+// Check makes sure this process still holds the directory (see dirLock.refresh): no socket
+// is published there unless it passes. It fails with ErrDirLost once another instance holds it;
 // any other failure is worth another try. It is the supervisor's Options.Guard.
 func (d *Dir) Check() error {
 	d.mu.Lock()
@@ -105,7 +105,18 @@ func (d *Dir) Move(dir string) (done func(), err error) {
 // the directory; a write that fails is retried by Run until it succeeds. It is the reloader's
 // Options.Applied.
 func (d *Dir) Record(cfg *config.RegistrarConfig) {
-	d.rec.set(cfg, d.Check)
+	d.rec.set(cfg, d.writeRecord)
+}
+
+// writeRecord writes the record of cfg's sockets if this process holds the directory, under
+// one hold of mu: the directory cannot be let go between the check and the write.
+func (d *Dir) writeRecord(cfg *config.RegistrarConfig) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.lock.refresh(); err != nil {
+		return err
+	}
+	return recordOwned(cfg.RegistrationDir, socketNames(cfg))
 }
 
 // Run checks every lockCheck that this process still holds the directory, and retries a
@@ -137,7 +148,7 @@ func (d *Dir) Run(ctx context.Context) error {
 			continue
 		}
 		lastErr = ""
-		d.rec.retry(d.Check)
+		d.rec.retry(d.writeRecord)
 	}
 }
 

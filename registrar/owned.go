@@ -90,26 +90,25 @@ type ownedRecord struct {
 	lastErr string
 }
 
-func (o *ownedRecord) set(c *config.RegistrarConfig, guard func() error) {
+// set writes the record of c with write, and keeps c for retry when that fails.
+func (o *ownedRecord) set(c *config.RegistrarConfig, write func(*config.RegistrarConfig) error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.pending = c
-	o.write(guard)
+	o.write(write)
 }
 
-func (o *ownedRecord) retry(guard func() error) {
+// retry writes again a record that failed, if any.
+func (o *ownedRecord) retry(write func(*config.RegistrarConfig) error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.pending != nil {
-		o.write(guard)
+		o.write(write)
 	}
 }
 
-func (o *ownedRecord) write(guard func() error) {
-	err := guard()
-	if err == nil {
-		err = recordOwned(o.pending.RegistrationDir, socketNames(o.pending))
-	}
+func (o *ownedRecord) write(write func(*config.RegistrarConfig) error) {
+	err := write(o.pending)
 	switch {
 	case err == nil:
 		if o.lastErr != "" {

@@ -108,15 +108,23 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal) error {
 		httpCtx, stop := context.WithCancel(context.Background())
 		g.add(func() error { return serveHTTP(httpCtx, httpL, h, log) }, func(error) { stop() })
 	}
+	// The lock check's own result decides how the supervisor stops, whichever actor stopped
+	// first: the directory may be lost while the others stop. The check has returned before
+	// the supervisor is interrupted.
+	var dirErr error
 	supCtx, stopSup := context.WithCancelCause(context.Background())
-	g.add(counted(&state.loops, func() error { return sup.Run(supCtx) }), func(err error) {
-		if !errors.Is(err, registrar.ErrDirLost) {
-			err = nil // a shutdown: the sockets stay unless --cleanup-on-exit
+	g.add(counted(&state.loops, func() error { return sup.Run(supCtx) }), func(error) {
+		if errors.Is(dirErr, registrar.ErrDirLost) {
+			stopSup(dirErr) // the sockets are another instance's: they stay
+			return
 		}
-		stopSup(err)
+		stopSup(nil) // a shutdown: the sockets stay unless --cleanup-on-exit
 	})
 	dirCtx, stopDir := context.WithCancel(context.Background())
-	g.add(func() error { return dir.Run(dirCtx) }, func(error) { stopDir() })
+	g.add(func() error {
+		dirErr = dir.Run(dirCtx)
+		return dirErr
+	}, func(error) { stopDir() })
 	rlCtx, stopRl := context.WithCancel(context.Background())
 	g.add(counted(&state.loops, func() error { return rl.Run(rlCtx) }), func(error) { stopRl() })
 	sigCtx, stopSig := context.WithCancel(ctx)
@@ -162,10 +170,10 @@ func parseRunFlags(args []string, stderr io.Writer) (runFlags, error) {
 	return f, nil
 }
 
-// counted runs execute with n counting it while it runs.
+// counted counts execute in n from now until it returns.
 func counted(n *atomic.Int32, execute func() error) func() error {
+	n.Add(1)
 	return func() error {
-		n.Add(1)
 		defer n.Add(-1)
 		return execute()
 	}
