@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -86,10 +85,10 @@ func position(path string) (rank, index int) {
 	return rank, index
 }
 
-// unknownField is the detail for a field the struct t does not have, with the known field
+// unknownField is the detail for a field that is not one of known, with the known field
 // closest to it if it is a likely typo.
-func unknownField(name string, t reflect.Type) string {
-	if s := suggest(name, fieldNames(t)); s != "" {
+func unknownField(name string, known []string) string {
+	if s := suggest(name, known); s != "" {
 		return fmt.Sprintf("unknown field (did you mean %q?)", s)
 	}
 	return "unknown field"

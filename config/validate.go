@@ -15,9 +15,9 @@ import (
 // resolve validates a decoded file and folds the defaults into every driver. It returns the
 // resolved configuration, which is only meaningful when there is no problem, and every problem.
 func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
-	errs := checkConst(field.NewPath("apiVersion"), string(f.APIVersion), APIVersion)
-	errs = append(errs, checkConst(field.NewPath("kind"), string(f.Kind), Kind)...)
-	dir, dirErrs := registrationDir(field.NewPath("registrationDir"), string(f.RegistrationDir))
+	errs := checkConst(field.NewPath("apiVersion"), f.APIVersion, APIVersion)
+	errs = append(errs, checkConst(field.NewPath("kind"), f.Kind, Kind)...)
+	dir, dirErrs := registrationDir(field.NewPath("registrationDir"), f.RegistrationDir)
 	errs = append(errs, dirErrs...)
 
 	builtin := Driver{
@@ -42,9 +42,6 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 	byName := map[string]int{}
 	bySocket := map[string]int{}
 	for i, fd := range f.Drivers {
-		if fd == nil {
-			fd = &driverSpec{}
-		}
 		p := field.NewPath("drivers").Index(i)
 		d, derrs := fd.resolve(p, base, dir)
 		errs = append(errs, derrs...)
@@ -69,8 +66,8 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 // resolve validates one driver and applies its settings over base, the file's defaults.
 func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, field.ErrorList) {
 	d, errs := fd.over(p, base)
-	d.Name, d.Type, d.SocketName = string(fd.Name), string(fd.Type), string(fd.SocketName)
-	d.Endpoint, d.LocalEndpoint = cleanPath(string(fd.Endpoint)), cleanPath(string(fd.LocalEndpoint))
+	d.Name, d.Type, d.SocketName = fd.Name, fd.Type, fd.SocketName
+	d.Endpoint, d.LocalEndpoint = cleanPath(fd.Endpoint), cleanPath(fd.LocalEndpoint)
 
 	typeOK := slices.Contains(Types, d.Type)
 	switch {
@@ -85,11 +82,11 @@ func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, fi
 		errs = append(errs, checkName(p.Child("name"), d.Type, d.Name)...)
 	}
 
-	errs = append(errs, checkEndpoint(p.Child("endpoint"), string(fd.Endpoint), true, true)...)
+	errs = append(errs, checkEndpoint(p.Child("endpoint"), fd.Endpoint, true, true)...)
 	if d.LocalEndpoint == "" {
 		d.LocalEndpoint = d.Endpoint
 	} else {
-		errs = append(errs, checkEndpoint(p.Child("localEndpoint"), string(fd.LocalEndpoint), false, false)...)
+		errs = append(errs, checkEndpoint(p.Child("localEndpoint"), fd.LocalEndpoint, false, false)...)
 	}
 	if fd.LocalEndpoint != "" || fd.Endpoint != "" {
 		errs = append(errs, fd.checkOutsideRegistry(p, d.LocalEndpoint, dir)...)
@@ -98,12 +95,7 @@ func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, fi
 	if fd.SupportedVersions == nil {
 		d.SupportedVersions = DefaultVersions(d.Type)
 	} else {
-		d.SupportedVersions = make([]string, len(fd.SupportedVersions))
-		for i, v := range fd.SupportedVersions {
-			if v != nil {
-				d.SupportedVersions[i] = string(*v)
-			}
-		}
+		d.SupportedVersions = fd.SupportedVersions
 		if typeOK {
 			errs = append(errs, checkVersions(p.Child("supportedVersions"), d.Type, d.SupportedVersions)...)
 		}
@@ -142,7 +134,7 @@ func (s settings) over(p *field.Path, base Driver) (Driver, field.ErrorList) {
 	d := base
 	errs := s.Backoff.over(p.Child("backoff"), &d.Backoff)
 	if s.RegistrationTimeout != nil {
-		t := time.Duration(*s.RegistrationTimeout)
+		t := *s.RegistrationTimeout
 		d.RegistrationTimeout = t
 		switch {
 		case t < 0:
@@ -152,7 +144,7 @@ func (s settings) over(p *field.Path, base Driver) (Driver, field.ErrorList) {
 		}
 	}
 	if s.WaitForEndpoint != nil {
-		d.WaitForEndpoint = bool(*s.WaitForEndpoint)
+		d.WaitForEndpoint = *s.WaitForEndpoint
 	}
 	return d, errs
 }
@@ -161,21 +153,21 @@ func (s settings) over(p *field.Path, base Driver) (Driver, field.ErrorList) {
 func (spec backoffSpec) over(p *field.Path, b *Backoff) field.ErrorList {
 	var errs field.ErrorList
 	if spec.InitialInterval != nil {
-		b.InitialInterval = time.Duration(*spec.InitialInterval)
+		b.InitialInterval = *spec.InitialInterval
 		errs = append(errs, checkInterval(p.Child("initialInterval"), b.InitialInterval)...)
 	}
 	if spec.MaxInterval != nil {
-		b.MaxInterval = time.Duration(*spec.MaxInterval)
+		b.MaxInterval = *spec.MaxInterval
 		errs = append(errs, checkInterval(p.Child("maxInterval"), b.MaxInterval)...)
 	}
 	if spec.Multiplier != nil {
-		b.Multiplier = float64(*spec.Multiplier)
+		b.Multiplier = *spec.Multiplier
 		if b.Multiplier < 1 {
 			errs = append(errs, field.Invalid(p.Child("multiplier"), b.Multiplier, "must be at least 1"))
 		}
 	}
 	if spec.RandomizationFactor != nil {
-		b.RandomizationFactor = float64(*spec.RandomizationFactor)
+		b.RandomizationFactor = *spec.RandomizationFactor
 		if b.RandomizationFactor < 0 || b.RandomizationFactor > 1 {
 			errs = append(errs, field.Invalid(p.Child("randomizationFactor"), b.RandomizationFactor, "must be between 0 and 1"))
 		}
@@ -350,9 +342,9 @@ func (fd driverSpec) checkOutsideRegistry(p *field.Path, local, dir string) fiel
 			return nil // kubelet ignores hidden names
 		}
 	}
-	fp, value := p.Child("endpoint"), string(fd.Endpoint)
+	fp, value := p.Child("endpoint"), fd.Endpoint
 	if fd.LocalEndpoint != "" {
-		fp, value = p.Child("localEndpoint"), string(fd.LocalEndpoint)
+		fp, value = p.Child("localEndpoint"), fd.LocalEndpoint
 	}
 	return field.ErrorList{field.Invalid(fp, value, fmt.Sprintf("is inside registrationDir %q: kubelet would take the plugin's socket for a registration socket", dir))}
 }
