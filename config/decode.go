@@ -111,6 +111,11 @@ func (d *decoder) fail(p *field.Path, n *yaml.Node, want string) {
 	d.failed[p.String()] = true
 }
 
+// invalid reports a value of the right type that its field does not accept.
+func (d *decoder) invalid(p *field.Path, v any, detail string) {
+	d.errs = append(d.errs, field.Invalid(p, v, detail))
+}
+
 // mapping calls set with each key of the mapping n, its value and the value's path. It
 // refuses a key not in known (naming the closest known one), a null key, a key given twice,
 // and a merge key ("<<"), which the library's decoder would apply. A null value is a field
@@ -143,16 +148,16 @@ func (d *decoder) mapping(n *yaml.Node, p *field.Path, known []string, set func(
 	}
 }
 
-// list reads each element of the list n with elem; a null element is the zero value.
-func list[T any](d *decoder, n *yaml.Node, p *field.Path, elem func(*yaml.Node, *field.Path) T) []T {
+// list reads each element of the list n with elem; a null element is null.
+func list[T any](d *decoder, n *yaml.Node, p *field.Path, null T, elem func(*yaml.Node, *field.Path) T) []T {
 	if n.Kind != yaml.SequenceNode {
 		d.fail(p, n, "a list")
 		return nil
 	}
 	s := make([]T, len(n.Content))
 	for i, v := range n.Content {
-		if v = resolved(v); !isNull(v) {
-			s[i] = elem(v, p.Index(i))
+		if s[i] = null; !isNull(v) {
+			s[i] = elem(resolved(v), p.Index(i))
 		}
 	}
 	return s
@@ -175,20 +180,19 @@ func (d *decoder) str(n *yaml.Node, p *field.Path) string {
 
 // boolean reads true or false, or one of the YAML 1.1 words for them (yes, no, on, off, y,
 // n), which drivers files have always accepted. A quoted "false" is a string.
-func (d *decoder) boolean(n *yaml.Node, p *field.Path) *bool {
+func (d *decoder) boolean(n *yaml.Node, p *field.Path) (bool, bool) {
 	v, ok := yaml11Bool(n)
 	if !ok && n.ShortTag() == "!!bool" {
 		ok = n.Decode(&v) == nil
 	}
 	if !ok {
 		d.fail(p, n, "true or false")
-		return nil
 	}
-	return &v
+	return v, ok
 }
 
 // number reads a finite number; a quoted "2" is a string.
-func (d *decoder) number(n *yaml.Node, p *field.Path) *float64 {
+func (d *decoder) number(n *yaml.Node, p *field.Path) (float64, bool) {
 	v, ok := numberValue(n)
 	switch {
 	case !ok:
@@ -196,25 +200,24 @@ func (d *decoder) number(n *yaml.Node, p *field.Path) *float64 {
 	case math.IsInf(v, 0) || math.IsNaN(v):
 		d.fail(p, n, "a finite number")
 	default:
-		return &v
+		return v, true
 	}
-	return nil
+	return 0, false
 }
 
 // duration reads a Go duration string ("500ms", "2m"). A bare 0 is zero in any unit; any
 // other bare number lacks one (5 is not 5 seconds).
-func (d *decoder) duration(n *yaml.Node, p *field.Path) *time.Duration {
-	var v time.Duration
+func (d *decoder) duration(n *yaml.Node, p *field.Path) (time.Duration, bool) {
 	if f, ok := numberValue(n); ok && f == 0 {
-		return &v
+		return 0, true
 	}
 	s, ok := stringValue(n)
 	v, err := time.ParseDuration(s)
 	if !ok || err != nil {
 		d.fail(p, n, `a duration such as "500ms" or "2m"`)
-		return nil
+		return 0, false
 	}
-	return &v
+	return v, true
 }
 
 // stringValue returns the text of a scalar that YAML reads as a string: plain or quoted, the

@@ -1,46 +1,34 @@
 package config
 
 import (
+	"fmt"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// The types below are the file format, and the functions after them read each type from its
-// YAML node. A pointer or slice left nil is a field the file leaves out, so that resolve can
-// tell it from an explicit value.
-
+// file is a drivers file as written. Each driver is read into a Driver over the file's
+// defaults, themselves read over builtin; a setting is checked where it is written. resolve
+// then checks the rest of each driver and fills in what it leaves out (an empty string, a
+// nil list).
 type file struct {
 	APIVersion      string
 	Kind            string
 	RegistrationDir string
-	Defaults        settings
-	Drivers         []driverSpec
+	Drivers         []Driver // nil when the file leaves drivers out
 }
 
-// settings are the fields that defaults sets for every driver and a driver sets for itself.
-type settings struct {
-	Backoff             backoffSpec
-	RegistrationTimeout *time.Duration
-	WaitForEndpoint     *bool
-}
-
-type backoffSpec struct {
-	InitialInterval     *time.Duration
-	MaxInterval         *time.Duration
-	Multiplier          *float64
-	RandomizationFactor *float64
-}
-
-type driverSpec struct {
-	Name              string
-	Type              string
-	Endpoint          string
-	LocalEndpoint     string
-	SupportedVersions []string
-	SocketName        string
-	settings
+// builtin holds the settings neither the driver nor the file's defaults set.
+var builtin = Driver{
+	Backoff: Backoff{
+		InitialInterval:     DefaultInitialInterval,
+		MaxInterval:         DefaultMaxInterval,
+		Multiplier:          DefaultMultiplier,
+		RandomizationFactor: DefaultRandomizationFactor,
+	},
+	RegistrationTimeout: DefaultRegistrationTimeout,
+	WaitForEndpoint:     DefaultWaitForEndpoint,
 }
 
 // The fields of each mapping, as the file names them. topFields is also the order in which
@@ -54,6 +42,8 @@ var (
 
 func (d *decoder) file(n *yaml.Node) *file {
 	var f file
+	defaults := builtin
+	var drivers *yaml.Node // read once the defaults are known, wherever they are written
 	d.mapping(n, nil, topFields, func(k string, v *yaml.Node, p *field.Path) {
 		switch k {
 		case "apiVersion":
@@ -63,55 +53,103 @@ func (d *decoder) file(n *yaml.Node) *file {
 		case "registrationDir":
 			f.RegistrationDir = d.str(v, p)
 		case "defaults":
-			d.mapping(v, p, settingsFields, func(k string, v *yaml.Node, p *field.Path) { d.setting(&f.Defaults, k, v, p) })
+			d.mapping(v, p, settingsFields, func(k string, v *yaml.Node, p *field.Path) { d.setting(&defaults, k, v, p) })
 		case "drivers":
-			f.Drivers = list(d, v, p, d.driver)
+			drivers = v
 		}
 	})
+	if drivers != nil {
+		f.Drivers = list(d, drivers, field.NewPath("drivers"), defaults, func(n *yaml.Node, p *field.Path) Driver {
+			return d.driver(n, p, defaults)
+		})
+	}
 	return &f
 }
 
-func (d *decoder) driver(n *yaml.Node, p *field.Path) driverSpec {
-	var s driverSpec
+func (d *decoder) driver(n *yaml.Node, p *field.Path, defaults Driver) Driver {
+	dr := defaults
 	d.mapping(n, p, driverFields, func(k string, v *yaml.Node, p *field.Path) {
 		switch k {
 		case "name":
-			s.Name = d.str(v, p)
+			dr.Name = d.str(v, p)
 		case "type":
-			s.Type = d.str(v, p)
+			dr.Type = d.str(v, p)
 		case "endpoint":
-			s.Endpoint = d.str(v, p)
+			dr.Endpoint = d.str(v, p)
 		case "localEndpoint":
-			s.LocalEndpoint = d.str(v, p)
+			dr.LocalEndpoint = d.str(v, p)
 		case "supportedVersions":
-			s.SupportedVersions = list(d, v, p, d.str)
+			dr.SupportedVersions = list(d, v, p, "", d.str)
 		case "socketName":
-			s.SocketName = d.str(v, p)
+			dr.SocketName = d.str(v, p)
 		default:
-			d.setting(&s.settings, k, v, p)
+			d.setting(&dr, k, v, p)
 		}
 	})
-	return s
+	return dr
 }
 
-func (d *decoder) setting(s *settings, k string, v *yaml.Node, p *field.Path) {
+// setting reads one of the settings that defaults sets for every driver and a driver sets
+// for itself over the value dr holds, and checks it.
+func (d *decoder) setting(dr *Driver, k string, v *yaml.Node, p *field.Path) {
 	switch k {
 	case "backoff":
-		d.mapping(v, p, backoffFields, func(k string, v *yaml.Node, p *field.Path) {
-			switch k {
-			case "initialInterval":
-				s.Backoff.InitialInterval = d.duration(v, p)
-			case "maxInterval":
-				s.Backoff.MaxInterval = d.duration(v, p)
-			case "multiplier":
-				s.Backoff.Multiplier = d.number(v, p)
-			case "randomizationFactor":
-				s.Backoff.RandomizationFactor = d.number(v, p)
-			}
-		})
+		d.backoff(&dr.Backoff, v, p)
 	case "registrationTimeout":
-		s.RegistrationTimeout = d.duration(v, p)
+		t, ok := d.duration(v, p)
+		switch {
+		case !ok:
+			return
+		case t < 0:
+			d.invalid(p, t, "must not be negative (0 disables the timeout)")
+		case t > 0 && t < time.Second:
+			d.invalid(p, t, "must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second")
+		}
+		dr.RegistrationTimeout = t
 	case "waitForEndpoint":
-		s.WaitForEndpoint = d.boolean(v, p)
+		if w, ok := d.boolean(v, p); ok {
+			dr.WaitForEndpoint = w
+		}
+	}
+}
+
+// backoff reads the fields of a backoff mapping over b, and checks each.
+func (d *decoder) backoff(b *Backoff, n *yaml.Node, p *field.Path) {
+	intervalSet := false
+	d.mapping(n, p, backoffFields, func(k string, v *yaml.Node, p *field.Path) {
+		switch k {
+		case "initialInterval", "maxInterval":
+			t, ok := d.duration(v, p)
+			switch {
+			case !ok:
+				return
+			case t <= 0:
+				d.invalid(p, t, "must be positive")
+			case t < MinInterval:
+				// Shorter retries would spin a core.
+				d.invalid(p, t, "must be at least "+MinInterval.String())
+			}
+			intervalSet = true
+			if k == "initialInterval" {
+				b.InitialInterval = t
+			} else {
+				b.MaxInterval = t
+			}
+		case "multiplier":
+			if f, ok := d.number(v, p); ok {
+				if b.Multiplier = f; f < 1 {
+					d.invalid(p, f, "must be at least 1")
+				}
+			}
+		case "randomizationFactor":
+			if f, ok := d.number(v, p); ok {
+				if b.RandomizationFactor = f; f < 0 || f > 1 {
+					d.invalid(p, f, "must be between 0 and 1")
+				}
+			}
+		}
+	})
+	if intervalSet && b.InitialInterval > 0 && b.MaxInterval > 0 && b.MaxInterval < b.InitialInterval {
+		d.invalid(p.Child("maxInterval"), b.MaxInterval, fmt.Sprintf("must not be less than initialInterval (%s)", b.InitialInterval))
 	}
 }
