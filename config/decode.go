@@ -26,8 +26,13 @@ func decode(b []byte) (*file, map[string]bool, field.ErrorList) {
 	}
 	d := &decoder{failed: map[string]bool{}}
 	f := d.file(root)
-	if len(d.fatal) > 0 {
-		return nil, nil, append(errs, d.fatal...)
+	// A merge key or a key given twice puts the file's structure in doubt: they are all
+	// that is reported, with the null keys.
+	switch errs = append(errs, d.keys...); {
+	case d.merge:
+		return nil, nil, errs
+	case len(d.repeated) > 0:
+		return nil, nil, append(errs, d.repeated...)
 	}
 	return f, d.failed, append(errs, d.errs...)
 }
@@ -100,9 +105,11 @@ func resolved(n *yaml.Node) *yaml.Node {
 // function for its type, which is handed the value's field path: a problem is reported where
 // it is found, and reading goes on past it, so that one pass reports every problem.
 type decoder struct {
-	errs   field.ErrorList
-	failed map[string]bool // the paths of the values that failed to decode
-	fatal  field.ErrorList // a merge key or a key given twice: the file's structure is in doubt
+	errs     field.ErrorList
+	failed   map[string]bool // the paths of the values that failed to decode
+	keys     field.ErrorList // null and merge keys
+	merge    bool
+	repeated field.ErrorList // keys given twice
 }
 
 // fail reports the value n at p, which is not what its field takes.
@@ -125,7 +132,7 @@ func (d *decoder) mapping(n *yaml.Node, p *field.Path, known []string, set func(
 		d.fail(p, n, "a mapping")
 		return
 	}
-	seen := map[string]bool{}
+	d.unique(n)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolved(n.Content[i]), resolved(n.Content[i+1])
 		switch {
@@ -134,24 +141,39 @@ func (d *decoder) mapping(n *yaml.Node, p *field.Path, known []string, set func(
 			if where == nil {
 				where = field.NewPath("top level")
 			}
-			d.fatal = append(d.fatal, field.Forbidden(where, fmt.Sprintf(`line %d: YAML merge keys ("<<") are not supported: write the fields out`, k.Line)))
-		case seen[k.Value]:
-			d.fatal = append(d.fatal, yamlError(fmt.Sprintf("yaml: line %d: key %q already set in map", k.Line, k.Value)))
+			d.keys = append(d.keys, field.Forbidden(where, fmt.Sprintf(`line %d: YAML merge keys ("<<") are not supported: write the fields out`, k.Line)))
+			d.merge = true
 		case k.ShortTag() == "!!null":
-			d.errs = append(d.errs, field.Forbidden(child(p, "null"), "unknown field"))
+			d.keys = append(d.keys, field.Forbidden(child(p, "null"), "unknown field"))
 		case !slices.Contains(known, k.Value):
 			d.errs = append(d.errs, field.Forbidden(child(p, k.Value), unknownField(k.Value, known)))
 		case !isNull(v):
 			set(k.Value, v, child(p, k.Value))
 		}
+	}
+}
+
+// unique reports the keys of the mapping n given twice, and whether there are none.
+func (d *decoder) unique(n *yaml.Node) bool {
+	seen := map[string]bool{}
+	ok := true
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := resolved(n.Content[i])
+		if seen[k.Value] {
+			d.repeated = append(d.repeated, yamlError(fmt.Sprintf("yaml: line %d: key %q already set in map", k.Line, k.Value)))
+			ok = false
+		}
 		seen[k.Value] = true
 	}
+	return ok
 }
 
 // list reads each element of the list n with elem; a null element is null.
 func list[T any](d *decoder, n *yaml.Node, p *field.Path, null T, elem func(*yaml.Node, *field.Path) T) []T {
 	if n.Kind != yaml.SequenceNode {
-		d.fail(p, n, "a list")
+		if n.Kind != yaml.MappingNode || d.unique(n) {
+			d.fail(p, n, "a list")
+		}
 		return nil
 	}
 	s := make([]T, len(n.Content))

@@ -69,19 +69,10 @@ func position(path string) (rank, index int) {
 	if path == "" {
 		return 0, 0
 	}
-	top := path
-	if i := strings.IndexAny(path, ".["); i >= 0 {
-		top = path[:i]
+	if rank = slices.Index(topFields, path[:strings.IndexAny(path+".", ".[")]) + 1; rank == 0 {
+		rank = len(topFields) + 1
 	}
-	rank = len(topFields) + 1
-	if i := slices.Index(topFields, top); i >= 0 {
-		rank = i + 1
-	}
-	if rest, ok := strings.CutPrefix(path, "drivers["); ok {
-		if end := strings.IndexByte(rest, ']'); end > 0 {
-			index, _ = strconv.Atoi(rest[:end])
-		}
-	}
+	_, _ = fmt.Sscanf(path, "drivers[%d]", &index)
 	return rank, index
 }
 
