@@ -262,10 +262,10 @@ func stringValue(n *yaml.Node) (string, bool) {
 	return n.Value, true
 }
 
-func numberValue(n *yaml.Node) (float64, bool) {
-	var v float64
+func numberValue(n *yaml.Node) (v float64, ok bool) {
 	t := n.ShortTag()
-	return v, n.Kind == yaml.ScalarNode && (t == "!!int" || t == "!!float") && n.Decode(&v) == nil
+	ok = n.Kind == yaml.ScalarNode && (t == "!!int" || t == "!!float") && n.Decode(&v) == nil
+	return v, ok
 }
 
 // yaml11Bool reads a plain y, yes, on, n, no or off, in any of its YAML 1.1 spellings.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,24 +78,20 @@ func position(path string) (rank, index int) {
 // unknownField is the detail for a field that is not one of known, with the known field
 // closest to it if it is a likely typo.
 func unknownField(name string, known []string) string {
-	if s := suggest(name, known); s != "" {
-		return fmt.Sprintf("unknown field (did you mean %q?)", s)
-	}
-	return "unknown field"
-}
-
-// suggest returns the known field closest to an unknown one, if it is a likely typo.
-func suggest(unknown string, known []string) string {
 	best, bestDist := "", 3
 	for _, k := range known {
-		if strings.EqualFold(k, unknown) {
-			return k
+		if strings.EqualFold(k, name) {
+			best = k
+			break
 		}
-		if d := editDistance(strings.ToLower(unknown), strings.ToLower(k)); d < bestDist {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(k)); d < bestDist {
 			best, bestDist = k, d
 		}
 	}
-	return best
+	if best == "" {
+		return "unknown field"
+	}
+	return fmt.Sprintf("unknown field (did you mean %q?)", best)
 }
 
 // editDistance is the Levenshtein distance between a and b.
@@ -140,8 +135,9 @@ func formatValue(v any) string {
 	switch x := v.(type) {
 	case string:
 		return strconv.Quote(x)
-	case float64:
-		return formatFloat(x)
+	case float64: // as YAML writes it: .inf, -.inf, .nan
+		b, _ := yaml.Marshal(x)
+		return strings.TrimSpace(string(b))
 	case time.Duration:
 		return x.String()
 	}
@@ -153,17 +149,4 @@ func formatValue(v any) string {
 		return string(b[:57]) + "..."
 	}
 	return string(b)
-}
-
-// formatFloat renders a number; infinities and NaN as YAML writes them.
-func formatFloat(f float64) string {
-	switch {
-	case math.IsInf(f, 1):
-		return ".inf"
-	case math.IsInf(f, -1):
-		return "-.inf"
-	case math.IsNaN(f):
-		return ".nan"
-	}
-	return strconv.FormatFloat(f, 'g', -1, 64)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"strings"
 	"syscall"
 )
 
@@ -24,22 +25,10 @@ func LoadContent(path string) (*RegistrarConfig, []byte, error) {
 	}
 	cfg, err := Parse(b)
 	if err != nil {
-		return nil, nil, prefixEach(path, err)
+		// Every line of the error starts with the path.
+		return nil, nil, errors.New(path + ": " + strings.ReplaceAll(err.Error(), "\n", "\n"+path+": "))
 	}
 	return cfg, b, nil
-}
-
-// prefixEach puts the file's path in front of each of the joined errors in err.
-func prefixEach(path string, err error) error {
-	joined, ok := err.(interface{ Unwrap() []error })
-	if !ok {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	var errs []error
-	for _, e := range joined.Unwrap() {
-		errs = append(errs, fmt.Errorf("%s: %w", path, e))
-	}
-	return errors.Join(errs...)
 }
 
 // ReadFile reads the drivers file at path, following symlinks. Anything but a regular file

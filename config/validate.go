@@ -77,10 +77,10 @@ func (d *Driver) resolve(p *field.Path, dir string) field.ErrorList {
 	errs = append(errs, checkEndpoint(p.Child("endpoint"), d.Endpoint, true, true)...)
 	errs = append(errs, checkEndpoint(p.Child("localEndpoint"), d.LocalEndpoint, false, false)...)
 	errs = append(errs, d.checkOutsideRegistry(p, dir)...)
-	d.Endpoint, d.LocalEndpoint = cleanPath(d.Endpoint), cleanPath(d.LocalEndpoint)
 	if d.LocalEndpoint == "" {
 		d.LocalEndpoint = d.Endpoint
 	}
+	d.Endpoint, d.LocalEndpoint = filepath.Clean(d.Endpoint), filepath.Clean(d.LocalEndpoint)
 
 	if d.SupportedVersions == nil {
 		d.SupportedVersions = DefaultVersions(d.Type)
@@ -126,13 +126,6 @@ func registrationDir(p *field.Path, raw string) (string, field.ErrorList) {
 			len(dir), 1+TempSocketNameLen, MaxSocketPathLen))}
 	}
 	return dir, nil
-}
-
-func cleanPath(p string) string {
-	if p == "" {
-		return ""
-	}
-	return filepath.Clean(p)
 }
 
 // checkName applies the rules kubelet and the API server apply to a plugin name of the type.
