@@ -26,13 +26,8 @@ func decode(b []byte) (*file, map[string]bool, field.ErrorList) {
 	}
 	d := &decoder{failed: map[string]bool{}}
 	f := d.file(root)
-	// A merge key or a key given twice puts the file's structure in doubt: they are all
-	// that is reported, with the null keys.
-	switch errs = append(errs, d.keys...); {
-	case d.merge:
+	if errs = append(errs, d.keys...); d.fatal {
 		return nil, nil, errs
-	case len(d.repeated) > 0:
-		return nil, nil, append(errs, d.repeated...)
 	}
 	return f, d.failed, append(errs, d.errs...)
 }
@@ -105,11 +100,10 @@ func resolved(n *yaml.Node) *yaml.Node {
 // function for its type, which is handed the value's field path: a problem is reported where
 // it is found, and reading goes on past it, so that one pass reports every problem.
 type decoder struct {
-	errs     field.ErrorList
-	failed   map[string]bool // the paths of the values that failed to decode
-	keys     field.ErrorList // null and merge keys
-	merge    bool
-	repeated field.ErrorList // keys given twice
+	errs   field.ErrorList
+	failed map[string]bool // the paths of the values that failed to decode
+	keys   field.ErrorList // null keys, merge keys and keys given twice
+	fatal  bool            // a merge key or a key given twice: the structure is in doubt
 }
 
 // fail reports the value n at p, which is not what its field takes.
@@ -132,7 +126,7 @@ func (d *decoder) mapping(n *yaml.Node, p *field.Path, known []string, set func(
 		d.fail(p, n, "a mapping")
 		return
 	}
-	d.unique(n)
+	d.repeated(n)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolved(n.Content[i]), resolved(n.Content[i+1])
 		switch {
@@ -142,7 +136,7 @@ func (d *decoder) mapping(n *yaml.Node, p *field.Path, known []string, set func(
 				where = field.NewPath("top level")
 			}
 			d.keys = append(d.keys, field.Forbidden(where, fmt.Sprintf(`line %d: YAML merge keys ("<<") are not supported: write the fields out`, k.Line)))
-			d.merge = true
+			d.fatal = true
 		case k.ShortTag() == "!!null":
 			d.keys = append(d.keys, field.Forbidden(child(p, "null"), "unknown field"))
 		case !slices.Contains(known, k.Value):
@@ -153,27 +147,26 @@ func (d *decoder) mapping(n *yaml.Node, p *field.Path, known []string, set func(
 	}
 }
 
-// unique reports the keys of the mapping n given twice, and whether there are none.
-func (d *decoder) unique(n *yaml.Node) bool {
+// repeated reports each key of the mapping n that is given twice.
+func (d *decoder) repeated(n *yaml.Node) {
 	seen := map[string]bool{}
-	ok := true
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := resolved(n.Content[i])
 		if seen[k.Value] {
-			d.repeated = append(d.repeated, yamlError(fmt.Sprintf("yaml: line %d: key %q already set in map", k.Line, k.Value)))
-			ok = false
+			d.keys = append(d.keys, yamlError(fmt.Sprintf("yaml: line %d: key %q already set in map", k.Line, k.Value)))
+			d.fatal = true
 		}
 		seen[k.Value] = true
 	}
-	return ok
 }
 
 // list reads each element of the list n with elem; a null element is null.
 func list[T any](d *decoder, n *yaml.Node, p *field.Path, null T, elem func(*yaml.Node, *field.Path) T) []T {
 	if n.Kind != yaml.SequenceNode {
-		if n.Kind != yaml.MappingNode || d.unique(n) {
-			d.fail(p, n, "a list")
+		if n.Kind == yaml.MappingNode {
+			d.repeated(n)
 		}
+		d.fail(p, n, "a list")
 		return nil
 	}
 	s := make([]T, len(n.Content))
