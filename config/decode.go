@@ -112,9 +112,12 @@ func (d *decoder) fail(p *field.Path, n *yaml.Node, want string) {
 	d.failed[p.String()] = true
 }
 
-// invalid reports a value of the right type that its field does not accept.
+// invalid reports a value of the right type that its field does not accept, unless the
+// field's own value failed to decode.
 func (d *decoder) invalid(p *field.Path, v any, detail string) {
-	d.errs = append(d.errs, field.Invalid(p, v, detail))
+	if !d.failed[p.String()] {
+		d.errs = append(d.errs, field.Invalid(p, v, detail))
+	}
 }
 
 // mapping calls set with each key of the mapping n, its value and the value's path. It
