@@ -167,7 +167,7 @@ func (d *decoder) repeated(n *yaml.Node) {
 func list[T any](d *decoder, n *yaml.Node, p *field.Path, null T, elem func(*yaml.Node, *field.Path) T) []T {
 	if n.Kind != yaml.SequenceNode {
 		if n.Kind == yaml.MappingNode {
-			d.repeated(n)
+			d.repeated(n) // which is all that is reported, as for any mapping
 		}
 		d.fail(p, n, "a list")
 		return nil

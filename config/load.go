@@ -66,19 +66,11 @@ func ReadFile(path string) ([]byte, error) {
 
 // notRegular is the error for a drivers file that is not a regular file.
 func notRegular(path string, mode fs.FileMode) error {
-	var what string
-	switch mode.Type() {
-	case fs.ModeNamedPipe:
-		what = "a named pipe (FIFO)"
-	case fs.ModeDevice | fs.ModeCharDevice:
-		what = "a character device"
-	case fs.ModeDevice:
-		what = "a block device"
-	case fs.ModeDir:
-		what = "a directory"
-	case fs.ModeSocket:
-		what = "a unix socket"
-	default:
+	what, ok := map[fs.FileMode]string{
+		fs.ModeNamedPipe: "a named pipe (FIFO)", fs.ModeDevice | fs.ModeCharDevice: "a character device",
+		fs.ModeDevice: "a block device", fs.ModeDir: "a directory", fs.ModeSocket: "a unix socket",
+	}[mode.Type()]
+	if !ok {
 		return fmt.Errorf("read config %s: not a regular file (mode %s)", path, mode)
 	}
 	return fmt.Errorf("read config %s: is %s, not a regular file", path, what)
