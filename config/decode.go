@@ -53,8 +53,8 @@ func document(b []byte) (*yaml.Node, field.ErrorList) {
 		return nil, append(errs, field.TypeInvalid(field.NewPath("top level"), nodeValue(root), "must be a mapping with apiVersion, kind and drivers"))
 	}
 	// Decoding the whole document, whatever its fields, refuses an alias bomb anywhere in it
-	// (the library bounds what aliases may expand to), an alias to itself and a key YAML
-	// cannot use. The decoder's walk below then visits no more than this did.
+	// (the library bounds what aliases may expand to), an anchor that contains itself and a
+	// key YAML cannot use. The decoder's walk visits no more nodes than this decoding did.
 	var all any
 	if err := root.Decode(&all); err != nil && !errors.As(err, new(*yaml.TypeError)) {
 		return nil, append(errs, yamlError(err.Error()))
