@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,43 +68,30 @@ func position(path string) (rank, index int) {
 	if path == "" {
 		return 0, 0
 	}
-	top := path
-	if i := strings.IndexAny(path, ".["); i >= 0 {
-		top = path[:i]
+	if rank = slices.Index(topFields, path[:strings.IndexAny(path+".", ".[")]) + 1; rank == 0 {
+		rank = len(topFields) + 1
 	}
-	rank = len(topFields) + 1
-	if i := slices.Index(topFields, top); i >= 0 {
-		rank = i + 1
-	}
-	if rest, ok := strings.CutPrefix(path, "drivers["); ok {
-		if end := strings.IndexByte(rest, ']'); end > 0 {
-			index, _ = strconv.Atoi(rest[:end])
-		}
-	}
+	_, _ = fmt.Sscanf(path, "drivers[%d]", &index)
 	return rank, index
 }
 
-// unknownField is the detail for a field the struct t does not have, with the known field
+// unknownField is the detail for a field that is not one of known, with the known field
 // closest to it if it is a likely typo.
-func unknownField(name string, t reflect.Type) string {
-	if s := suggest(name, fieldNames(t)); s != "" {
-		return fmt.Sprintf("unknown field (did you mean %q?)", s)
-	}
-	return "unknown field"
-}
-
-// suggest returns the known field closest to an unknown one, if it is a likely typo.
-func suggest(unknown string, known []string) string {
+func unknownField(name string, known []string) string {
 	best, bestDist := "", 3
 	for _, k := range known {
-		if strings.EqualFold(k, unknown) {
-			return k
+		if strings.EqualFold(k, name) {
+			best = k
+			break
 		}
-		if d := editDistance(strings.ToLower(unknown), strings.ToLower(k)); d < bestDist {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(k)); d < bestDist {
 			best, bestDist = k, d
 		}
 	}
-	return best
+	if best == "" {
+		return "unknown field"
+	}
+	return fmt.Sprintf("unknown field (did you mean %q?)", best)
 }
 
 // editDistance is the Levenshtein distance between a and b.
@@ -150,8 +135,9 @@ func formatValue(v any) string {
 	switch x := v.(type) {
 	case string:
 		return strconv.Quote(x)
-	case float64:
-		return formatFloat(x)
+	case float64: // as YAML writes it: .inf, -.inf, .nan
+		b, _ := yaml.Marshal(x)
+		return strings.TrimSpace(string(b))
 	case time.Duration:
 		return x.String()
 	}
@@ -163,17 +149,4 @@ func formatValue(v any) string {
 		return string(b[:57]) + "..."
 	}
 	return string(b)
-}
-
-// formatFloat renders a number; infinities and NaN as YAML writes them.
-func formatFloat(f float64) string {
-	switch {
-	case math.IsInf(f, 1):
-		return ".inf"
-	case math.IsInf(f, -1):
-		return "-.inf"
-	case math.IsNaN(f):
-		return ".nan"
-	}
-	return strconv.FormatFloat(f, 'g', -1, 64)
 }

@@ -1,188 +1,155 @@
 package config
 
 import (
-	"encoding/base64"
 	"fmt"
-	"math"
-	"reflect"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// The types below are the file format. The decoder is strict about them (KnownFields: an
-// unknown field is an error; a key given twice is one), and each scalar type refuses a value
-// of another YAML type. A nil pointer or slice is a field the file leaves out, so that resolve
-// can tell it from an explicit value; a nil list element is a null one.
-
+// file is a drivers file as written. Each driver is read into a Driver over the file's
+// defaults, themselves read over builtin; a setting is checked where it is written. resolve
+// then checks the rest of each driver and fills in what it leaves out (an empty string, a
+// nil list).
 type file struct {
-	APIVersion      str           `yaml:"apiVersion"`
-	Kind            str           `yaml:"kind"`
-	RegistrationDir str           `yaml:"registrationDir"`
-	Defaults        settings      `yaml:"defaults"`
-	Drivers         []*driverSpec `yaml:"drivers"`
+	APIVersion      string
+	Kind            string
+	RegistrationDir string
+	Drivers         []Driver // nil when the file leaves drivers out
 }
 
-// settings are the fields that defaults sets for every driver and a driver sets for itself.
-type settings struct {
-	Backoff             backoffSpec `yaml:"backoff"`
-	RegistrationTimeout *duration   `yaml:"registrationTimeout"`
-	WaitForEndpoint     *boolean    `yaml:"waitForEndpoint"`
+// builtin holds the settings neither the driver nor the file's defaults set.
+var builtin = Driver{
+	Backoff: Backoff{
+		InitialInterval:     DefaultInitialInterval,
+		MaxInterval:         DefaultMaxInterval,
+		Multiplier:          DefaultMultiplier,
+		RandomizationFactor: DefaultRandomizationFactor,
+	},
+	RegistrationTimeout: DefaultRegistrationTimeout,
+	WaitForEndpoint:     DefaultWaitForEndpoint,
 }
 
-type backoffSpec struct {
-	InitialInterval     *duration `yaml:"initialInterval"`
-	MaxInterval         *duration `yaml:"maxInterval"`
-	Multiplier          *number   `yaml:"multiplier"`
-	RandomizationFactor *number   `yaml:"randomizationFactor"`
-}
+// The fields of each mapping, as the file names them. topFields is also the order in which
+// errors are reported.
+var (
+	topFields      = []string{"apiVersion", "kind", "registrationDir", "defaults", "drivers"}
+	settingsFields = []string{"backoff", "registrationTimeout", "waitForEndpoint"}
+	backoffFields  = []string{"initialInterval", "maxInterval", "multiplier", "randomizationFactor"}
+	driverFields   = append([]string{"name", "type", "endpoint", "localEndpoint", "supportedVersions", "socketName"}, settingsFields...)
+)
 
-type driverSpec struct {
-	Name              str    `yaml:"name"`
-	Type              str    `yaml:"type"`
-	Endpoint          str    `yaml:"endpoint"`
-	LocalEndpoint     str    `yaml:"localEndpoint"`
-	SupportedVersions []*str `yaml:"supportedVersions"`
-	SocketName        str    `yaml:"socketName"`
-	settings          `yaml:",inline"`
-}
-
-// yamlFields lists the fields of a struct of the file format, each named as the file names it;
-// an inline struct's fields count as the struct's own.
-func yamlFields(t reflect.Type) []reflect.StructField {
-	var fields []reflect.StructField
-	for f := range t.Fields() {
-		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if opts == "inline" {
-			fields = append(fields, yamlFields(f.Type)...)
-			continue
+func (d *decoder) file(n *yaml.Node) *file {
+	var f file
+	defaults := builtin
+	var drivers *yaml.Node // read once the defaults are known, wherever they are written
+	d.mapping(n, nil, topFields, func(k string, v *yaml.Node, p *field.Path) {
+		switch k {
+		case "apiVersion":
+			f.APIVersion = d.str(v, p)
+		case "kind":
+			f.Kind = d.str(v, p)
+		case "registrationDir":
+			f.RegistrationDir = d.str(v, p)
+		case "defaults":
+			d.mapping(v, p, settingsFields, func(k string, v *yaml.Node, p *field.Path) { d.setting(&defaults, k, v, p) })
+		case "drivers":
+			drivers = v
 		}
-		f.Name = name
-		fields = append(fields, f)
+	})
+	if drivers != nil {
+		f.Drivers = list(d, drivers, field.NewPath("drivers"), defaults, func(n *yaml.Node, p *field.Path) Driver {
+			return d.driver(n, p, defaults)
+		})
 	}
-	return fields
+	return &f
 }
 
-func fieldNames(t reflect.Type) []string {
-	var names []string
-	for _, f := range yamlFields(t) {
-		names = append(names, f.Name)
-	}
-	return names
+func (d *decoder) driver(n *yaml.Node, p *field.Path, defaults Driver) Driver {
+	dr := defaults
+	d.mapping(n, p, driverFields, func(k string, v *yaml.Node, p *field.Path) {
+		switch k {
+		case "name":
+			dr.Name = d.str(v, p)
+		case "type":
+			dr.Type = d.str(v, p)
+		case "endpoint":
+			dr.Endpoint = d.str(v, p)
+		case "localEndpoint":
+			dr.LocalEndpoint = d.str(v, p)
+		case "supportedVersions":
+			dr.SupportedVersions = list(d, v, p, "", d.str)
+		case "socketName":
+			dr.SocketName = d.str(v, p)
+		default:
+			d.setting(&dr, k, v, p)
+		}
+	})
+	return dr
 }
 
-// topFields are the file's top-level fields, in the order the file format lists them.
-var topFields = fieldNames(reflect.TypeFor[file]())
-
-// str is a YAML string. A Go string field would also take a number or a boolean as its text
-// (name: 123); str refuses them, and a string that is not UTF-8 (from !!binary).
-type str string
-
-func (s *str) UnmarshalYAML(n *yaml.Node) error {
-	v, ok := stringValue(n)
-	switch {
-	case !ok:
-		return wrongType(n, "a string")
-	case !utf8.ValidString(v):
-		return wrongType(n, "valid UTF-8")
+// setting reads one of the settings that defaults sets for every driver and a driver sets
+// for itself over the value dr holds, and checks it.
+func (d *decoder) setting(dr *Driver, k string, v *yaml.Node, p *field.Path) {
+	switch k {
+	case "backoff":
+		d.backoff(&dr.Backoff, v, p)
+	case "registrationTimeout":
+		t, ok := d.duration(v, p)
+		switch {
+		case !ok:
+			return
+		case t < 0:
+			d.invalid(p, t, "must not be negative (0 disables the timeout)")
+		case t > 0 && t < time.Second:
+			d.invalid(p, t, "must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second")
+		}
+		dr.RegistrationTimeout = t
+	case "waitForEndpoint":
+		if w, ok := d.boolean(v, p); ok {
+			dr.WaitForEndpoint = w
+		}
 	}
-	*s = str(v)
-	return nil
 }
 
-// boolean is true or false, or one of the YAML 1.1 words for them (yes, no, on, off, y, n),
-// which drivers files have always accepted. A quoted "false" is a string.
-type boolean bool
-
-func (b *boolean) UnmarshalYAML(n *yaml.Node) error {
-	v, ok := yaml11Bool(n)
-	if !ok && n.ShortTag() == "!!bool" {
-		ok = n.Decode(&v) == nil
+// backoff reads the fields of a backoff mapping over b, and checks each.
+func (d *decoder) backoff(b *Backoff, n *yaml.Node, p *field.Path) {
+	intervalSet := false
+	d.mapping(n, p, backoffFields, func(k string, v *yaml.Node, p *field.Path) {
+		switch k {
+		case "initialInterval", "maxInterval":
+			t, ok := d.duration(v, p)
+			switch {
+			case !ok:
+				return
+			case t <= 0:
+				d.invalid(p, t, "must be positive")
+			case t < MinInterval:
+				// Shorter retries would spin a core.
+				d.invalid(p, t, "must be at least "+MinInterval.String())
+			}
+			intervalSet = true
+			if k == "initialInterval" {
+				b.InitialInterval = t
+			} else {
+				b.MaxInterval = t
+			}
+		case "multiplier":
+			if f, ok := d.number(v, p); ok {
+				if b.Multiplier = f; f < 1 {
+					d.invalid(p, f, "must be at least 1")
+				}
+			}
+		case "randomizationFactor":
+			if f, ok := d.number(v, p); ok {
+				if b.RandomizationFactor = f; f < 0 || f > 1 {
+					d.invalid(p, f, "must be between 0 and 1")
+				}
+			}
+		}
+	})
+	if intervalSet && b.InitialInterval > 0 && b.MaxInterval > 0 && b.MaxInterval < b.InitialInterval {
+		d.invalid(p.Child("maxInterval"), b.MaxInterval, fmt.Sprintf("must not be less than initialInterval (%s)", b.InitialInterval))
 	}
-	if !ok {
-		return wrongType(n, "true or false")
-	}
-	*b = boolean(v)
-	return nil
-}
-
-// number is a finite number; a quoted "2" is a string.
-type number float64
-
-func (f *number) UnmarshalYAML(n *yaml.Node) error {
-	v, ok := numberValue(n)
-	switch {
-	case !ok:
-		return wrongType(n, "a number")
-	case math.IsInf(v, 0) || math.IsNaN(v):
-		return wrongType(n, "a finite number")
-	}
-	*f = number(v)
-	return nil
-}
-
-// duration is a Go duration string ("500ms", "2m"). A bare 0 is zero in any unit; any other
-// bare number lacks one (5 is not 5 seconds).
-type duration time.Duration
-
-func (d *duration) UnmarshalYAML(n *yaml.Node) error {
-	if v, ok := numberValue(n); ok && v == 0 {
-		*d = 0
-		return nil
-	}
-	s, ok := stringValue(n)
-	v, err := time.ParseDuration(s)
-	if !ok || err != nil {
-		return wrongType(n, `a duration such as "500ms" or "2m"`)
-	}
-	*d = duration(v)
-	return nil
-}
-
-// wrongType is the error a scalar type returns for a value it refuses. The decoder collects
-// it and goes on; locate finds the node again by its line and column, for the field path.
-func wrongType(n *yaml.Node, want string) error {
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: column %d: must be %s", n.Line, n.Column, want)}}
-}
-
-// stringValue returns the text of a scalar that YAML reads as a string: plain or quoted, the
-// bytes of !!binary, or, as written, a timestamp or a value with a tag YAML does not resolve
-// ("!x").
-func stringValue(n *yaml.Node) (string, bool) {
-	if n.Kind != yaml.ScalarNode {
-		return "", false
-	}
-	switch n.ShortTag() {
-	case "!!str":
-		_, isBool := yaml11Bool(n)
-		return n.Value, !isBool
-	case "!!binary":
-		b, err := base64.StdEncoding.DecodeString(n.Value)
-		return string(b), err == nil
-	case "!!bool", "!!int", "!!float", "!!null":
-		return "", false
-	}
-	return n.Value, true
-}
-
-func numberValue(n *yaml.Node) (float64, bool) {
-	var v float64
-	t := n.ShortTag()
-	return v, n.Kind == yaml.ScalarNode && (t == "!!int" || t == "!!float") && n.Decode(&v) == nil
-}
-
-// yaml11Bool reads a plain y, yes, on, n, no or off, in any of its YAML 1.1 spellings.
-func yaml11Bool(n *yaml.Node) (value, ok bool) {
-	if n.Kind != yaml.ScalarNode || n.Style != 0 || n.ShortTag() != "!!str" {
-		return false, false
-	}
-	switch n.Value {
-	case "y", "Y", "yes", "Yes", "YES", "on", "On", "ON":
-		return true, true
-	case "n", "N", "no", "No", "NO", "off", "Off", "OFF":
-		return false, true
-	}
-	return false, false
 }

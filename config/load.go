@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"strings"
 	"syscall"
 )
 
@@ -24,22 +25,10 @@ func LoadContent(path string) (*RegistrarConfig, []byte, error) {
 	}
 	cfg, err := Parse(b)
 	if err != nil {
-		return nil, nil, prefixEach(path, err)
+		// Every line of the error starts with the path.
+		return nil, nil, errors.New(path + ": " + strings.ReplaceAll(err.Error(), "\n", "\n"+path+": "))
 	}
 	return cfg, b, nil
-}
-
-// prefixEach puts the file's path in front of each of the joined errors in err.
-func prefixEach(path string, err error) error {
-	joined, ok := err.(interface{ Unwrap() []error })
-	if !ok {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	var errs []error
-	for _, e := range joined.Unwrap() {
-		errs = append(errs, fmt.Errorf("%s: %w", path, e))
-	}
-	return errors.Join(errs...)
 }
 
 // ReadFile reads the drivers file at path, following symlinks. Anything but a regular file
@@ -77,19 +66,11 @@ func ReadFile(path string) ([]byte, error) {
 
 // notRegular is the error for a drivers file that is not a regular file.
 func notRegular(path string, mode fs.FileMode) error {
-	var what string
-	switch mode.Type() {
-	case fs.ModeNamedPipe:
-		what = "a named pipe (FIFO)"
-	case fs.ModeDevice | fs.ModeCharDevice:
-		what = "a character device"
-	case fs.ModeDevice:
-		what = "a block device"
-	case fs.ModeDir:
-		what = "a directory"
-	case fs.ModeSocket:
-		what = "a unix socket"
-	default:
+	what, ok := map[fs.FileMode]string{
+		fs.ModeNamedPipe: "a named pipe (FIFO)", fs.ModeDevice | fs.ModeCharDevice: "a character device",
+		fs.ModeDevice: "a block device", fs.ModeDir: "a directory", fs.ModeSocket: "a unix socket",
+	}[mode.Type()]
+	if !ok {
 		return fmt.Errorf("read config %s: not a regular file (mode %s)", path, mode)
 	}
 	return fmt.Errorf("read config %s: is %s, not a regular file", path, what)

@@ -5,49 +5,42 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
 
-// resolve validates a decoded file and folds the defaults into every driver. It returns the
+// resolve checks a decoded file and fills in what each driver leaves out. It returns the
 // resolved configuration, which is only meaningful when there is no problem, and every problem.
 func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
-	errs := checkConst(field.NewPath("apiVersion"), string(f.APIVersion), APIVersion)
-	errs = append(errs, checkConst(field.NewPath("kind"), string(f.Kind), Kind)...)
-	dir, dirErrs := registrationDir(field.NewPath("registrationDir"), string(f.RegistrationDir))
+	errs := checkConst(field.NewPath("apiVersion"), f.APIVersion, APIVersion)
+	errs = append(errs, checkConst(field.NewPath("kind"), f.Kind, Kind)...)
+	dir, dirErrs := registrationDir(field.NewPath("registrationDir"), f.RegistrationDir)
 	errs = append(errs, dirErrs...)
-
-	builtin := Driver{
-		Backoff: Backoff{
-			InitialInterval:     DefaultInitialInterval,
-			MaxInterval:         DefaultMaxInterval,
-			Multiplier:          DefaultMultiplier,
-			RandomizationFactor: DefaultRandomizationFactor,
-		},
-		RegistrationTimeout: DefaultRegistrationTimeout,
-		WaitForEndpoint:     DefaultWaitForEndpoint,
-	}
-	base, defErrs := f.Defaults.over(field.NewPath("defaults"), builtin)
-	errs = append(errs, defErrs...)
 
 	// A file cut short after its header must not read as "no drivers": that would stop them all.
 	if f.Drivers == nil {
 		errs = append(errs, field.Required(field.NewPath("drivers"), `the list of drivers (write "drivers: []" for none)`))
 	}
 
-	cfg := &RegistrarConfig{RegistrationDir: dir, Drivers: make([]Driver, 0, len(f.Drivers))}
+	cfg := &RegistrarConfig{RegistrationDir: dir, Drivers: f.Drivers}
 	byName := map[string]int{}
 	bySocket := map[string]int{}
-	for i, fd := range f.Drivers {
-		if fd == nil {
-			fd = &driverSpec{}
+	for i := range cfg.Drivers {
+		d, p := &cfg.Drivers[i], field.NewPath("drivers").Index(i)
+		// The socket name as messages show it. A default one built from a missing name is
+		// not checked: "name: required" says it already.
+		shown, checkSocket := formatValue(d.SocketName), d.SocketName != "" || d.Name != ""
+		if d.SocketName == "" {
+			shown = formatValue(DefaultSocketName(d.Name)) + " (default)"
 		}
-		p := field.NewPath("drivers").Index(i)
-		d, derrs := fd.resolve(p, base, dir)
-		errs = append(errs, derrs...)
+		errs = append(errs, d.resolve(p, dir)...)
+		if n := len(d.SocketPath); n > MaxSocketPathLen && checkSocket {
+			errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
+				"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
+				shown, d.SocketPath, n, MaxSocketPathLen)))
+		}
 		if j, dup := byName[d.Name]; dup {
 			e := field.Duplicate(p.Child("name"), d.Name)
 			e.Detail = fmt.Sprintf("duplicate of drivers[%d].name", j)
@@ -55,23 +48,19 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 		} else if d.Name != "" {
 			byName[d.Name] = i
 		}
-		if j, dup := bySocket[d.SocketPath]; dup && fd.checksSocket() {
+		if j, dup := bySocket[d.SocketPath]; dup && checkSocket {
 			errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
-				fd.shownSocket(d), d.SocketPath, j, cfg.Drivers[j].Name)))
-		} else if fd.checksSocket() {
+				shown, d.SocketPath, j, cfg.Drivers[j].Name)))
+		} else if checkSocket {
 			bySocket[d.SocketPath] = i
 		}
-		cfg.Drivers = append(cfg.Drivers, d)
 	}
 	return cfg, errs
 }
 
-// resolve validates one driver and applies its settings over base, the file's defaults.
-func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, field.ErrorList) {
-	d, errs := fd.over(p, base)
-	d.Name, d.Type, d.SocketName = string(fd.Name), string(fd.Type), string(fd.SocketName)
-	d.Endpoint, d.LocalEndpoint = cleanPath(string(fd.Endpoint)), cleanPath(string(fd.LocalEndpoint))
-
+// resolve checks what the driver sets itself, as written, and fills in the rest.
+func (d *Driver) resolve(p *field.Path, dir string) field.ErrorList {
+	var errs field.ErrorList
 	typeOK := slices.Contains(Types, d.Type)
 	switch {
 	case d.Type == "":
@@ -85,28 +74,18 @@ func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, fi
 		errs = append(errs, checkName(p.Child("name"), d.Type, d.Name)...)
 	}
 
-	errs = append(errs, checkEndpoint(p.Child("endpoint"), string(fd.Endpoint), true, true)...)
+	errs = append(errs, checkEndpoint(p.Child("endpoint"), d.Endpoint, true, true)...)
+	errs = append(errs, checkEndpoint(p.Child("localEndpoint"), d.LocalEndpoint, false, false)...)
+	errs = append(errs, d.checkOutsideRegistry(p, dir)...)
 	if d.LocalEndpoint == "" {
 		d.LocalEndpoint = d.Endpoint
-	} else {
-		errs = append(errs, checkEndpoint(p.Child("localEndpoint"), string(fd.LocalEndpoint), false, false)...)
 	}
-	if fd.LocalEndpoint != "" || fd.Endpoint != "" {
-		errs = append(errs, fd.checkOutsideRegistry(p, d.LocalEndpoint, dir)...)
-	}
+	d.Endpoint, d.LocalEndpoint = filepath.Clean(d.Endpoint), filepath.Clean(d.LocalEndpoint)
 
-	if fd.SupportedVersions == nil {
+	if d.SupportedVersions == nil {
 		d.SupportedVersions = DefaultVersions(d.Type)
-	} else {
-		d.SupportedVersions = make([]string, len(fd.SupportedVersions))
-		for i, v := range fd.SupportedVersions {
-			if v != nil {
-				d.SupportedVersions[i] = string(*v)
-			}
-		}
-		if typeOK {
-			errs = append(errs, checkVersions(p.Child("supportedVersions"), d.Type, d.SupportedVersions)...)
-		}
+	} else if typeOK {
+		errs = append(errs, checkVersions(p.Child("supportedVersions"), d.Type, d.SupportedVersions)...)
 	}
 
 	if d.SocketName == "" {
@@ -115,89 +94,7 @@ func (fd driverSpec) resolve(p *field.Path, base Driver, dir string) (Driver, fi
 		errs = append(errs, checkSocketName(p.Child("socketName"), d.SocketName)...)
 	}
 	d.SocketPath = filepath.Join(dir, d.SocketName)
-	if n := len(d.SocketPath); n > MaxSocketPathLen && fd.checksSocket() {
-		errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
-			"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
-			fd.shownSocket(d), d.SocketPath, n, MaxSocketPathLen)))
-	}
-	return d, errs
-}
-
-// checksSocket reports whether the driver's socket path is worth checking: a default socket
-// name built from a missing name is already reported as "name: required".
-func (fd driverSpec) checksSocket() bool {
-	return fd.SocketName != "" || fd.Name != ""
-}
-
-// shownSocket is the socket name as messages show it, marked when it is the default.
-func (fd driverSpec) shownSocket(d Driver) string {
-	if fd.SocketName == "" {
-		return formatValue(d.SocketName) + " (default)"
-	}
-	return formatValue(d.SocketName)
-}
-
-// over applies the settings set in s over base, validating each.
-func (s settings) over(p *field.Path, base Driver) (Driver, field.ErrorList) {
-	d := base
-	errs := s.Backoff.over(p.Child("backoff"), &d.Backoff)
-	if s.RegistrationTimeout != nil {
-		t := time.Duration(*s.RegistrationTimeout)
-		d.RegistrationTimeout = t
-		switch {
-		case t < 0:
-			errs = append(errs, field.Invalid(p.Child("registrationTimeout"), t, "must not be negative (0 disables the timeout)"))
-		case t > 0 && t < time.Second:
-			errs = append(errs, field.Invalid(p.Child("registrationTimeout"), t, "must be 0 (disabled) or at least 1s: kubelet looks for new sockets once a second"))
-		}
-	}
-	if s.WaitForEndpoint != nil {
-		d.WaitForEndpoint = bool(*s.WaitForEndpoint)
-	}
-	return d, errs
-}
-
-// over validates the fields set in spec and applies them over b.
-func (spec backoffSpec) over(p *field.Path, b *Backoff) field.ErrorList {
-	var errs field.ErrorList
-	if spec.InitialInterval != nil {
-		b.InitialInterval = time.Duration(*spec.InitialInterval)
-		errs = append(errs, checkInterval(p.Child("initialInterval"), b.InitialInterval)...)
-	}
-	if spec.MaxInterval != nil {
-		b.MaxInterval = time.Duration(*spec.MaxInterval)
-		errs = append(errs, checkInterval(p.Child("maxInterval"), b.MaxInterval)...)
-	}
-	if spec.Multiplier != nil {
-		b.Multiplier = float64(*spec.Multiplier)
-		if b.Multiplier < 1 {
-			errs = append(errs, field.Invalid(p.Child("multiplier"), b.Multiplier, "must be at least 1"))
-		}
-	}
-	if spec.RandomizationFactor != nil {
-		b.RandomizationFactor = float64(*spec.RandomizationFactor)
-		if b.RandomizationFactor < 0 || b.RandomizationFactor > 1 {
-			errs = append(errs, field.Invalid(p.Child("randomizationFactor"), b.RandomizationFactor, "must be between 0 and 1"))
-		}
-	}
-	if (spec.InitialInterval != nil || spec.MaxInterval != nil) &&
-		b.InitialInterval > 0 && b.MaxInterval > 0 && b.MaxInterval < b.InitialInterval {
-		errs = append(errs, field.Invalid(p.Child("maxInterval"), b.MaxInterval,
-			fmt.Sprintf("must not be less than initialInterval (%s)", b.InitialInterval)))
-	}
 	return errs
-}
-
-// checkInterval refuses a backoff interval that is not positive, or so short that retries
-// would spin a core.
-func checkInterval(p *field.Path, d time.Duration) field.ErrorList {
-	switch {
-	case d <= 0:
-		return field.ErrorList{field.Invalid(p, d, "must be positive")}
-	case d < MinInterval:
-		return field.ErrorList{field.Invalid(p, d, "must be at least "+MinInterval.String())}
-	}
-	return nil
 }
 
 func checkConst(p *field.Path, got, want string) field.ErrorList {
@@ -229,13 +126,6 @@ func registrationDir(p *field.Path, raw string) (string, field.ErrorList) {
 			len(dir), 1+TempSocketNameLen, MaxSocketPathLen))}
 	}
 	return dir, nil
-}
-
-func cleanPath(p string) string {
-	if p == "" {
-		return ""
-	}
-	return filepath.Clean(p)
 }
 
 // checkName applies the rules kubelet and the API server apply to a plugin name of the type.
@@ -337,7 +227,12 @@ func checkEndpoint(p *field.Path, path string, required, kubeletDials bool) fiel
 
 // checkOutsideRegistry refuses an endpoint inside the registration directory: kubelet would
 // take the plugin's own socket for a registration socket and retry it forever.
-func (fd driverSpec) checkOutsideRegistry(p *field.Path, local, dir string) field.ErrorList {
+func (d *Driver) checkOutsideRegistry(p *field.Path, dir string) field.ErrorList {
+	fp, value := p.Child("endpoint"), d.Endpoint
+	if d.LocalEndpoint != "" {
+		fp, value = p.Child("localEndpoint"), d.LocalEndpoint
+	}
+	local := filepath.Clean(value)
 	if !filepath.IsAbs(local) {
 		return nil
 	}
@@ -349,10 +244,6 @@ func (fd driverSpec) checkOutsideRegistry(p *field.Path, local, dir string) fiel
 		if strings.HasPrefix(elem, ".") {
 			return nil // kubelet ignores hidden names
 		}
-	}
-	fp, value := p.Child("endpoint"), string(fd.Endpoint)
-	if fd.LocalEndpoint != "" {
-		fp, value = p.Child("localEndpoint"), string(fd.LocalEndpoint)
 	}
 	return field.ErrorList{field.Invalid(fp, value, fmt.Sprintf("is inside registrationDir %q: kubelet would take the plugin's socket for a registration socket", dir))}
 }
