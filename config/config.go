@@ -105,6 +105,10 @@ type Driver struct {
 	RegistrationTimeout time.Duration
 	// WaitForEndpoint publishes the socket only while LocalEndpoint accepts connections.
 	WaitForEndpoint bool
+	// Required makes the driver's absence from this node (no file at LocalEndpoint) fail
+	// readiness. A driver that is not required may be absent: a fleet's nodes run different
+	// drivers from one drivers file.
+	Required bool
 }
 
 // Backoff is an exponential backoff policy. Retries never stop; a success resets it.
@@ -117,6 +121,14 @@ type Backoff struct {
 
 // Equal reports whether two resolved drivers are the same in every field.
 func (d Driver) Equal(o Driver) bool {
+	return d.Required == o.Required && d.SameRegistration(o)
+}
+
+// SameRegistration reports whether two resolved drivers register the same way: they differ
+// at most in what only readiness reads (Required), which a running loop takes without
+// registering anew.
+func (d Driver) SameRegistration(o Driver) bool {
+	d.Required, o.Required = false, false
 	if !slices.Equal(d.SupportedVersions, o.SupportedVersions) {
 		return false
 	}

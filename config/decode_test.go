@@ -33,13 +33,14 @@ kind: RegistrarConfig
 registrationDir: /run/reg
 drivers:
 - {name: a.csi.k8s.io, type: CSIPlugin, endpoint: /run/a.sock, localEndpoint: /host/a.sock, supportedVersions: ["1.2.0"],
-   socketName: s.sock, registrationTimeout: 4m, waitForEndpoint: true,
+   socketName: s.sock, registrationTimeout: 4m, waitForEndpoint: true, required: false,
    backoff: {initialInterval: 4s, maxInterval: 4m, multiplier: 4, randomizationFactor: 0.4}}
 - {name: b.csi.k8s.io, type: CSIPlugin, endpoint: /run/b.sock}
 defaults:
   backoff: {initialInterval: 3s, maxInterval: 3m, multiplier: 3, randomizationFactor: 0.3}
   registrationTimeout: 3m
   waitForEndpoint: false
+  required: true
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -48,12 +49,12 @@ defaults:
 		Name: "a.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/a.sock", LocalEndpoint: "/host/a.sock",
 		SupportedVersions: []string{"1.2.0"}, SocketName: "s.sock", SocketPath: "/run/reg/s.sock",
 		Backoff:             Backoff{InitialInterval: 4 * time.Second, MaxInterval: 4 * time.Minute, Multiplier: 4, RandomizationFactor: 0.4},
-		RegistrationTimeout: 4 * time.Minute, WaitForEndpoint: true,
+		RegistrationTimeout: 4 * time.Minute, WaitForEndpoint: true, Required: false,
 	}, {
 		Name: "b.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/b.sock", LocalEndpoint: "/run/b.sock",
 		SupportedVersions: []string{"1.0.0"}, SocketName: "b.csi.k8s.io-reg.sock", SocketPath: "/run/reg/b.csi.k8s.io-reg.sock",
 		Backoff:             Backoff{InitialInterval: 3 * time.Second, MaxInterval: 3 * time.Minute, Multiplier: 3, RandomizationFactor: 0.3},
-		RegistrationTimeout: 3 * time.Minute, WaitForEndpoint: false,
+		RegistrationTimeout: 3 * time.Minute, WaitForEndpoint: false, Required: true,
 	}}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("resolved config:\n got: %+v\nwant: %+v", cfg, want)

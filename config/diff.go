@@ -7,13 +7,16 @@ type Plan struct {
 	Added []Driver
 	// Removed are drivers only in the old configuration, as they were configured there.
 	Removed []Driver
-	// Changed are drivers in both whose resolved configuration differs, as configured now.
+	// Changed are drivers in both that register differently now, as configured now.
 	Changed []Driver
+	// Updated are drivers in both that differ only in what needs no new registration
+	// (Required), as configured now.
+	Updated []Driver
 }
 
 // Empty reports whether the plan changes nothing.
 func (p Plan) Empty() bool {
-	return len(p.Added) == 0 && len(p.Removed) == 0 && len(p.Changed) == 0
+	return len(p.Added) == 0 && len(p.Removed) == 0 && len(p.Changed) == 0 && len(p.Updated) == 0
 }
 
 // Diff compares two resolved configurations by driver name. A nil old configuration means
@@ -36,8 +39,10 @@ func Diff(old, new *RegistrarConfig) Plan {
 			switch {
 			case !ok:
 				p.Added = append(p.Added, d)
-			case !prev.Equal(d):
+			case !prev.SameRegistration(d):
 				p.Changed = append(p.Changed, d)
+			case !prev.Equal(d):
+				p.Updated = append(p.Updated, d)
 			}
 		}
 	}

@@ -43,6 +43,7 @@ func TestDiff(t *testing.T) {
 		name                    string
 		old, new                string // "" means a nil configuration
 		added, removed, changed []string
+		updated                 []string
 	}{
 		{name: "identical", old: diffBase, new: diffBase},
 		{
@@ -107,6 +108,19 @@ defaults:
 			changed: []string{"a.csi.k8s.io", "vendor.example/gpu"},
 		},
 		{
+			name:    "required changes no registration",
+			old:     diffBase,
+			new:     replace(diffBase, "endpoint: /run/a/csi.sock", "endpoint: /run/a/csi.sock\n    required: true"),
+			updated: []string{"a.csi.k8s.io"},
+		},
+		{
+			name:    "required in defaults with another change",
+			old:     diffBase,
+			new:     replace(diffBase, "/run/b/csi.sock", "/run/b2/csi.sock") + "defaults: {required: true}\n",
+			changed: []string{"b.csi.k8s.io"},
+			updated: []string{"a.csi.k8s.io", "vendor.example/gpu"},
+		},
+		{
 			name:    "a default timeout changes every driver",
 			old:     diffBase,
 			new:     diffBase + "defaults: {registrationTimeout: 30s}\n",
@@ -132,7 +146,10 @@ defaults:
 			if got := names(p.Changed); !reflect.DeepEqual(got, tt.changed) {
 				t.Errorf("Changed = %q, want %q", got, tt.changed)
 			}
-			if empty := len(tt.added)+len(tt.removed)+len(tt.changed) == 0; p.Empty() != empty {
+			if got := names(p.Updated); !reflect.DeepEqual(got, tt.updated) {
+				t.Errorf("Updated = %q, want %q", got, tt.updated)
+			}
+			if empty := len(tt.added)+len(tt.removed)+len(tt.changed)+len(tt.updated) == 0; p.Empty() != empty {
 				t.Errorf("Empty() = %v, want %v", p.Empty(), empty)
 			}
 		})

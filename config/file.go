@@ -35,7 +35,7 @@ var builtin = Driver{
 // errors are reported.
 var (
 	topFields      = []string{"apiVersion", "kind", "registrationDir", "defaults", "drivers"}
-	settingsFields = []string{"backoff", "registrationTimeout", "waitForEndpoint"}
+	settingsFields = []string{"backoff", "registrationTimeout", "waitForEndpoint", "required"}
 	backoffFields  = []string{"initialInterval", "maxInterval", "multiplier", "randomizationFactor"}
 	driverFields   = append([]string{"name", "type", "endpoint", "localEndpoint", "supportedVersions", "socketName"}, settingsFields...)
 )
@@ -109,6 +109,10 @@ func (d *decoder) setting(dr *Driver, k string, v *yaml.Node, p *field.Path) {
 	case "waitForEndpoint":
 		if w, ok := d.boolean(v, p); ok {
 			dr.WaitForEndpoint = w
+		}
+	case "required":
+		if r, ok := d.boolean(v, p); ok {
+			dr.Required = r
 		}
 	}
 }

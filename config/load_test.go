@@ -29,6 +29,7 @@ func TestParseInvalid(t *testing.T) {
 		{"wrong-type-number", []string{`defaults.backoff.multiplier: "2": must be a number`}},
 		{"wrong-type-list", []string{`drivers[0].supportedVersions: "1.0.0": must be a list`}},
 		{"wrong-type-bool", []string{`defaults.waitForEndpoint: "false": must be true or false`}},
+		{"required-not-bool", []string{`drivers[0].required: "always": must be true or false`}},
 		{"wrong-type-string", []string{`drivers[0].name: ["nfs.csi.k8s.io"]: must be a string`}},
 		{"drivers-not-list", []string{`drivers: {"name":"nfs.csi.k8s.io"}: must be a list`}},
 		{"bad-duration", []string{`defaults.backoff.initialInterval: 5: must be a duration such as "500ms" or "2m"`}},

@@ -59,6 +59,7 @@ func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *
 		Phase:       WaitingForEndpoint,
 		Socket:      spec.SocketPath,
 		Endpoint:    spec.Endpoint,
+		Required:    spec.Required,
 		Since:       time.Now(),
 		Results:     map[string]int{},
 		Recreations: map[string]int{},

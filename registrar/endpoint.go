@@ -19,7 +19,8 @@ const (
 // not there), else when waitEndpoint says so.
 func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
 	if !d.spec.WaitForEndpoint {
-		id, _, _ := statID(d.spec.LocalEndpoint)
+		id, _, err := statID(d.spec.LocalEndpoint)
+		d.setPresence(err)
 		return id, nil
 	}
 	return d.waitEndpoint(ctx, b, ep, serving)
@@ -38,6 +39,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	for {
 		ep.take() // what happened before this look is seen by it
 		id, _, statErr := statID(d.spec.LocalEndpoint)
+		d.setPresence(statErr)
 		err := d.probe(ctx, d.spec)
 		if ctx.Err() != nil {
 			return fileID{}, ctx.Err()
@@ -76,7 +78,13 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		}
 		// Woken when the socket is created, or may have been: a watch was renewed, or moved
 		// closer to it as a directory on the way appeared.
-		woken, ok := sleepUntil(ctx, wait, ep, func(ev change) bool { return ev&(evCreated|evLost) != 0 })
+		woken, ok := sleepUntil(ctx, wait, ep, func(ev change) bool {
+			if ev&evChanged != 0 { // removed, perhaps: the driver left the node
+				_, _, err := statID(d.spec.LocalEndpoint)
+				d.setPresence(err)
+			}
+			return ev&(evCreated|evLost) != 0
+		})
 		if !ok {
 			return fileID{}, ctx.Err()
 		}
@@ -93,6 +101,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 // whether the endpoint is there.
 func (d *driver) endpointRestarted(ev change, probed *fileID) bool {
 	id, _, err := statID(d.spec.LocalEndpoint)
+	d.setPresence(err)
 	if err != nil {
 		if d.setEndpointUp(false) {
 			d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.spec.LocalEndpoint)

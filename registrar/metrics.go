@@ -11,7 +11,7 @@ import (
 type Collector struct {
 	s *Supervisor
 
-	registered, phase, endpointUp, attempts, recreations *prometheus.Desc
+	registered, phase, endpointUp, absent, required, attempts, recreations *prometheus.Desc
 }
 
 // NewCollector returns the collector of s's drivers; register it on a registry.
@@ -27,6 +27,12 @@ func NewCollector(s *Supervisor) *Collector {
 		endpointUp: prometheus.NewDesc("multireg_endpoint_up",
 			"1 when the driver's endpoint accepted a connection at the last look, else 0.",
 			[]string{"driver"}, nil),
+		absent: prometheus.NewDesc("multireg_driver_absent",
+			"1 when no file was at the driver's endpoint at the last look: the driver does not run on this node. An absent driver that is not required does not fail readiness.",
+			[]string{"driver"}, nil),
+		required: prometheus.NewDesc("multireg_driver_required",
+			"1 when the driver is required on every node: its absence fails readiness.",
+			[]string{"driver"}, nil),
 		attempts: prometheus.NewDesc("multireg_registration_attempts_total",
 			"Registration attempts that ended, by result: registered, rejected (by kubelet), timeout (no verdict), publish_failed (socket not created).",
 			[]string{"driver", "result"}, nil),
@@ -38,7 +44,7 @@ func NewCollector(s *Supervisor) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.attempts, c.recreations} {
+	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.attempts, c.recreations} {
 		ch <- d
 	}
 }
@@ -56,6 +62,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.phase, prometheus.GaugeValue, boolValue(d.Phase == p), d.Name, string(p))
 		}
 		ch <- prometheus.MustNewConstMetric(c.endpointUp, prometheus.GaugeValue, boolValue(d.EndpointUp), d.Name)
+		ch <- prometheus.MustNewConstMetric(c.absent, prometheus.GaugeValue, boolValue(d.Absent), d.Name)
+		ch <- prometheus.MustNewConstMetric(c.required, prometheus.GaugeValue, boolValue(d.Required), d.Name)
 		for _, r := range results {
 			ch <- prometheus.MustNewConstMetric(c.attempts, prometheus.CounterValue, float64(d.Results[r]), d.Name, r)
 		}

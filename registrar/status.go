@@ -1,6 +1,8 @@
 package registrar
 
 import (
+	"errors"
+	"io/fs"
 	"maps"
 	"time"
 )
@@ -32,6 +34,10 @@ type DriverStatus struct {
 	Endpoint string
 	// EndpointUp reports whether the endpoint accepted a connection at the last look.
 	EndpointUp bool
+	// Absent reports that no file was at the endpoint's path at the last look: the driver
+	// does not run on this node (or not yet). Required makes that absence fail readiness.
+	Absent   bool
+	Required bool
 	// Attempts counts registration attempts: sockets published, and sockets that could not
 	// be. Failures counts the attempts kubelet rejected or never answered, and those whose
 	// socket could not be published.
@@ -51,6 +57,12 @@ type DriverStatus struct {
 	Since time.Time
 	// NextAttempt is when a backing-off loop starts again; zero otherwise.
 	NextAttempt time.Time
+}
+
+// Ready reports whether the driver counts as ready on this node: registered with kubelet,
+// or absent from the node without being required.
+func (st DriverStatus) Ready() bool {
+	return st.Phase == Registered || st.Absent && !st.Required
 }
 
 // Attempt results, as counted in DriverStatus.Results and metrics.
@@ -124,6 +136,20 @@ func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
 	if changed {
 		d.log.Info("phase changed", "phase", p) // the reason is logged where it arises
 	}
+}
+
+// setPresence records whether the endpoint's file is there, from the error of a look at it.
+func (d *driver) setPresence(statErr error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
+}
+
+// setRequired takes a new value of Required: it needs no new registration.
+func (d *driver) setRequired(required bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Required = required
 }
 
 // setEndpointUp records the endpoint's state and reports whether it changed.

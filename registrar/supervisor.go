@@ -93,6 +93,18 @@ func (s *Supervisor) Start(d config.Driver) {
 	}
 }
 
+// Update gives the running loop of d's name what changed in d without needing a new
+// registration (Required: config.Driver.SameRegistration holds). Nothing is published and
+// kubelet is not touched. It is a no-op for unknown names.
+func (s *Supervisor) Update(d config.Driver) {
+	s.mu.Lock()
+	h, ok := s.running[d.Name]
+	s.mu.Unlock()
+	if ok {
+		h.d.setRequired(d.Required)
+	}
+}
+
 // Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and
 // blocks until the loop has exited. It is a no-op for unknown names.
 func (s *Supervisor) Stop(name string) {

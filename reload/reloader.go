@@ -21,6 +21,8 @@ type applier interface {
 	Start(config.Driver)
 	// Stop stops the named driver and removes its socket.
 	Stop(name string)
+	// Update gives a running driver what changed without needing a new registration.
+	Update(config.Driver)
 }
 
 // Defaults for Options.
@@ -239,7 +241,7 @@ func (r *Reloader) reload() {
 		return
 	}
 	r.log.Info("config reloaded", "config", r.opts.Path,
-		"added", names(plan.Added), "removed", names(plan.Removed), "changed", names(plan.Changed))
+		"added", names(plan.Added), "removed", names(plan.Removed), "changed", names(plan.Changed), "updated", names(plan.Updated))
 }
 
 // apply stops every removed and changed driver before it starts the added and changed ones,
@@ -256,6 +258,9 @@ func (r *Reloader) apply(p config.Plan) {
 	}
 	for _, d := range p.Changed {
 		r.opts.Apply.Start(d)
+	}
+	for _, d := range p.Updated {
+		r.opts.Apply.Update(d)
 	}
 }
 

@@ -25,6 +25,9 @@ type recorder struct {
 
 func (r *recorder) Start(d config.Driver) { r.add("start " + d.Name + " " + d.Endpoint) }
 func (r *recorder) Stop(name string)      { r.add("stop " + name) }
+func (r *recorder) Update(d config.Driver) {
+	r.add(fmt.Sprintf("update %s required=%v", d.Name, d.Required))
+}
 
 func (r *recorder) add(c string) {
 	r.mu.Lock()
@@ -107,6 +110,29 @@ func TestInitialConfigStarts(t *testing.T) {
 		}
 		if st := s.r.State(); st.Generation != 1 || !st.LastReloadSuccessful || st.Path != s.path {
 			t.Errorf("state %+v", st)
+		}
+	})
+}
+
+// TestRequiredChangeIsAnUpdate: a driver whose only change is required is updated in place,
+// neither stopped nor started: its registration is not touched.
+func TestRequiredChangeIsAnUpdate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := start(t, drivers("/run/a.sock", "/run/b.sock"), Options{NoWatch: true})
+		defer s.stop()
+		synctest.Wait()
+		s.rec.take()
+
+		write(t, s.path, drivers("/run/a.sock", "/run/b.sock")+"defaults: {required: true}\n")
+		s.r.Kick()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		want := []string{"update d0.csi.example.com required=true", "update d1.csi.example.com required=true"}
+		if got := s.rec.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("calls %q, want %q", got, want)
+		}
+		if st := s.r.State(); st.Generation != 2 {
+			t.Errorf("generation %d, want 2", st.Generation)
 		}
 	})
 }

@@ -86,18 +86,28 @@ func newHandler(st *daemonState, reg *prometheus.Registry) http.Handler {
 	return mux
 }
 
-// ready answers 200 when every driver (or the one named) is Registered, else 503 with a line
-// for each driver that is not: its phase and last error.
+// ready answers 200 when every driver (or the one named) is ready — Registered, or absent
+// from this node without being required — else 503 with a line for each driver that is not:
+// its phase and last error. Absent drivers are named on a line of their own.
 func ready(w http.ResponseWriter, drivers []registrar.DriverStatus, only string) {
-	var notReady []string
+	var notReady, absent []string
 	found := only == ""
+	registered := 0
 	for _, d := range drivers {
 		if only != "" && d.Name != only {
 			continue
 		}
 		found = true
-		if d.Phase != registrar.Registered {
+		switch {
+		case d.Phase == registrar.Registered:
+			registered++
+		case d.Ready():
+			absent = append(absent, d.Name)
+		default:
 			line := fmt.Sprintf("%s: %s", d.Name, d.Phase)
+			if d.Absent {
+				line += ": required, and absent from this node"
+			}
 			if d.LastError != "" {
 				line += ": " + d.LastError
 			}
@@ -105,14 +115,23 @@ func ready(w http.ResponseWriter, drivers []registrar.DriverStatus, only string)
 		}
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	switch {
-	case !found:
+	if !found {
 		http.Error(w, fmt.Sprintf("no driver %q in the configuration", only), http.StatusNotFound)
-	case len(notReady) > 0:
+		return
+	}
+	n := count(drivers, only)
+	if len(notReady) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintf(w, "not ready: %d of %d drivers not registered\n%s\n", len(notReady), count(drivers, only), strings.Join(notReady, "\n"))
-	default:
-		fmt.Fprintf(w, "ok: %d of %d drivers registered\n", count(drivers, only), count(drivers, only))
+		fmt.Fprintf(w, "not ready: %d of %d drivers not registered\n%s\n", len(notReady), n, strings.Join(notReady, "\n"))
+	} else {
+		fmt.Fprintf(w, "ok: %d of %d drivers registered", registered, n)
+		if len(absent) > 0 {
+			fmt.Fprintf(w, ", %d absent from this node", len(absent))
+		}
+		fmt.Fprintln(w)
+	}
+	if len(absent) > 0 {
+		fmt.Fprintf(w, "absent (not required): %s\n", strings.Join(absent, ", "))
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,48 @@ func get(t *testing.T, h http.Handler, path string) (int, string) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return rec.Code, rec.Body.String()
+}
+
+// TestReadyzAbsent: a driver absent from this node is named and not counted, unless it is
+// required; a present driver that is not registered still fails readiness.
+func TestReadyzAbsent(t *testing.T) {
+	absent := registrar.DriverStatus{Name: "example.com/fpga", Type: "DevicePlugin", Phase: registrar.WaitingForEndpoint, Absent: true,
+		LastError: "endpoint /p/fpga.sock does not accept connections: no such file or directory", Since: t0}
+	required := absent
+	required.Name, required.Required = "example.com/nic", true
+	for _, tt := range []struct {
+		name     string
+		drivers  []registrar.DriverStatus
+		path     string
+		wantCode int
+		want     []string
+	}{
+		{"absent", []registrar.DriverStatus{knownStates[0], absent}, "/readyz", 200,
+			[]string{"ok: 1 of 2 drivers registered, 1 absent from this node", "absent (not required): example.com/fpga"}},
+		{"one absent driver", []registrar.DriverStatus{knownStates[0], absent}, "/readyz/example.com/fpga", 200,
+			[]string{"ok: 0 of 1 drivers registered, 1 absent from this node"}},
+		{"absent and required", []registrar.DriverStatus{knownStates[0], absent, required}, "/readyz", 503,
+			[]string{"not ready: 1 of 3 drivers not registered",
+				"example.com/nic: WaitingForEndpoint: required, and absent from this node: endpoint /p/fpga.sock",
+				"absent (not required): example.com/fpga"}},
+		{"absent beside a present one not registered", append(slices.Clone(knownStates), absent), "/readyz", 503,
+			[]string{"not ready: 2 of 4 drivers not registered", "b.csi.example.com: BackingOff", "example.com/gpu: WaitingForEndpoint",
+				"absent (not required): example.com/fpga"}},
+	} {
+		code, body := get(t, newHandler(testState(tt.drivers, 2), prometheus.NewRegistry()), tt.path)
+		if code != tt.wantCode {
+			t.Errorf("%s: GET %s: %d, want %d\n%s", tt.name, tt.path, code, tt.wantCode, body)
+		}
+		rest := body
+		for _, w := range tt.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("%s: GET %s: %q missing or out of order in:\n%s", tt.name, tt.path, w, body)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
 }
 
 func TestHandlers(t *testing.T) {
@@ -129,7 +172,7 @@ func TestStatusDocument(t *testing.T) {
 	}
 	want := map[string]any{
 		"name": "b.csi.example.com", "type": "CSIPlugin", "phase": "BackingOff", "socket": "/reg/b-reg.sock",
-		"endpoint": "/p/b.sock", "endpointUp": true, "attempts": 2.0, "failures": 2.0,
+		"endpoint": "/p/b.sock", "endpointUp": true, "absent": false, "required": false, "attempts": 2.0, "failures": 2.0,
 		"lastError":   knownStates[1].LastError,
 		"since":       "2026-11-21T10:00:00Z",
 		"nextAttempt": "2026-11-21T10:00:04Z",
@@ -158,6 +201,28 @@ DRIVER             TYPE          PHASE               SINCE  ATTEMPTS  FAILURES  
 a.csi.example.com  CSIPlugin     Registered          1s     1         0         -           -
 b.csi.example.com  CSIPlugin     BackingOff          1s     2         2         in 3s       kubelet rejected the registration: RegisterPlugin error -- plugin registration failed with err: NodeGetInfo failed
 example.com/gpu    DevicePlugin  WaitingForEndpoint  1s     0         0         in 0s       endpoint /p/gpu.sock does not accept connections: no such file or directory
+`
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+// TestStatusTableAbsent: a driver absent from this node reads Absent, without the probe's
+// error; a required one says it fails readiness.
+func TestStatusTableAbsent(t *testing.T) {
+	absent := registrar.DriverStatus{Name: "example.com/fpga", Type: "DevicePlugin", Phase: registrar.WaitingForEndpoint, Absent: true,
+		LastError: "endpoint /p/fpga.sock does not accept connections: no such file or directory", Since: t0}
+	required := absent
+	required.Name, required.Required = "example.com/nic", true
+	var out bytes.Buffer
+	printStatus(&out, newStatusDoc(testState(nil, 2).config(), []registrar.DriverStatus{knownStates[0], absent, required}), t0.Add(time.Second))
+	want := `config /etc/multireg/config.yaml (generation 3): applied
+1 of 3 drivers registered, 2 absent from this node
+
+DRIVER             TYPE          PHASE       SINCE  ATTEMPTS  FAILURES  NEXT RETRY  LAST ERROR
+a.csi.example.com  CSIPlugin     Registered  1s     1         0         -           -
+example.com/fpga   DevicePlugin  Absent      1s     0         0         -           -
+example.com/nic    DevicePlugin  Absent      1s     0         0         -           required on every node: not ready
 `
 	if out.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
@@ -202,10 +267,19 @@ kind: RegistrarConfig
 registrationDir: ` + reg + `
 defaults: {waitForEndpoint: false, backoff: {initialInterval: 300ms, maxInterval: 300ms}}
 drivers:
-  - {name: good.example.com, type: DRAPlugin, endpoint: /run/good.sock}
-  - {name: example.com/bad, type: DevicePlugin, endpoint: /run/bad.sock}
+  - {name: good.example.com, type: DRAPlugin, endpoint: ` + filepath.Join(dir, "good.sock") + `}
+  - {name: example.com/bad, type: DevicePlugin, endpoint: ` + filepath.Join(dir, "bad.sock") + `}
 `
 	cfg := writeConfig(t, dir, cfgText)
+	// Both drivers run on this node: their endpoints are there (a driver whose endpoint is
+	// not is absent, and not counted by /readyz).
+	for _, ep := range []string{"good.sock", "bad.sock"} {
+		l, err := net.Listen("unix", filepath.Join(dir, ep))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logs testkit.Buffer
@@ -273,7 +347,9 @@ drivers:
 		{"multireg_registration_attempts_total", map[string]string{"driver": "example.com/bad", "result": "rejected"}, 1},
 		{"multireg_registration_attempts_total", map[string]string{"driver": "good.example.com", "result": "registered"}, 1},
 		{"multireg_socket_recreations_total", map[string]string{"driver": "example.com/bad", "reason": "rejected"}, 1},
-		{"multireg_endpoint_up", map[string]string{"driver": "good.example.com"}, 0},
+		{"multireg_endpoint_up", map[string]string{"driver": "good.example.com"}, 1},
+		{"multireg_driver_absent", map[string]string{"driver": "good.example.com"}, 0},
+		{"multireg_driver_required", map[string]string{"driver": "good.example.com"}, 0},
 		{"multireg_config_last_reload_successful", nil, 1},
 		{"multireg_build_info", map[string]string{"version": version, "commit": commit}, 1},
 	}
@@ -333,7 +409,7 @@ drivers:
 	}
 
 	// A removed driver's series disappear.
-	writeConfig(t, dir, strings.Replace(cfgText, "  - {name: example.com/bad, type: DevicePlugin, endpoint: /run/bad.sock}\n", "", 1))
+	writeConfig(t, dir, strings.Replace(cfgText, "  - {name: example.com/bad, type: DevicePlugin, endpoint: "+filepath.Join(dir, "bad.sock")+"}\n", "", 1))
 	testkit.Eventually(t, 10*time.Second, "the removed driver's series gone", func() bool {
 		_, ok := value(scrape(t, "http://"+addr+"/metrics"), "multireg_driver_registered", map[string]string{"driver": "example.com/bad", "type": "DevicePlugin"})
 		return !ok

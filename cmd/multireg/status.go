@@ -38,6 +38,8 @@ type driverStatus struct {
 	Socket      string     `json:"socket"`
 	Endpoint    string     `json:"endpoint"`
 	EndpointUp  bool       `json:"endpointUp"`
+	Absent      bool       `json:"absent"`
+	Required    bool       `json:"required"`
 	Attempts    int        `json:"attempts"`
 	Failures    int        `json:"failures"`
 	LastError   string     `json:"lastError"`
@@ -65,6 +67,8 @@ func newStatusDoc(cfg reload.State, drivers []registrar.DriverStatus) statusDoc 
 			Socket:      d.Socket,
 			Endpoint:    d.Endpoint,
 			EndpointUp:  d.EndpointUp,
+			Absent:      d.Absent,
+			Required:    d.Required,
 			Attempts:    d.Attempts,
 			Failures:    d.Failures,
 			LastError:   d.LastError,
@@ -148,13 +152,20 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 		state = "NOT APPLIED: " + c.LastReloadError
 	}
 	fmt.Fprintf(w, "config %s (generation %d): %s\n", c.Path, c.Generation, strings.ReplaceAll(state, "\n", "; "))
-	registered := 0
+	registered, absent := 0, 0
 	for _, d := range doc.Drivers {
-		if d.Phase == string(registrar.Registered) {
+		switch {
+		case d.Phase == string(registrar.Registered):
 			registered++
+		case d.Absent:
+			absent++
 		}
 	}
-	fmt.Fprintf(w, "%d of %d drivers registered\n\n", registered, len(doc.Drivers))
+	fmt.Fprintf(w, "%d of %d drivers registered", registered, len(doc.Drivers))
+	if absent > 0 {
+		fmt.Fprintf(w, ", %d absent from this node", absent)
+	}
+	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DRIVER\tTYPE\tPHASE\tSINCE\tATTEMPTS\tFAILURES\tNEXT RETRY\tLAST ERROR")
 	for _, d := range doc.Drivers {
@@ -172,7 +183,15 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 		if lastErr == "" {
 			lastErr = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Type, d.Phase, since, d.Attempts, d.Failures, next, lastErr)
+		phase := d.Phase
+		if d.Absent && d.Phase != string(registrar.Registered) {
+			// Not on this node: the probe's error would only say so again.
+			phase, lastErr = "Absent", "-"
+			if d.Required {
+				lastErr = "required on every node: not ready"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Type, phase, since, d.Attempts, d.Failures, next, lastErr)
 	}
 	tw.Flush()
 }
