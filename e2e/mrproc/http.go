@@ -32,6 +32,8 @@ type DriverStatus struct {
 	Socket     string `json:"socket"`
 	Endpoint   string `json:"endpoint"`
 	EndpointUp bool   `json:"endpointUp"`
+	Absent     bool   `json:"absent"`
+	Required   bool   `json:"required"`
 	Attempts   int    `json:"attempts"`
 	Failures   int    `json:"failures"`
 	LastError  string `json:"lastError"`
