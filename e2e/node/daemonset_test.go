@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +29,9 @@ const (
 	csiD = "delta.csi.multireg.test"
 	csiE = "epsilon.csi.multireg.test" // its endpoint is edited in the ConfigMap
 	csiZ = "zeta.csi.multireg.test"
+	// absentDRA is configured, but never runs on this node: a fleet's drivers file lists the
+	// drivers of every node pool. The pod must be Ready anyway.
+	absentDRA = "gpu.absent.multireg.test"
 )
 
 // 5. The shipped examples/ (DaemonSet + kustomization, copied verbatim) through a kustomize
@@ -88,6 +92,9 @@ func scenarioDaemonSet(t *testing.T) {
 			if !strings.Contains(out, n) {
 				t.Errorf("multireg status inside the pod does not list %s", n)
 			}
+		}
+		if !strings.Contains(out, "3 of 4 drivers registered, 1 absent from this node") || !regexp.MustCompile(regexp.QuoteMeta(absentDRA)+`\s+DRAPlugin\s+Absent`).MatchString(out) {
+			t.Errorf("multireg status inside the pod does not show %s absent", absentDRA)
 		}
 	}
 
@@ -234,7 +241,11 @@ drivers:
   - name: %s
     type: CSIPlugin
     endpoint: %s
-`, cl.PluginsRegistry, csiD, endpointPath("delta", "csi.sock"), csiE, epsilonEndpoint, csiZ, endpointPath("zeta", "csi.sock"))
+  - name: %s
+    type: DRAPlugin
+    endpoint: %s
+`, cl.PluginsRegistry, csiD, endpointPath("delta", "csi.sock"), csiE, epsilonEndpoint, csiZ, endpointPath("zeta", "csi.sock"),
+		absentDRA, endpointPath("absent-gpu", "dra.sock"))
 	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: kube-system
