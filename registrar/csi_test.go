@@ -82,6 +82,30 @@ func TestCSIRestartOtherNodeIDReregisters(t *testing.T) {
 	}
 }
 
+// TestCSIRestartNodeGetInfoFailsReregisters: a registered CSI driver restarts without its
+// Node service: multireg cannot tell that kubelet's view holds, so it registers the driver
+// again.
+func TestCSIRestartNodeGetInfoFailsReregisters(t *testing.T) {
+	var log testkit.Buffer
+	s, d, e := registeredCSINode(t, &log, "node-a")
+	first := mustID(t, d.SocketPath)
+
+	e.stop()
+	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	startEndpoint(t, d.LocalEndpoint, d.Name) // Identity only: NodeGetInfo is unimplemented
+	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
+		st := statusOf(s, d.Name)
+		id, _, err := statID(d.SocketPath)
+		return err == nil && id != first && st.Phase == Registered && st.Results[ResultRegistered] == 2
+	})
+	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 {
+		t.Errorf("recreations %v, want 1 for endpoint_restarted", st.Recreations)
+	}
+	if !strings.Contains(log.String(), "CSI NodeGetInfo on "+d.LocalEndpoint) {
+		t.Errorf("the failed NodeGetInfo is not logged:\n%s", log.String())
+	}
+}
+
 // TestSameNodeInfo: what kubelet records of NodeGetInfo decides; anything else does not.
 func TestSameNodeInfo(t *testing.T) {
 	base := func() *csi.NodeGetInfoResponse {

@@ -2,9 +2,11 @@ package faults
 
 import (
 	"testing"
+	"time"
 
 	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
+	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/plugins"
 	"multireg.dev/multireg/e2e/testenv"
@@ -55,6 +57,7 @@ func TestCSIEndpointRestart(t *testing.T) {
 					return c.Registrations == regs.Registrations+1 && c.Deregistrations == regs.Deregistrations+1 && e.K.Registered(victim.Name)
 				})
 				waitCount(t, p, restartReregistered, victim.Name, 1)
+				logGap(t, e.K.EventsFor(victim.Name))
 			} else {
 				waitDriver(t, p, victim.Name, "/status to show the endpoint up", func(d mrproc.DriverStatus) bool { return d.EndpointUp })
 				wait.Never(t, quietPeriod, "kubelet heard of the restart, or the socket changed", func() bool {
@@ -77,5 +80,19 @@ func TestCSIEndpointRestart(t *testing.T) {
 			t.Logf("kubelet's calls for %s: before the restart %+v, after %+v", victim.Name, regs, c)
 			e.assertUnmoved(before, others)
 		})
+	}
+}
+
+// logGap logs how long kubelet held no registration of a driver: from its last deregistration
+// to the registration after it.
+func logGap(t *testing.T, events []kubelet.Event) {
+	var gone time.Time
+	for _, ev := range events {
+		switch {
+		case ev.Kind == kubelet.EventDeRegister:
+			gone = ev.Time
+		case ev.Kind == kubelet.EventRegister && !gone.IsZero():
+			t.Logf("kubelet held no registration for %s", ev.Time.Sub(gone).Round(time.Millisecond))
+		}
 	}
 }
