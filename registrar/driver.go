@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
@@ -100,11 +101,21 @@ func (d *driver) run(ctx context.Context) {
 
 	var cur *generation // the socket this loop has published and serves
 	defer func() { d.shutdown(context.Cause(ctx), cur) }()
+	// What the CSI driver answered NodeGetInfo when cur was published (csi.go); nil when
+	// not asked or not answered.
+	var node *csi.NodeGetInfoResponse
+	// restarted: the endpoint of a driver whose cur is registered, with node known, was
+	// created anew; once it answers, NodeGetInfo decides whether cur stays.
+	restarted := false
 
 	for {
 		epID, err := d.readyEndpoint(ctx, probeB, ep, cur != nil)
 		if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch {
 			// The driver restarted under another name: kubelet must not keep it.
+			if restarted {
+				d.reregister()
+				restarted = false
+			}
 			d.log.Warn("driver reports another name; its registration is withdrawn", "err", err)
 			d.retire(cur)
 			cur = nil
@@ -114,21 +125,30 @@ func (d *driver) run(ctx context.Context) {
 			return // ctx ended
 		}
 
-		g, err := d.publish()
-		if err != nil {
-			d.record(endPublishFailed)
-			if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), sock) {
-				return
+		kept := restarted && d.keepsRegistration(ctx, node)
+		restarted = false
+		if kept {
+			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
+		} else {
+			node = d.recordNodeInfo(ctx)
+			g, err := d.publish()
+			if err != nil {
+				d.record(endPublishFailed)
+				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), sock) {
+					return
+				}
+				continue
 			}
-			continue
+			if cur != nil {
+				cur.stop() // its file was just replaced by g's
+			}
+			cur = g
 		}
-		if cur != nil {
-			cur.stop() // its file was just replaced by g's
-		}
-		cur = g
 
-		end, err := d.await(ctx, p, cur, epID, sock, ep)
-		d.record(end)
+		end, err := d.await(ctx, p, cur, kept, epID, sock, ep)
+		if end != endEndpointRestarted {
+			d.record(end)
+		}
 		switch end {
 		case endStopped:
 			return
@@ -144,9 +164,11 @@ func (d *driver) run(ctx context.Context) {
 			cur = nil
 			d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
 		case endEndpointRestarted:
-			// Keep serving the old socket while the driver comes up again; the new socket
-			// is renamed over it.
-			d.log.Info("driver endpoint restarted; registering again", "endpoint", d.spec.LocalEndpoint)
+			// Keep serving the old socket while the driver comes up again; a new socket, if
+			// the driver needs one, is renamed over it.
+			if restarted = node != nil && d.status().Phase == Registered; !restarted {
+				d.reregister()
+			}
 		}
 	}
 }
@@ -154,10 +176,10 @@ func (d *driver) run(ctx context.Context) {
 // await serves generation g until something ends it, and says why: kubelet rejected it or no
 // verdict came within the timeout in force (both with an error that says so), the socket was
 // removed or replaced, or the endpoint, probed as epID, restarted. It returns endStopped when
-// ctx ends.
-func (d *driver) await(ctx context.Context, p *pacing, g *generation, epID fileID, sock, ep *subscription) (ending, error) {
+// ctx ends. A generation kubelet has already registered (registered) has no timeout.
+func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered bool, epID fileID, sock, ep *subscription) (ending, error) {
 	var timeout <-chan time.Time
-	if p.timeout > 0 {
+	if p.timeout > 0 && !registered {
 		t := time.NewTimer(p.timeout)
 		defer t.Stop()
 		timeout = t.C

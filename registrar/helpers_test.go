@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -239,9 +240,48 @@ func (i identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*cs
 	return &csi.GetPluginInfoResponse{Name: i.name, VendorVersion: "test"}, nil
 }
 
+// node is a CSI driver's Node service: NodeGetInfo answers the node ID, with fixed max volumes
+// and topology, and counts its calls.
+type node struct {
+	csi.UnimplementedNodeServer
+	id    string
+	calls *atomic.Int32
+}
+
+func (n node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	n.calls.Add(1)
+	return &csi.NodeGetInfoResponse{
+		NodeId:             n.id,
+		MaxVolumesPerNode:  16,
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{"topology.example.com/zone": "a"}},
+	}, nil
+}
+
 // startEndpoint serves a driver endpoint at path (creating its directory) until stopped or
 // the test ends. A non-empty csiName serves the CSI Identity service under that name.
 func startEndpoint(t *testing.T, path, csiName string) *endpoint {
+	t.Helper()
+	return serveEndpoint(t, path, func(srv *grpc.Server) {
+		if csiName != "" {
+			csi.RegisterIdentityServer(srv, identity{name: csiName})
+		}
+	})
+}
+
+// startCSINode serves a CSI driver's endpoint at path as startEndpoint does, with the Node
+// service too, whose NodeGetInfo answers nodeID; calls counts its NodeGetInfo calls.
+func startCSINode(t *testing.T, path, name, nodeID string) (e *endpoint, calls *atomic.Int32) {
+	t.Helper()
+	calls = new(atomic.Int32)
+	e = serveEndpoint(t, path, func(srv *grpc.Server) {
+		csi.RegisterIdentityServer(srv, identity{name: name})
+		csi.RegisterNodeServer(srv, node{id: nodeID, calls: calls})
+	})
+	return e, calls
+}
+
+// serveEndpoint serves, at path, the services that register registers.
+func serveEndpoint(t *testing.T, path string, register func(*grpc.Server)) *endpoint {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -251,9 +291,7 @@ func startEndpoint(t *testing.T, path, csiName string) *endpoint {
 		t.Fatal(err)
 	}
 	e := &endpoint{path: path, srv: grpc.NewServer(), done: make(chan struct{})}
-	if csiName != "" {
-		csi.RegisterIdentityServer(e.srv, identity{name: csiName})
-	}
+	register(e.srv)
 	go func() {
 		defer close(e.done)
 		e.srv.Serve(l)

@@ -32,11 +32,7 @@ func (e *nameMismatchError) Error() string {
 func probeEndpoint(ctx context.Context, d config.Driver) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	dial := func(ctx context.Context, _ string) (net.Conn, error) {
-		var dialer net.Dialer
-		return dialer.DialContext(ctx, "unix", d.LocalEndpoint)
-	}
-	c, err := dial(ctx, "")
+	c, err := dialUnix(ctx, d.LocalEndpoint)
 	if err != nil {
 		return fmt.Errorf("endpoint %s does not accept connections: %w", d.LocalEndpoint, sysErr(err))
 	}
@@ -44,11 +40,7 @@ func probeEndpoint(ctx context.Context, d config.Driver) error {
 	if d.Type != config.CSIPlugin {
 		return nil
 	}
-	// The path never becomes part of a gRPC target: a target is parsed as a URL, and a path
-	// holding '#', '?' or '%' would be cut or decoded. The dialer dials the path itself.
-	conn, err := grpc.NewClient("passthrough:///localhost",
-		grpc.WithContextDialer(dial),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpcClient(d.LocalEndpoint)
 	if err != nil {
 		return fmt.Errorf("endpoint %s: %w", d.LocalEndpoint, err)
 	}
@@ -61,6 +53,21 @@ func probeEndpoint(ctx context.Context, d config.Driver) error {
 		return &nameMismatchError{endpoint: d.LocalEndpoint, got: info.GetName(), want: d.Name}
 	}
 	return nil
+}
+
+// dialUnix connects to the unix socket at path.
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
+	var dialer net.Dialer
+	return dialer.DialContext(ctx, "unix", path)
+}
+
+// grpcClient returns a gRPC client of the endpoint at path; it connects on its first call.
+// The path never becomes part of a gRPC target: a target is parsed as a URL, and a path
+// holding '#', '?' or '%' would be cut or decoded. The dialer dials the path itself.
+func grpcClient(path string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///localhost",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dialUnix(ctx, path) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
 // sysErr shortens a dial error to its cause ("connection refused", "no such file or

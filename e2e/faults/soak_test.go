@@ -260,7 +260,13 @@ func (s *soak) inject(kind string, v driver) fault {
 		if !e.K.Registered(v.Name) || fileid.Of(sock) != id {
 			t.Errorf("%s: the registration did not stay while the endpoint was down", v.Name)
 		}
-		return fault{kind: kind, heal: func() { e.StartEndpoint(v) }, healed: reregistered}
+		healed := reregistered
+		if v.Type == "CSIPlugin" {
+			// The driver answers NodeGetInfo as before: its registration stays.
+			kept := s.p.Count(restartKept, v.Name)
+			healed = func() bool { return e.K.Registered(v.Name) && s.p.Count(restartKept, v.Name) > kept }
+		}
+		return fault{kind: kind, heal: func() { e.StartEndpoint(v) }, healed: healed}
 	case faultSocketDeleted:
 		if err := os.Remove(sock); err != nil {
 			t.Fatal(err)

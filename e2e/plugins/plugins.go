@@ -22,10 +22,19 @@ type Endpoint struct {
 	done chan struct{}
 }
 
+// DefaultNodeID is the node ID a CSI plugin started by Start answers NodeGetInfo with.
+const DefaultNodeID = "e2e-node"
+
 // Start serves a plugin of the type at path, creating its directory. A CSI plugin answers the
-// Identity service with name and the Node service's NodeGetInfo; the others accept gRPC
-// connections, which is all multireg's probe and the test kubelet's check need.
+// Identity service with name and the Node service's NodeGetInfo with DefaultNodeID; the
+// others accept gRPC connections, which is all multireg's probe and the test kubelet's check
+// need.
 func Start(path, typ, name string) (*Endpoint, error) {
+	return StartNode(path, typ, name, DefaultNodeID)
+}
+
+// StartNode is Start with a CSI plugin whose NodeGetInfo answers nodeID.
+func StartNode(path, typ, name, nodeID string) (*Endpoint, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -36,7 +45,7 @@ func Start(path, typ, name string) (*Endpoint, error) {
 	e := &Endpoint{Path: path, srv: grpc.NewServer(), done: make(chan struct{})}
 	if typ == "CSIPlugin" {
 		csi.RegisterIdentityServer(e.srv, &identity{name: name})
-		csi.RegisterNodeServer(e.srv, &node{})
+		csi.RegisterNodeServer(e.srv, &node{id: nodeID})
 	}
 	go func() {
 		defer close(e.done)
@@ -68,8 +77,11 @@ func (identity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, e
 	return &csi.ProbeResponse{}, nil
 }
 
-type node struct{ csi.UnimplementedNodeServer }
+type node struct {
+	csi.UnimplementedNodeServer
+	id string
+}
 
-func (node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: "e2e-node"}, nil
+func (n node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: n.id}, nil
 }

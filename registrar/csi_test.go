@@ -1,0 +1,134 @@
+package registrar
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+
+	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
+)
+
+// registeredCSINode starts a CSI driver whose endpoint answers NodeGetInfo with nodeID, on a
+// supervisor logging into log, registered by a kubelet that registers every new socket (see
+// runSlowKubelet). A registration timeout of 1s is in force: a registration kept across a
+// restart must not be timed out.
+func registeredCSINode(t *testing.T, log *testkit.Buffer, nodeID string) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
+	dir := shortDir(t)
+	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
+	d.RegistrationTimeout = time.Second
+	e, _ := startCSINode(t, d.LocalEndpoint, d.Name, nodeID)
+	s := runSupervisor(t, Options{Log: log.Logger()})
+	s.Start(d)
+	runSlowKubelet(t, d.SocketPath, 0)
+	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	return s, d, e
+}
+
+// TestCSIRestartSameNodeInfoKeepsRegistration: a registered CSI driver restarts and answers
+// NodeGetInfo as before: its registration socket stays (kubelet sees no event and keeps the
+// driver in CSINode), no socket is published, and no recreation is counted.
+func TestCSIRestartSameNodeInfoKeepsRegistration(t *testing.T) {
+	var log testkit.Buffer
+	s, d, e := registeredCSINode(t, &log, "node-a")
+	first := mustID(t, d.SocketPath)
+
+	e.stop()
+	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	_, calls := startCSINode(t, d.LocalEndpoint, d.Name, "node-a")
+	const kept = "driver endpoint restarted; NodeGetInfo unchanged, the registration stays"
+	testkit.Eventually(t, 5*time.Second, "the restart seen and the registration kept", func() bool { return strings.Contains(log.String(), kept) })
+	testkit.Never(t, 1500*time.Millisecond, "the registration socket replaced or removed", func() bool {
+		id, _, err := statID(d.SocketPath)
+		return err != nil || id != first
+	})
+	st := statusOf(s, d.Name)
+	if st.Phase != Registered || !st.EndpointUp || st.Attempts != 1 || st.Results[ResultRegistered] != 1 || st.Recreations[ReasonEndpointRestarted] != 0 {
+		t.Errorf("status after a restart with the same NodeGetInfo: %+v, want Registered, endpoint up, 1 attempt, 1 registration (kubelet asked GetInfo once), no recreation", st)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the restarted driver was asked NodeGetInfo %d times, want 1", n)
+	}
+	if n := strings.Count(log.String(), kept); n != 1 {
+		t.Errorf("logged %q %d times, want once", kept, n)
+	}
+}
+
+// TestCSIRestartOtherNodeIDReregisters: a registered CSI driver restarts and answers
+// NodeGetInfo with another node ID: kubelet must learn it, so the driver is registered again
+// on a new socket, and the recreation is counted.
+func TestCSIRestartOtherNodeIDReregisters(t *testing.T) {
+	var log testkit.Buffer
+	s, d, e := registeredCSINode(t, &log, "node-a")
+	first := mustID(t, d.SocketPath)
+
+	e.stop()
+	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	startCSINode(t, d.LocalEndpoint, d.Name, "node-b")
+	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
+		st := statusOf(s, d.Name)
+		id, _, err := statID(d.SocketPath)
+		return err == nil && id != first && st.Phase == Registered && st.Results[ResultRegistered] == 2
+	})
+	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 || st.Attempts != 2 {
+		t.Errorf("status after a restart with another node ID: %+v, want 2 attempts, 1 recreation for endpoint_restarted", st)
+	}
+	if !strings.Contains(log.String(), "NodeGetInfo changed") {
+		t.Errorf("the re-registration's reason is not logged:\n%s", log.String())
+	}
+}
+
+// TestCSIRestartNodeGetInfoFailsReregisters: a registered CSI driver restarts without its
+// Node service: multireg cannot tell that kubelet's view holds, so it registers the driver
+// again.
+func TestCSIRestartNodeGetInfoFailsReregisters(t *testing.T) {
+	var log testkit.Buffer
+	s, d, e := registeredCSINode(t, &log, "node-a")
+	first := mustID(t, d.SocketPath)
+
+	e.stop()
+	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	startEndpoint(t, d.LocalEndpoint, d.Name) // Identity only: NodeGetInfo is unimplemented
+	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
+		st := statusOf(s, d.Name)
+		id, _, err := statID(d.SocketPath)
+		return err == nil && id != first && st.Phase == Registered && st.Results[ResultRegistered] == 2
+	})
+	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 {
+		t.Errorf("recreations %v, want 1 for endpoint_restarted", st.Recreations)
+	}
+	if !strings.Contains(log.String(), "CSI NodeGetInfo on "+d.LocalEndpoint) {
+		t.Errorf("the failed NodeGetInfo is not logged:\n%s", log.String())
+	}
+}
+
+// TestSameNodeInfo: what kubelet records of NodeGetInfo decides; anything else does not.
+func TestSameNodeInfo(t *testing.T) {
+	base := func() *csi.NodeGetInfoResponse {
+		return &csi.NodeGetInfoResponse{
+			NodeId:             "n",
+			MaxVolumesPerNode:  4,
+			AccessibleTopology: &csi.Topology{Segments: map[string]string{"zone": "a"}},
+		}
+	}
+	for name, tc := range map[string]struct {
+		change func(*csi.NodeGetInfoResponse)
+		same   bool
+	}{
+		"identical":   {func(*csi.NodeGetInfoResponse) {}, true},
+		"node ID":     {func(r *csi.NodeGetInfoResponse) { r.NodeId = "m" }, false},
+		"max volumes": {func(r *csi.NodeGetInfoResponse) { r.MaxVolumesPerNode = 5 }, false},
+		"topology":    {func(r *csi.NodeGetInfoResponse) { r.AccessibleTopology.Segments["zone"] = "b" }, false},
+		"no topology": {func(r *csi.NodeGetInfoResponse) { r.AccessibleTopology = nil }, false},
+	} {
+		r := base()
+		tc.change(r)
+		if got := sameNodeInfo(base(), r); got != tc.same {
+			t.Errorf("%s: sameNodeInfo = %v, want %v", name, got, tc.same)
+		}
+	}
+}
