@@ -22,9 +22,9 @@ import (
 // registration to open another; for DRA, what kubelet needs after a driver restart has not
 // been measured yet.
 
-// nodeInfoTracked reports whether the loop asks the driver NodeGetInfo when it publishes a
-// socket, to compare it with the answer after a restart: CSI drivers that multireg waits for
-// (with waitForEndpoint false, multireg does not talk to the driver before publishing).
+// nodeInfoTracked reports whether the loop asks the driver NodeGetInfo once kubelet has
+// registered a socket, to compare it with the answer after a restart: CSI drivers that
+// multireg waits for (with waitForEndpoint false, multireg does not talk to the driver).
 func nodeInfoTracked(d config.Driver) bool {
 	return d.Type == config.CSIPlugin && d.WaitForEndpoint
 }
@@ -61,8 +61,8 @@ func registeredPart(r *csi.NodeGetInfoResponse) *csi.NodeGetInfoResponse {
 	}
 }
 
-// recordNodeInfo asks a tracked driver NodeGetInfo before its socket is published, for the
-// comparison after a restart. It returns nil when the driver is not tracked or did not answer:
+// recordNodeInfo asks a tracked driver NodeGetInfo once kubelet has registered its socket, for
+// the comparison after a restart. It returns nil when the driver is not tracked or did not answer:
 // its next restart re-registers it.
 func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 	if !nodeInfoTracked(d.spec) {
@@ -77,8 +77,8 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 }
 
 // keepsRegistration reports, after the driver restarted and answered again, whether its
-// registration stays: its NodeGetInfo answer is the one recorded when the socket was
-// published (registered). Otherwise the restart is counted and logged, and the loop
+// registration stays: its NodeGetInfo answer is the one recorded when kubelet registered the
+// socket (registered). Otherwise the restart is counted and logged, and the loop
 // registers the driver again.
 func (d *driver) keepsRegistration(ctx context.Context, registered *csi.NodeGetInfoResponse) bool {
 	info, err := nodeInfo(ctx, d.spec.LocalEndpoint)

@@ -38,6 +38,9 @@ type driver struct {
 	guard func() error
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
+	// nodeInfo is what a CSI driver answered NodeGetInfo once kubelet registered the current
+	// socket (csi.go); nil when not asked or not answered. Only the loop's goroutine uses it.
+	nodeInfo *csi.NodeGetInfoResponse
 
 	mu      sync.Mutex
 	gen     uint64   // the current socket generation; verdicts for others are dropped
@@ -101,9 +104,6 @@ func (d *driver) run(ctx context.Context) {
 
 	var cur *generation // the socket this loop has published and serves
 	defer func() { d.shutdown(context.Cause(ctx), cur) }()
-	// What the CSI driver answered NodeGetInfo when cur was published (csi.go); nil when
-	// not asked or not answered.
-	var node *csi.NodeGetInfoResponse
 	// restarted: the endpoint of a driver whose cur is registered, with node known, was
 	// created anew; once it answers, NodeGetInfo decides whether cur stays.
 	restarted := false
@@ -125,12 +125,12 @@ func (d *driver) run(ctx context.Context) {
 			return // ctx ended
 		}
 
-		kept := restarted && d.keepsRegistration(ctx, node)
+		kept := restarted && d.keepsRegistration(ctx, d.nodeInfo)
 		restarted = false
 		if kept {
 			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
 		} else {
-			node = d.recordNodeInfo(ctx)
+			d.nodeInfo = nil // asked again once kubelet has registered the new socket
 			g, err := d.publish()
 			if err != nil {
 				d.record(endPublishFailed)
@@ -166,7 +166,7 @@ func (d *driver) run(ctx context.Context) {
 		case endEndpointRestarted:
 			// Keep serving the old socket while the driver comes up again; a new socket, if
 			// the driver needs one, is renamed over it.
-			if restarted = node != nil && d.status().Phase == Registered; !restarted {
+			if restarted = d.nodeInfo != nil && d.status().Phase == Registered; !restarted {
 				d.reregister()
 			}
 		}
@@ -199,6 +199,10 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 				p.registered()
 				d.record(endRegistered)
 				d.update(Registered, "", time.Time{})
+				// What kubelet has just learnt from the driver, for the comparison after a
+				// restart (csi.go). Asked only now: a call before kubelet's own would be one
+				// more for the driver to answer, and could take a failure meant for kubelet.
+				d.nodeInfo = d.recordNodeInfo(ctx)
 			}
 		case <-timeout:
 			allowed := p.timeout

@@ -113,7 +113,8 @@ func TestNode(t *testing.T) {
 	ok := scenario(t, "1-csi-device-dra-registered", func(t *testing.T) { scenarioAll(t, mr, &eps, mrStart) }) &&
 		scenario(t, "2-csi-nodegetinfo-fails-twice", func(t *testing.T) { scenarioRejected(t, mr, &eps, config) }) &&
 		scenario(t, "3-kubelet-restart", func(t *testing.T) { scenarioKubeletRestart(t, mr, &eps) }) &&
-		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) })
+		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) }) &&
+		scenario(t, "4b-csi-driver-restart", func(t *testing.T) { scenarioCSIRestart(t, mr, &eps) })
 	if !ok {
 		return
 	}
@@ -436,6 +437,57 @@ func scenarioRemoveRestore(t *testing.T, mr *hostMultireg, eps *hostDrivers, con
 	})
 	t.Logf("%s back in CSINode %.1fs after the edit", csiB, time.Since(start).Seconds())
 	unchanged("after the restore")
+}
+
+// 4b. A CSI driver restarts (its endpoint socket is created anew) and answers NodeGetInfo as
+// before: multireg asks it itself and leaves the registration alone, so CSINode never loses
+// the driver (a watch measures it) and kubelet does not call NodeGetInfo on the new process.
+func scenarioCSIRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
+	before := waitAllRegistered(t, mr, csiA)
+	sock := idents(t, csiA)
+	w := watchCSINode(t)
+	path := eps.a.Path()
+	eps.a.Stop()
+	restarted, err := endpoints.StartCSI(path, endpoints.CSIOptions{Name: csiA, NodeID: "alpha-node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps.a = restarted
+	t.Cleanup(restarted.Stop)
+	start := time.Now()
+	// multireg's own NodeGetInfo on the new process is the one call it gets.
+	waitUntil(t, 30*time.Second, "multireg to ask the restarted driver NodeGetInfo", func(context.Context) (bool, string) {
+		ok, _ := restarted.NodeGetInfoCalls()
+		return ok >= 1, fmt.Sprintf("%d calls", ok)
+	})
+	t.Logf("%s restarted: multireg asked NodeGetInfo %.0fms after the new process listened", csiA, float64(time.Since(start).Milliseconds()))
+	stays(t, 3*time.Second, "the registration of the restarted driver is left alone", func(ctx context.Context) (string, error) {
+		if ok, _ := restarted.NodeGetInfoCalls(); ok != 1 {
+			return fmt.Sprintf("NodeGetInfo called %d times on the restarted driver: kubelet registered it again", ok), nil
+		}
+		st, err := mr.status(ctx)
+		if err != nil {
+			return "", err
+		}
+		if st[csiA].Phase != "Registered" || st[csiA].Attempts != before[csiA].Attempts {
+			return fmt.Sprintf("%s: %+v, before %+v", csiA, st[csiA], before[csiA]), nil
+		}
+		return "", nil
+	})
+	assertSame(t, "the restarted driver's registration socket", sock, idents(t, csiA))
+	gaps, err := w.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	longest := time.Duration(0)
+	for _, g := range gaps[csiA] {
+		longest = max(longest, g)
+	}
+	t.Logf("CSI driver restart: %s missing from CSINode %d time(s), longest %s", csiA, len(gaps[csiA]), longest.Round(time.Millisecond))
+	figures = append(figures, fmt.Sprintf("CSI driver restart, same NodeGetInfo: longest time it was missing from CSINode: %s (%d times)", longest.Round(time.Millisecond), len(gaps[csiA])))
+	if len(gaps[csiA]) != 0 {
+		t.Errorf("%s left CSINode %d time(s) during its restart (%v): its registration was touched", csiA, len(gaps[csiA]), gaps[csiA])
+	}
 }
 
 // entryCSlow is scenario 2's driver with a slow first retry.
