@@ -104,8 +104,8 @@ func (d *driver) run(ctx context.Context) {
 
 	var cur *generation // the socket this loop has published and serves
 	defer func() { d.shutdown(context.Cause(ctx), cur) }()
-	// restarted: the endpoint of a driver whose cur is registered, with node known, was
-	// created anew; once it answers, NodeGetInfo decides whether cur stays.
+	// restarted: the endpoint of a driver whose cur is registered was created anew, and its
+	// type may keep the registration (restart.go); once it answers, keepsRegistration decides.
 	restarted := false
 
 	for {
@@ -125,7 +125,7 @@ func (d *driver) run(ctx context.Context) {
 			return // ctx ended
 		}
 
-		kept := restarted && d.keepsRegistration(ctx, d.nodeInfo)
+		kept := restarted && d.keepsRegistration(ctx)
 		restarted = false
 		if kept {
 			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
@@ -166,7 +166,7 @@ func (d *driver) run(ctx context.Context) {
 		case endEndpointRestarted:
 			// Keep serving the old socket while the driver comes up again; a new socket, if
 			// the driver needs one, is renamed over it.
-			if restarted = d.nodeInfo != nil && d.status().Phase == Registered; !restarted {
+			if restarted = d.keepsOnRestart(); !restarted {
 				d.reregister()
 			}
 		}

@@ -12,11 +12,25 @@ import (
 	"multireg.dev/multireg/e2e/testenv"
 )
 
-// The log lines of a CSI driver's restart: its registration kept, or made again.
+// The log lines of a driver's restart: its registration kept (a CSI driver that answers
+// NodeGetInfo as before; a DRA driver, always), or made again.
 const (
 	restartKept         = "driver endpoint restarted; NodeGetInfo unchanged, the registration stays"
+	restartKeptDRA      = "driver endpoint restarted; kubelet reconnects to it by itself, the registration stays"
 	restartReregistered = "driver endpoint restarted; registering again"
 )
+
+// keptLine is the log line of a restart that keeps the registration of a driver of type typ,
+// or "" when its restarts always register it again.
+func keptLine(typ string) string {
+	switch typ {
+	case "CSIPlugin":
+		return restartKept
+	case "DRAPlugin":
+		return restartKeptDRA
+	}
+	return ""
+}
 
 // Fault: a registered CSI driver restarts (its endpoint socket removed and created anew).
 // When it answers NodeGetInfo as before, kubelet hears nothing — no deregistration, no
@@ -43,6 +57,7 @@ func TestCSIEndpointRestart(t *testing.T) {
 			regs := e.K.Counts(victim.Name)
 			st, _ := p.Status(t).Driver(victim.Name)
 
+			e.AwaitNodeInfoAsked(victim)
 			e.StopEndpoint(victim)
 			waitDriver(t, p, victim.Name, "/status to show the endpoint down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
 			ep, err := plugins.StartNode(e.EndpointPath(victim), victim.Type, victim.Name, tc.nodeID)

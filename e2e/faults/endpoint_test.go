@@ -17,9 +17,9 @@ import (
 
 // Fault: a driver's endpoint dies (its socket removed, as a crashing driver leaves it) and
 // comes back. While it is down the registration stays — same socket, no deregistration —
-// and /status shows the endpoint down; when it returns a DRA driver or a device plugin is
-// registered again once, and a CSI driver that answers NodeGetInfo as before keeps its
-// registration (TestCSIEndpointRestart has both cases).
+// and /status shows the endpoint down; when it returns a device plugin is registered again
+// once, a DRA driver keeps its registration (kubelet reconnects to it by itself), and so does
+// a CSI driver that answers NodeGetInfo as before (TestCSIEndpointRestart has both cases).
 func TestEndpointDiesAndReturns(t *testing.T) {
 	t.Parallel()
 	for i, typ := range []string{"CSIPlugin", "DRAPlugin", "DevicePlugin"} {
@@ -34,6 +34,7 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 			sock := fileid.Of(e.SocketPath(victim))
 			regs := e.K.Counts(victim.Name).Registrations
 
+			e.AwaitNodeInfoAsked(victim)
 			e.StopEndpoint(victim)
 			waitDriver(t, p, victim.Name, "/status to show the endpoint down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
 			wait.Never(t, quietPeriod, "the registration of a driver whose endpoint is down moved", func() bool {
@@ -45,8 +46,8 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 			}
 
 			e.StartEndpoint(victim)
-			if typ == "CSIPlugin" {
-				waitCount(t, p, restartKept, victim.Name, 1)
+			if kept := keptLine(typ); kept != "" {
+				waitCount(t, p, kept, victim.Name, 1)
 			} else {
 				wait.For(t, registerTimeout, "the driver registered again once its endpoint is back", func() bool {
 					return e.K.Counts(victim.Name).Registrations == regs+1 && e.K.Registered(victim.Name)
@@ -54,8 +55,8 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 				waitCount(t, p, restartReregistered, victim.Name, 1)
 			}
 			waitDriver(t, p, victim.Name, "Registered with the endpoint up", func(d mrproc.DriverStatus) bool { return d.Phase == "Registered" && d.EndpointUp })
-			if c := e.K.Counts(victim.Name); typ == "CSIPlugin" && (c.Registrations != regs || c.Deregistrations != 0) {
-				t.Errorf("kubelet's calls after the CSI driver's restart: %+v, want its one registration and no deregistration", c)
+			if c := e.K.Counts(victim.Name); keptLine(typ) != "" && (c.Registrations != regs || c.Deregistrations != 0) {
+				t.Errorf("kubelet's calls after the %s's restart: %+v, want its one registration and no deregistration", typ, c)
 			}
 			e.assertUnmoved(before, others)
 			e.holdUnmoved(before, others)

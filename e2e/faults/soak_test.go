@@ -261,10 +261,12 @@ func (s *soak) inject(kind string, v driver) fault {
 			t.Errorf("%s: the registration did not stay while the endpoint was down", v.Name)
 		}
 		healed := reregistered
-		if v.Type == "CSIPlugin" {
-			// The driver answers NodeGetInfo as before: its registration stays.
-			kept := s.p.Count(restartKept, v.Name)
-			healed = func() bool { return e.K.Registered(v.Name) && s.p.Count(restartKept, v.Name) > kept }
+		if line := keptLine(v.Type); line != "" {
+			// A DRA driver, or a CSI driver that answers NodeGetInfo as before: its
+			// registration stays — or, for a CSI driver that restarts before multireg could
+			// ask it NodeGetInfo after a registration, it is registered again.
+			kept := s.p.Count(line, v.Name)
+			healed = func() bool { return reregistered() || e.K.Registered(v.Name) && s.p.Count(line, v.Name) > kept }
 		}
 		return fault{kind: kind, heal: func() { e.StartEndpoint(v) }, healed: healed}
 	case faultSocketDeleted:

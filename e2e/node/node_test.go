@@ -114,7 +114,8 @@ func TestNode(t *testing.T) {
 		scenario(t, "2-csi-nodegetinfo-fails-twice", func(t *testing.T) { scenarioRejected(t, mr, &eps, config) }) &&
 		scenario(t, "3-kubelet-restart", func(t *testing.T) { scenarioKubeletRestart(t, mr, &eps) }) &&
 		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) }) &&
-		scenario(t, "4b-csi-driver-restart", func(t *testing.T) { scenarioCSIRestart(t, mr, &eps) })
+		scenario(t, "4b-csi-driver-restart", func(t *testing.T) { scenarioCSIRestart(t, mr, &eps) }) &&
+		scenario(t, "4c-dra-driver-restart", func(t *testing.T) { scenarioDRARestart(t, mr, &eps) })
 	if !ok {
 		return
 	}
@@ -488,6 +489,55 @@ func scenarioCSIRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 	if len(gaps[csiA]) != 0 {
 		t.Errorf("%s left CSINode %d time(s) during its restart (%v): its registration was touched", csiA, len(gaps[csiA]), gaps[csiA])
 	}
+}
+
+// 4c. A DRA driver restarts (its DRA service socket is created anew): multireg leaves its
+// registration alone, kubelet's plugin manager holds it throughout, and kubelet's DRA
+// manager reconnects to the new process by itself: a pod claiming a device runs, prepared by
+// the new process.
+func scenarioDRARestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
+	before := waitAllRegistered(t, mr, draName)
+	sock := idents(t, draName)
+	path := eps.dra.Path()
+	eps.dra.Stop()
+	restarted, err := endpoints.StartDRA(path, endpoints.DRAOptions{DriverName: draName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps.dra = restarted
+	t.Cleanup(restarted.Stop)
+	start := time.Now()
+	var reconnected time.Duration // when kubelet's first connection to the new process was seen
+	stays(t, 3*time.Second, "the DRA driver's registration is left alone", func(ctx context.Context) (string, error) {
+		if reconnected == 0 && restarted.Connections() > 0 {
+			reconnected = time.Since(start)
+		}
+		reg, err := kubeletRegistered(ctx)
+		if err != nil {
+			return "", err
+		}
+		if !reg[socketOf(t, draName)] {
+			return "kubelet's plugin manager no longer holds the DRA driver's socket", nil
+		}
+		st, err := mr.status(ctx)
+		if err != nil {
+			return "", err
+		}
+		if st[draName].Attempts != before[draName].Attempts {
+			return fmt.Sprintf("%s: %+v, before %+v", draName, st[draName], before[draName]), nil
+		}
+		return "", nil
+	})
+	assertSame(t, "the restarted DRA driver's registration socket", sock, idents(t, draName))
+	waitUntil(t, 2*time.Minute, "kubelet's DRA manager reconnects to the restarted driver", func(context.Context) (bool, string) {
+		if reconnected == 0 && restarted.Connections() > 0 {
+			reconnected = time.Since(start)
+		}
+		return reconnected > 0, "no connection yet"
+	})
+	t.Logf("DRA driver restart: kubelet reconnected to the new process within %s after it listened, without a new registration", reconnected.Round(10*time.Millisecond))
+	figures = append(figures, fmt.Sprintf("DRA driver restart: kubelet reconnected by itself within %s; its plugin manager held the registration throughout", reconnected.Round(10*time.Millisecond)))
+	draClaimPod(t, restarted)
 }
 
 // entryCSlow is scenario 2's driver with a slow first retry.

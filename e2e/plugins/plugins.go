@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ type Endpoint struct {
 	Path string
 	srv  *grpc.Server
 	done chan struct{}
+	node *node // a CSI plugin's Node service; nil for the other types
 }
 
 // DefaultNodeID is the node ID a CSI plugin started by Start answers NodeGetInfo with.
@@ -44,8 +46,9 @@ func StartNode(path, typ, name, nodeID string) (*Endpoint, error) {
 	}
 	e := &Endpoint{Path: path, srv: grpc.NewServer(), done: make(chan struct{})}
 	if typ == "CSIPlugin" {
+		e.node = &node{id: nodeID}
 		csi.RegisterIdentityServer(e.srv, &identity{name: name})
-		csi.RegisterNodeServer(e.srv, &node{id: nodeID})
+		csi.RegisterNodeServer(e.srv, e.node)
 	}
 	go func() {
 		defer close(e.done)
@@ -77,11 +80,22 @@ func (identity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, e
 	return &csi.ProbeResponse{}, nil
 }
 
-type node struct {
-	csi.UnimplementedNodeServer
-	id string
+// NodeGetInfoCalls returns how many times a CSI plugin was asked NodeGetInfo: in the e2e
+// tests only multireg asks it (the test kubelet's handlers do not dial the plugins).
+func (e *Endpoint) NodeGetInfoCalls() int {
+	if e.node == nil {
+		return 0
+	}
+	return int(e.node.calls.Load())
 }
 
-func (n node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+type node struct {
+	csi.UnimplementedNodeServer
+	id    string
+	calls atomic.Int32
+}
+
+func (n *node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	n.calls.Add(1)
 	return &csi.NodeGetInfoResponse{NodeId: n.id}, nil
 }

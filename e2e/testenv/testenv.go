@@ -16,6 +16,7 @@ import (
 
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/plugins"
 )
@@ -181,6 +182,18 @@ func (e *Env) StartEndpoints(ds []Driver) {
 	for _, d := range ds {
 		e.StartEndpoint(d)
 	}
+}
+
+// AwaitNodeInfoAsked waits until multireg has asked the driver's CSI plugin NodeGetInfo, as
+// it does right after kubelet registers it: only then can it tell, after a restart, whether
+// the registration may stay. Other types return at once.
+func (e *Env) AwaitNodeInfoAsked(d Driver) {
+	e.T.Helper()
+	ep, ok := e.eps[d.Name]
+	if !ok || d.Type != "CSIPlugin" {
+		return
+	}
+	wait.For(e.T, RegisterTimeout, "multireg to ask "+d.Name+" NodeGetInfo", func() bool { return ep.NodeGetInfoCalls() > 0 })
 }
 
 // StopEndpoint stops the driver's service (the last one started) and removes its socket, as

@@ -10,17 +10,36 @@ import (
 	"multireg.dev/multireg/config"
 )
 
-// A CSI driver's restart re-registers it only when what kubelet learnt at registration
-// changed. kubelet's CSI handler keeps, per driver name, the endpoint it dials anew for each
-// call, and records what NodeGetInfo answered at registration (node ID, max volumes per node,
-// topology) in CSINode and the node's labels. A re-registration removes the driver from
-// CSINode for about a second, and mounts on the node fail meanwhile; a driver that answers
-// the same after its restart needs none.
-//
-// Device plugins and DRA drivers re-register on every restart: kubelet's device manager
-// marks a plugin's resources unhealthy when its ListAndWatch stream ends and needs a new
-// registration to open another; for DRA, what kubelet needs after a driver restart has not
-// been measured yet.
+// What a driver's restart (its endpoint socket created anew) does to its registration, per
+// type: whatever kubelet needs, and no more. A re-registration replaces the registration
+// socket: kubelet unregisters the plugin and registers it one reconcile pass later (about a
+// second without it).
+//   - CSI: re-registered only when what kubelet learnt at registration changed. kubelet's CSI
+//     handler dials the endpoint anew for each call, and records what NodeGetInfo answered at
+//     registration (node ID, max volumes per node, topology) in CSINode. A re-registration
+//     removes the driver from CSINode meanwhile, and mounts on the node fail.
+//   - DRA: never re-registered. kubelet's DRA manager keeps one gRPC connection per plugin,
+//     which reconnects by itself to the restarted driver (kubelet 1.35 and 1.36); a
+//     re-registration would close it and cancel the calls in flight.
+//   - Device plugins: always re-registered. kubelet's device manager marks the resource's
+//     devices unhealthy when the ListAndWatch stream ends, stops the plugin's endpoint, and
+//     only a new registration opens another.
+
+// keepsOnRestart reports whether the loop waits for the restarted driver to answer and then
+// decides with keepsRegistration, rather than registering it again at once: only for a
+// registration kubelet has accepted.
+func (d *driver) keepsOnRestart() bool {
+	if d.status().Phase != Registered {
+		return false
+	}
+	switch d.spec.Type {
+	case config.CSIPlugin:
+		return d.nodeInfo != nil
+	case config.DRAPlugin:
+		return true
+	}
+	return false
+}
 
 // nodeInfoTracked reports whether the loop asks the driver NodeGetInfo once kubelet has
 // registered a socket, to compare it with the answer after a restart: CSI drivers that
@@ -77,16 +96,20 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 }
 
 // keepsRegistration reports, after the driver restarted and answered again, whether its
-// registration stays: its NodeGetInfo answer is the one recorded when kubelet registered the
-// socket (registered). Otherwise the restart is counted and logged, and the loop
-// registers the driver again.
-func (d *driver) keepsRegistration(ctx context.Context, registered *csi.NodeGetInfoResponse) bool {
+// registration stays: a DRA driver's always does; a CSI driver's when its NodeGetInfo answer
+// is the one recorded when kubelet registered the socket. Otherwise the restart is counted
+// and logged, and the loop registers the driver again.
+func (d *driver) keepsRegistration(ctx context.Context) bool {
+	if d.spec.Type == config.DRAPlugin {
+		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", d.spec.LocalEndpoint)
+		return true
+	}
 	info, err := nodeInfo(ctx, d.spec.LocalEndpoint)
 	switch {
 	case err != nil:
 		d.reregister("err", err)
-	case !sameNodeInfo(registered, info):
-		d.reregister("why", "NodeGetInfo changed", "was", registeredPart(registered), "now", registeredPart(info))
+	case !sameNodeInfo(d.nodeInfo, info):
+		d.reregister("why", "NodeGetInfo changed", "was", registeredPart(d.nodeInfo), "now", registeredPart(info))
 	default:
 		d.log.Info("driver endpoint restarted; NodeGetInfo unchanged, the registration stays", "endpoint", d.spec.LocalEndpoint)
 		return true

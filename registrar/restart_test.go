@@ -14,18 +14,20 @@ import (
 
 // registeredCSINode starts a CSI driver whose endpoint answers NodeGetInfo with nodeID, on a
 // supervisor logging into log, registered by a kubelet that registers every new socket (see
-// runSlowKubelet). A registration timeout of 1s is in force: a registration kept across a
+// runSlowKubelet), and asked NodeGetInfo by multireg. A registration timeout of 1s is in force: a registration kept across a
 // restart must not be timed out.
 func registeredCSINode(t *testing.T, log *testkit.Buffer, nodeID string) (*Supervisor, config.Driver, *endpoint) {
 	t.Helper()
 	dir := shortDir(t)
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
 	d.RegistrationTimeout = time.Second
-	e, _ := startCSINode(t, d.LocalEndpoint, d.Name, nodeID)
+	e, calls := startCSINode(t, d.LocalEndpoint, d.Name, nodeID)
 	s := runSupervisor(t, Options{Log: log.Logger()})
 	s.Start(d)
 	runSlowKubelet(t, d.SocketPath, 0)
 	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	// multireg asks NodeGetInfo itself right after kubelet's verdict.
+	testkit.Eventually(t, 5*time.Second, "multireg's NodeGetInfo", func() bool { return calls.Load() == 1 })
 	return s, d, e
 }
 
@@ -130,5 +132,43 @@ func TestSameNodeInfo(t *testing.T) {
 		if got := sameNodeInfo(base(), r); got != tc.same {
 			t.Errorf("%s: sameNodeInfo = %v, want %v", name, got, tc.same)
 		}
+	}
+}
+
+// TestRestartPerType: a registered DRA driver that restarts keeps its registration socket
+// (kubelet's DRA manager reconnects by itself); a device plugin is registered again on a new
+// socket (kubelet's device manager needs a new registration for a new ListAndWatch).
+func TestRestartPerType(t *testing.T) {
+	for _, tt := range []struct {
+		typ  string
+		keep bool
+	}{{config.DRAPlugin, true}, {config.DevicePlugin, false}} {
+		t.Run(tt.typ, func(t *testing.T) {
+			s, d, e := setup(t, tt.typ, nil)
+			awaitSocket(t, d)
+			registerAndWait(t, s, d)
+			first := mustID(t, d.SocketPath)
+			e.stop()
+			testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+			startEndpoint(t, d.LocalEndpoint, "")
+			if tt.keep {
+				testkit.Eventually(t, 5*time.Second, "the restart seen", func() bool { return statusOf(s, d.Name).EndpointUp })
+				testkit.Never(t, time.Second, "the registration socket replaced or removed", func() bool {
+					id, _, err := statID(d.SocketPath)
+					return err != nil || id != first
+				})
+				if st := statusOf(s, d.Name); st.Phase != Registered || st.Attempts != 1 || st.Recreations[ReasonEndpointRestarted] != 0 {
+					t.Errorf("status after the restart: %+v, want Registered, 1 attempt, no recreation", st)
+				}
+				return
+			}
+			testkit.Eventually(t, 5*time.Second, "a new socket after the restart", func() bool {
+				id, _, err := statID(d.SocketPath)
+				return err == nil && id != first
+			})
+			if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 {
+				t.Errorf("recreations after the restart: %v, want endpoint_restarted 1", st.Recreations)
+			}
+		})
 	}
 }
