@@ -39,8 +39,7 @@ func TestCSIRestartSameNodeInfoKeepsRegistration(t *testing.T) {
 	s, d, e := registeredCSINode(t, &log, "node-a")
 	first := mustID(t, d.SocketPath)
 
-	e.stop()
-	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	crash(t, s, d, e)
 	_, calls := startCSINode(t, d.LocalEndpoint, d.Name, "node-a")
 	const kept = "driver endpoint restarted; NodeGetInfo unchanged, the registration stays"
 	testkit.Eventually(t, 5*time.Second, "the restart seen and the registration kept", func() bool { return strings.Contains(log.String(), kept) })
@@ -68,8 +67,7 @@ func TestCSIRestartOtherNodeIDReregisters(t *testing.T) {
 	s, d, e := registeredCSINode(t, &log, "node-a")
 	first := mustID(t, d.SocketPath)
 
-	e.stop()
-	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	crash(t, s, d, e)
 	startCSINode(t, d.LocalEndpoint, d.Name, "node-b")
 	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
 		st := statusOf(s, d.Name)
@@ -92,8 +90,7 @@ func TestCSIRestartNodeGetInfoFailsReregisters(t *testing.T) {
 	s, d, e := registeredCSINode(t, &log, "node-a")
 	first := mustID(t, d.SocketPath)
 
-	e.stop()
-	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+	crash(t, s, d, e)
 	startEndpoint(t, d.LocalEndpoint, d.Name) // Identity only: NodeGetInfo is unimplemented
 	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
 		st := statusOf(s, d.Name)
@@ -148,8 +145,7 @@ func TestRestartPerType(t *testing.T) {
 			awaitSocket(t, d)
 			registerAndWait(t, s, d)
 			first := mustID(t, d.SocketPath)
-			e.stop()
-			testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+			crash(t, s, d, e)
 			startEndpoint(t, d.LocalEndpoint, "")
 			if tt.keep {
 				testkit.Eventually(t, 5*time.Second, "the restart seen", func() bool { return statusOf(s, d.Name).EndpointUp })
@@ -171,4 +167,12 @@ func TestRestartPerType(t *testing.T) {
 			}
 		})
 	}
+}
+
+// crash stops the driver's endpoint as a crashing driver does (its socket removed), and waits
+// for the loop to see it down.
+func crash(t *testing.T, s *Supervisor, d config.Driver, e *endpoint) {
+	t.Helper()
+	e.stop()
+	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
 }
