@@ -115,7 +115,8 @@ func TestNode(t *testing.T) {
 		scenario(t, "3-kubelet-restart", func(t *testing.T) { scenarioKubeletRestart(t, mr, &eps) }) &&
 		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) }) &&
 		scenario(t, "4b-csi-driver-restart", func(t *testing.T) { scenarioCSIRestart(t, mr, &eps) }) &&
-		scenario(t, "4c-dra-driver-restart", func(t *testing.T) { scenarioDRARestart(t, mr, &eps) })
+		scenario(t, "4c-dra-driver-restart", func(t *testing.T) { scenarioDRARestart(t, mr, &eps) }) &&
+		scenario(t, "4d-device-plugin-restart", func(t *testing.T) { scenarioDevicePluginRestart(t, mr, &eps) })
 	if !ok {
 		return
 	}
@@ -538,6 +539,49 @@ func scenarioDRARestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
 	t.Logf("DRA driver restart: kubelet reconnected to the new process within %s after it listened, without a new registration", reconnected.Round(10*time.Millisecond))
 	figures = append(figures, fmt.Sprintf("DRA driver restart: kubelet reconnected by itself within %s; its plugin manager held the registration throughout", reconnected.Round(10*time.Millisecond)))
 	draClaimPod(t, restarted)
+}
+
+// 4d. A device plugin restarts: kubelet's device manager needs a new registration (it stops
+// the plugin when its ListAndWatch stream ends), so multireg registers it again on a new
+// socket. How long the node's allocatable devices are short is measured from the API server.
+func scenarioDevicePluginRestart(t *testing.T, mr *hostMultireg, eps *hostDrivers) {
+	before := waitAllRegistered(t, mr, widget)
+	sock := idents(t, widget)
+	path := eps.dp.Path()
+	eps.dp.Stop()
+	restarted, err := endpoints.StartDevicePlugin(path, endpoints.DeviceOptions{ResourceName: widget, Devices: nWidgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps.dp = restarted
+	t.Cleanup(restarted.Stop)
+	start := time.Now()
+	var short time.Duration // how long allocatable was seen below nWidgets
+	var since time.Time
+	waitUntil(t, time.Minute, "a new ListAndWatch stream and every device allocatable again", func(ctx context.Context) (bool, string) {
+		_, a, err := capacity(ctx, widget)
+		if err != nil {
+			return false, err.Error()
+		}
+		now := time.Now()
+		switch {
+		case a < nWidgets && since.IsZero():
+			since = now
+		case a == nWidgets && !since.IsZero():
+			short += now.Sub(since)
+			since = time.Time{}
+		}
+		opened, open := restarted.ListAndWatchStreams()
+		return opened >= 1 && open == 1 && a == nWidgets && time.Since(start) > 3*time.Second, fmt.Sprintf("allocatable %d, streams %d opened %d open", a, opened, open)
+	})
+	if st := waitAllRegistered(t, mr, widget); st[widget].Attempts != before[widget].Attempts+1 {
+		t.Errorf("%s: %d sockets published after its restart, want %d (one more)", widget, st[widget].Attempts, before[widget].Attempts+1)
+	}
+	if same := idents(t, widget); same[widget] == sock[widget] {
+		t.Errorf("%s's registration socket was not published anew", widget)
+	}
+	t.Logf("device plugin restart: registered again; allocatable seen short of %d for %s", nWidgets, short.Round(time.Millisecond))
+	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s (node status, polled)", short.Round(time.Millisecond)))
 }
 
 // entryCSlow is scenario 2's driver with a slow first retry.
