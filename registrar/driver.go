@@ -39,7 +39,7 @@ type driver struct {
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 	// nodeInfo is what a CSI driver answered NodeGetInfo once kubelet registered the current
-	// socket (csi.go); nil when not asked or not answered. Only the loop's goroutine uses it.
+	// socket (restart.go); nil when not asked or not answered. Only the loop's goroutine uses it.
 	nodeInfo *csi.NodeGetInfoResponse
 
 	mu      sync.Mutex
@@ -134,7 +134,7 @@ func (d *driver) run(ctx context.Context) {
 			g, err := d.publish()
 			if err != nil {
 				d.record(endPublishFailed)
-				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), sock) {
+				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), sock, ep) {
 					return
 				}
 				continue
@@ -155,7 +155,7 @@ func (d *driver) run(ctx context.Context) {
 		case endRejected, endTimeout:
 			d.retire(cur)
 			cur = nil
-			if !d.backOff(ctx, p.backoff, err, sock) {
+			if !d.backOff(ctx, p.backoff, err, sock, ep) {
 				return
 			}
 		case endSocketRemoved:
@@ -200,7 +200,7 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 				d.record(endRegistered)
 				d.update(Registered, "", time.Time{})
 				// What kubelet has just learnt from the driver, for the comparison after a
-				// restart (csi.go). Asked only now: a call before kubelet's own would be one
+				// restart (restart.go). Asked only now: a call before kubelet's own would be one
 				// more for the driver to answer, and could take a failure meant for kubelet.
 				d.nodeInfo = d.recordNodeInfo(ctx)
 			}
@@ -343,7 +343,7 @@ func (d *driver) takeVerdict() *verdict {
 // backOff records a failure, waits for the next backoff interval and reports whether the
 // loop goes on. When something that is not a socket blocks the socket's path (err holds a
 // notSocketError), the wait also ends once it is gone: sock watches the path.
-func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, sock *subscription) bool {
+func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, sock, ep *subscription) bool {
 	wait := next(b)
 	d.mu.Lock()
 	d.st.Failures++
@@ -353,7 +353,12 @@ func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err
 	if _, blocked := errors.AsType[*notSocketError](err); blocked {
 		return d.sleepBlocked(ctx, wait, sock)
 	}
-	_, ok := sleepUntil(ctx, wait, nil, nil)
+	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from
+	// the node while it backs off is absent at once, not after the backoff.
+	_, ok := sleepUntil(ctx, wait, ep, func(change) bool {
+		d.lookPresence()
+		return false
+	})
 	return ok
 }
 

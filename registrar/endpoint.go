@@ -32,6 +32,12 @@ func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOf
 // (serving), when the CSI driver reports another name: that socket must go first.
 func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
 	lastErr := ""
+	// A restarted driver whose registration may stay (restart.go) stays Registered while it
+	// comes up: kubelet still holds it. Otherwise the loop waits for its endpoint.
+	phase := WaitingForEndpoint
+	if serving && d.keepsOnRestart() {
+		phase = Registered
+	}
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
 	// or registering its services: probe again soon, a few times, before the backoff resumes.
 	var quick time.Duration
@@ -65,7 +71,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		} else {
 			wait = next(b)
 		}
-		d.update(WaitingForEndpoint, err.Error(), time.Now().Add(wait))
+		d.update(phase, err.Error(), time.Now().Add(wait))
 		if mismatch && serving {
 			return fileID{}, err
 		}
@@ -80,8 +86,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		// closer to it as a directory on the way appeared.
 		woken, ok := sleepUntil(ctx, wait, ep, func(ev change) bool {
 			if ev&evChanged != 0 { // removed, perhaps: the driver left the node
-				_, _, err := statID(d.spec.LocalEndpoint)
-				d.setPresence(err)
+				d.lookPresence()
 			}
 			return ev&(evCreated|evLost) != 0
 		})
@@ -92,6 +97,12 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 			quick = quickProbeMin
 		}
 	}
+}
+
+// lookPresence records whether the endpoint's file is there now.
+func (d *driver) lookPresence() {
+	_, _, err := statID(d.spec.LocalEndpoint)
+	d.setPresence(err)
 }
 
 // endpointRestarted looks at the endpoint's socket after a wake-up (ev; 0 for a first look)

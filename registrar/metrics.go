@@ -28,7 +28,7 @@ func NewCollector(s *Supervisor) *Collector {
 			"1 when the driver's endpoint accepted a connection at the last look, else 0.",
 			[]string{"driver"}, nil),
 		absent: prometheus.NewDesc("multireg_driver_absent",
-			"1 when no file was at the driver's endpoint at the last look: the driver does not run on this node. An absent driver that is not required does not fail readiness.",
+			"1 when no file was at the driver's endpoint at the last look: it does not run on this node, or its driver is down. An absent driver that is not required and not registered does not fail readiness.",
 			[]string{"driver"}, nil),
 		required: prometheus.NewDesc("multireg_driver_required",
 			"1 when the driver is required on every node: its absence fails readiness.",

@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -175,4 +176,33 @@ func crash(t *testing.T, s *Supervisor, d config.Driver, e *endpoint) {
 	t.Helper()
 	e.stop()
 	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
+}
+
+// TestKeptRestartStaysRegistered: a registered CSI driver restarts and does not answer at
+// once (its socket is there, nothing listens yet): kubelet still holds the registration, so
+// the driver stays Registered — and ready — until it answers and the registration is kept.
+func TestKeptRestartStaysRegistered(t *testing.T) {
+	var log testkit.Buffer
+	s, d, e := registeredCSINode(t, &log, "node-a")
+	crash(t, s, d, e)
+	l, err := listenUnlinked(d.LocalEndpoint) // created anew, not answering yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	testkit.Eventually(t, 5*time.Second, "the probe of the restarted driver to fail", func() bool {
+		return strings.Contains(statusOf(s, d.Name).LastError, "connection refused")
+	})
+	testkit.Never(t, 500*time.Millisecond, "the driver to leave Registered while it comes up", func() bool {
+		return statusOf(s, d.Name).Phase != Registered
+	})
+	if err := os.Remove(d.LocalEndpoint); err != nil {
+		t.Fatal(err)
+	}
+	startCSINode(t, d.LocalEndpoint, d.Name, "node-a")
+	const kept = "driver endpoint restarted; NodeGetInfo unchanged, the registration stays"
+	testkit.Eventually(t, 5*time.Second, "the registration kept", func() bool { return strings.Contains(log.String(), kept) })
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.LastError != "" {
+		t.Errorf("after the kept restart: phase %s, last error %q; want Registered, none", st.Phase, st.LastError)
+	}
 }

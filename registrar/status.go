@@ -145,7 +145,8 @@ func (d *driver) setPresence(statErr error) {
 	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
 }
 
-// setRequired takes a new value of Required: it needs no new registration.
+// setRequired takes a new value of Required: it needs no new registration. Only the status
+// holds it: the loop never reads d.spec.Required, which keeps the value it started with.
 func (d *driver) setRequired(required bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -76,3 +76,22 @@ func TestReadyWhenRegistered(t *testing.T) {
 		t.Errorf("registered, endpoint gone: phase %s, ready %v; want Registered and ready", st.Phase, st.Ready())
 	}
 }
+
+// TestAbsentWhileBackingOff: a driver kubelet rejected backs off for a minute; removed from
+// the node meanwhile, it is absent at once, not after the backoff.
+func TestAbsentWhileBackingOff(t *testing.T) {
+	s, d, e := setup(t, config.DevicePlugin, func(d *config.Driver) {
+		d.Backoff.InitialInterval, d.Backoff.MaxInterval = time.Minute, time.Minute
+	})
+	awaitSocket(t, d)
+	register(t, d.SocketPath, false, "no room")
+	testkit.Eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
+	if st := statusOf(s, d.Name); st.Absent || st.Ready() {
+		t.Fatalf("a present, rejected driver: absent %v, ready %v", st.Absent, st.Ready())
+	}
+	e.stop()
+	testkit.Eventually(t, 5*time.Second, "the driver absent while it backs off", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == BackingOff && st.Absent && st.Ready()
+	})
+}
