@@ -33,7 +33,7 @@ func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
 }
 
 func TestCSINameMismatch(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "ep", "csi.sock")
 	startEndpoint(t, ep, "smb.csi.k8s.io")
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
@@ -108,7 +108,7 @@ func TestEndpointDirectoryAppearsLater(t *testing.T) {
 // TestEndpointDirectoriesAppearLevelByLevel: two missing levels under the endpoint; each
 // creation is seen through the nearest existing ancestor, with no poll and no backoff wait.
 func TestEndpointDirectoriesAppearLevelByLevel(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "a", "b", "csi.sock")
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
 	d.Backoff.InitialInterval = time.Hour
@@ -149,7 +149,7 @@ func TestEndpointDirectoryRecreatedWhileServing(t *testing.T) {
 // TestEndpointUpInSharedDirectory: with waitForEndpoint false, a driver whose endpoint
 // directory another loop already watches still reports its endpoint as up.
 func TestEndpointUpInSharedDirectory(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep1, ep2 := filepath.Join(dir, "ep", "a.sock"), filepath.Join(dir, "ep", "b.sock")
 	startEndpoint(t, ep1, "")
 	startEndpoint(t, ep2, "")

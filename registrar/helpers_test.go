@@ -25,18 +25,6 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// shortDir returns a temporary directory with a short path: unix socket paths are limited to
-// 107 bytes, and t.TempDir's are long.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "mr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // testDriver is a resolved driver with fast retries, registering into dir/reg.
 func testDriver(dir, name, typ, endpoint string) config.Driver {
 	reg := filepath.Join(dir, "reg")
@@ -82,7 +70,7 @@ func setupWaiting(t *testing.T, typ string, before func(*config.Driver)) (*Super
 
 func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
 	t.Helper()
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	n := fixtureDrivers[typ]
 	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", n.socket))
 	if before != nil {

@@ -16,7 +16,7 @@ import (
 )
 
 func TestLockWaitsAndTakesOver(t *testing.T) {
-	dir := filepath.Join(shortDir(t), "reg")
+	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	var logs testkit.Buffer
 	first, err := acquireLock(context.Background(), dir, logs.Logger())
 	if err != nil {
@@ -58,12 +58,12 @@ func TestLockWaitsAndTakesOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	if _, err := acquireLock(ctx, dir, logs.Logger()); err != context.DeadlineExceeded {
-		t.Errorf("AcquireLock with an ended context: %v", err)
+		t.Errorf("acquireLock with an ended context: %v", err)
 	}
 }
 
 func TestDirRemovesOnlyOurTempSockets(t *testing.T) {
-	dir := filepath.Join(shortDir(t), "reg")
+	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func fastLock(t *testing.T) {
 	t.Cleanup(func() { lockRetry, lockGrace, lockSettle = retry, grace, settle })
 }
 
-// waitingLock starts a second instance's AcquireLock on dir and returns once it says it waits.
+// waitingLock starts a second instance's acquireLock on dir and returns once it says it waits.
 func waitingLock(t *testing.T, dir string, logs *testkit.Buffer) <-chan *dirLock {
 	t.Helper()
 	got := make(chan *dirLock, 1)
@@ -173,7 +173,7 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(shortDir(t), "reg")
+			dir := filepath.Join(testkit.ShortDir(t), "reg")
 			var logs testkit.Buffer
 			holder, err := acquireLock(context.Background(), dir, logs.Logger())
 			if err != nil {
@@ -219,7 +219,7 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 // next check says the directory is lost.
 func TestLockHolderTooSlow(t *testing.T) {
 	fastLock(t)
-	dir := filepath.Join(shortDir(t), "reg")
+	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	var logs testkit.Buffer
 	holder, err := acquireLock(context.Background(), dir, logs.Logger())
 	if err != nil {
@@ -253,7 +253,7 @@ func TestLockHolderTooSlow(t *testing.T) {
 // it (0750); a missing parent (kubelet's root directory) is an error naming it, and is not
 // created.
 func TestLockCreatesOnlyTheDirectory(t *testing.T) {
-	base := shortDir(t)
+	base := testkit.ShortDir(t)
 	dir := filepath.Join(base, "reg")
 	l, err := tryLock(dir, testkit.Logger(t))
 	if err != nil {
@@ -277,7 +277,7 @@ func TestLockCreatesOnlyTheDirectory(t *testing.T) {
 // instance's) publishes nothing; its drivers back off with the guard's error and publish once
 // it passes.
 func TestGuardStopsPublish(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	var lost atomic.Bool
 	lost.Store(true)
 	s := runSupervisor(t, Options{Guard: func() error {
@@ -304,7 +304,7 @@ func TestGuardStopsPublish(t *testing.T) {
 // its parent are gone is not lost (nobody else can hold a lock file there); it is taken again
 // once the directory is back.
 func TestLockRefreshWithoutItsDirectory(t *testing.T) {
-	base := filepath.Join(shortDir(t), "kubelet")
+	base := filepath.Join(testkit.ShortDir(t), "kubelet")
 	if err := os.Mkdir(base, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestLockRefreshWithoutItsDirectory(t *testing.T) {
 // directory's real name is checked under that name: the symlink's removal neither makes a
 // directory in its place nor lets go of the real one.
 func TestDirMovedToAnotherName(t *testing.T) {
-	base := shortDir(t)
+	base := testkit.ShortDir(t)
 	real, alias := filepath.Join(base, "reg"), filepath.Join(base, "alias")
 	if err := os.Mkdir(real, 0o750); err != nil {
 		t.Fatal(err)
@@ -369,7 +369,7 @@ func TestDirMovedToAnotherName(t *testing.T) {
 // TestLockRefresh: after the registration directory is recreated, the instance that holds it
 // locks the new lock file, or learns that another instance got there first.
 func TestLockRefresh(t *testing.T) {
-	dir := filepath.Join(shortDir(t), "reg")
+	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	log := testkit.Logger(t)
 	first, err := acquireLock(context.Background(), dir, log)
 	if err != nil {
@@ -412,7 +412,7 @@ func TestDirRunStopsWhenLost(t *testing.T) {
 	check := lockCheck
 	lockCheck = 10 * time.Millisecond
 	t.Cleanup(func() { lockCheck = check })
-	dir := filepath.Join(shortDir(t), "reg")
+	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	d := openDir(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -9,7 +9,7 @@ import (
 )
 
 func TestRemoveOrphans(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	stale := func(name string) {
 		l, err := listenUnlinked(filepath.Join(dir, name))
 		if err != nil {
@@ -44,7 +44,7 @@ func TestRemoveOrphans(t *testing.T) {
 		}
 	}
 	// No record at all (a first run): nothing to do.
-	if removed, err := removeOrphans(shortDir(t), nil, testkit.Logger(t)); err != nil || len(removed) != 0 {
+	if removed, err := removeOrphans(testkit.ShortDir(t), nil, testkit.Logger(t)); err != nil || len(removed) != 0 {
 		t.Errorf("without a record: %q, %v", removed, err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // '%', '?', a space) is probed like any other, and its driver is published: validation
 // accepts such paths.
 func TestProbeAnyPath(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	for _, name := range []string{"a#b", "a%25b", "a%zz", "a?b", "a b", "a #%25?b"} {
 		ep := filepath.Join(dir, name, name+".sock")
 		startEndpoint(t, ep, "nfs.csi.k8s.io")
@@ -40,7 +40,7 @@ func TestProbeAnyPath(t *testing.T) {
 // TestHungEndpointProbedConcurrently: while one driver's probe hangs on an endpoint that
 // accepted the connection and never answers, another driver publishes its socket.
 func TestHungEndpointProbedConcurrently(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	hungPath := filepath.Join(dir, "hung", "csi.sock")
 	if err := os.MkdirAll(filepath.Dir(hungPath), 0o755); err != nil {
 		t.Fatal(err)

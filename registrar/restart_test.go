@@ -19,7 +19,7 @@ import (
 // restart must not be timed out.
 func registeredCSINode(t *testing.T, log *testkit.Buffer, nodeID string) (*Supervisor, config.Driver, *endpoint) {
 	t.Helper()
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
 	d.RegistrationTimeout = time.Second
 	e, calls := startCSINode(t, d.LocalEndpoint, d.Name, nodeID)

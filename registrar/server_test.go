@@ -31,7 +31,7 @@ func TestVerdictWithoutGetInfoIgnored(t *testing.T) {
 // them — a PluginInfo with many versions, a long rejection from kubelet — still go through
 // whole.
 func TestMessagesLargerThanTheTransportBuffers(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "ep", "csi.sock")
 	startEndpoint(t, ep, "big.csi.k8s.io")
 	d := testDriver(dir, "big.csi.k8s.io", config.CSIPlugin, ep)

@@ -16,7 +16,7 @@ import (
 // check and the rename is put back untouched.
 func TestPublishNeverReplacesWhatAppears(t *testing.T) {
 	for _, exists := range []bool{false, true} {
-		dir := shortDir(t)
+		dir := testkit.ShortDir(t)
 		tmp, path := filepath.Join(dir, tempSocketName()), filepath.Join(dir, "x-reg.sock")
 		l, err := listenUnlinked(tmp)
 		if err != nil {
@@ -54,7 +54,7 @@ func TestTempSocketNames(t *testing.T) {
 func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 	for _, kind := range []string{"file", "directory", "symlink"} {
 		t.Run(kind, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testkit.ShortDir(t)
 			ep := filepath.Join(dir, "ep", "csi.sock")
 			startEndpoint(t, ep, "nfs.csi.k8s.io")
 			d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)

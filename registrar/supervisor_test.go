@@ -34,7 +34,7 @@ func inotifyInstances(t *testing.T) int {
 // TestManyDriversShareOneWatcher runs more drivers than Linux's default limit of 128 inotify
 // instances per user: they must share one.
 func TestManyDriversShareOneWatcher(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	before := inotifyInstances(t)
 	s := runSupervisor(t, Options{})
 	const n = 150
@@ -64,7 +64,7 @@ func TestManyDriversShareOneWatcher(t *testing.T) {
 // TestHungEndpointDoesNotDelayOthers: a CSI endpoint that accepts connections but never
 // answers keeps only its own driver waiting.
 func TestHungEndpointDoesNotDelayOthers(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	hungPath := filepath.Join(dir, "hung", "csi.sock")
 	if err := os.MkdirAll(filepath.Dir(hungPath), 0o755); err != nil {
 		t.Fatal(err)
@@ -98,7 +98,7 @@ func TestHungEndpointDoesNotDelayOthers(t *testing.T) {
 // TestConcurrentStartsOfOneName: concurrent restarts of one driver leave exactly one loop,
 // which Stop stops.
 func TestConcurrentStartsOfOneName(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "ep", "dp.sock")
 	startEndpoint(t, ep, "")
 	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
@@ -120,7 +120,7 @@ func TestConcurrentStartsOfOneName(t *testing.T) {
 }
 
 func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "ep", "dp.sock")
 	startEndpoint(t, ep, "")
 	a := testDriver(dir, "vendor.example/a", config.DevicePlugin, ep)
@@ -162,7 +162,7 @@ func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
 }
 
 func TestCleanupOnExitRemovesSockets(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "ep", "dp.sock")
 	d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, ep)
 	// A stale socket from an earlier run, never replaced because the endpoint is down.

@@ -74,7 +74,7 @@ func watchesFor(s *Supervisor, dir, name string) bool { return s.w.watches(dir, 
 // renameInto creates a file at path in one step, as a rename into place: a single event.
 func renameInto(t *testing.T, path string) {
 	t.Helper()
-	tmp := filepath.Join(shortDir(t), "tmp")
+	tmp := filepath.Join(testkit.ShortDir(t), "tmp")
 	if err := os.WriteFile(tmp, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func renameInto(t *testing.T, path string) {
 // TestSubscriptionReportsWhatHappened: a creation, a change of attributes and a removal are
 // told apart; a chmod is no creation (a driver's chmod of its socket is no restart).
 func TestSubscriptionReportsWhatHappened(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	path := filepath.Join(dir, "f")
 	s := subscribe(t, testWatcher(t), path)
 	if got := s.take(); got != 0 {
@@ -114,7 +114,7 @@ func TestSubscriptionReportsWhatHappened(t *testing.T) {
 // is watched for it meanwhile; when it is back the subscription watches it again, says that
 // events may have been lost, and reports the file's creation.
 func TestSubscriptionFollowsItsDirectory(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	reg := filepath.Join(dir, "reg")
 	if err := os.Mkdir(reg, 0o750); err != nil {
 		t.Fatal(err)
@@ -146,7 +146,7 @@ func TestSubscriptionFollowsItsDirectory(t *testing.T) {
 // missing, the nearest existing one is watched; each creation moves the watch one level down,
 // and the file's creation is reported.
 func TestSubscriptionDescendsAsDirectoriesAppear(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "a", "b")
 	w := testWatcher(t)
 	s := subscribe(t, w, filepath.Join(b, "f"))
@@ -179,7 +179,7 @@ func TestSubscriptionPollsAtTheWatchLimit(t *testing.T) {
 	if !atWatchLimit(t, 0) {
 		return
 	}
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	path := filepath.Join(dir, "f")
 	w := testWatcher(t)
 	s := subscribe(t, w, path)

@@ -156,7 +156,7 @@ func TestRunChecksFlagsFirst(t *testing.T) {
 // TestRunMovesToAnotherNameOfItsDirectory: registrationDir changed to a symlink of the
 // directory this very process holds is applied, not blamed on "another multireg".
 func TestRunMovesToAnotherNameOfItsDirectory(t *testing.T) {
-	dir := shortTemp(t)
+	dir := testkit.ShortDir(t)
 	reg := filepath.Join(dir, "reg")
 	alias := filepath.Join(dir, "alias")
 	if err := os.Symlink("reg", alias); err != nil {
@@ -175,7 +175,7 @@ func TestRunMovesToAnotherNameOfItsDirectory(t *testing.T) {
 // TestRunRetriesTheOwnedRecord: a record of the owned sockets that cannot be written is
 // written once the directory lets it.
 func TestRunRetriesTheOwnedRecord(t *testing.T) {
-	dir := shortTemp(t)
+	dir := testkit.ShortDir(t)
 	reg := filepath.Join(dir, "reg")
 	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: " + reg
 	cfg := writeConfig(t, dir, header+twoDrivers)
@@ -197,21 +197,10 @@ func TestRunRetriesTheOwnedRecord(t *testing.T) {
 	})
 }
 
-// shortTemp is a temporary directory short enough for the sockets made in it.
-func shortTemp(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "mr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestRunRetriesARefusedMove: a registrationDir move refused while another instance holds
 // the new directory is applied by the next SIGHUP once that instance has let it go.
 func TestRunRetriesARefusedMove(t *testing.T) {
-	dir := shortTemp(t)
+	dir := testkit.ShortDir(t)
 	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "
 	cfg := writeConfig(t, dir, header+filepath.Join(dir, "a")+twoDrivers)
 	other, err := holdDir(filepath.Join(dir, "b"))

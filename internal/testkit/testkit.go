@@ -6,6 +6,7 @@ package testkit
 import (
 	"bytes"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +41,18 @@ func (s *Buffer) Len() int {
 
 // Logger returns a text logger writing to the buffer.
 func (s *Buffer) Logger() *slog.Logger { return slog.New(slog.NewTextHandler(s, nil)) }
+
+// ShortDir returns a temporary directory with a short path, removed when the test ends: unix
+// socket paths are limited to 107 bytes, and t.TempDir's are long.
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
 
 // Eventually polls cond until it holds, and fails the test when timeout passes first.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
