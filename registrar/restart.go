@@ -92,6 +92,7 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 		d.log.Warn("NodeGetInfo failed; the driver's next restart registers it again", "err", err)
 		return nil
 	}
+	d.log.Debug("NodeGetInfo recorded; a restart that answers the same keeps the registration", "nodeID", info.GetNodeId())
 	return info
 }
 

@@ -57,7 +57,7 @@ func TestCSIEndpointRestart(t *testing.T) {
 			regs := e.K.Counts(victim.Name)
 			st, _ := p.Status(t).Driver(victim.Name)
 
-			e.AwaitNodeInfoAsked(victim)
+			e.AwaitNodeInfoRecorded(p, victim)
 			e.StopEndpoint(victim)
 			waitDriver(t, p, victim.Name, "/status to show the endpoint down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
 			ep, err := plugins.StartNode(e.EndpointPath(victim), victim.Type, victim.Name, tc.nodeID)

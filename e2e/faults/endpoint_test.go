@@ -34,7 +34,7 @@ func TestEndpointDiesAndReturns(t *testing.T) {
 			sock := fileid.Of(e.SocketPath(victim))
 			regs := e.K.Counts(victim.Name).Registrations
 
-			e.AwaitNodeInfoAsked(victim)
+			e.AwaitNodeInfoRecorded(p, victim)
 			e.StopEndpoint(victim)
 			waitDriver(t, p, victim.Name, "/status to show the endpoint down", func(d mrproc.DriverStatus) bool { return !d.EndpointUp })
 			wait.Never(t, quietPeriod, "the registration of a driver whose endpoint is down moved", func() bool {

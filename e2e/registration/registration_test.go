@@ -121,7 +121,7 @@ func TestDriverRestartReregisters(t *testing.T) {
 	p := mrproc.Start(t, e.WriteConfig(ds))
 	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
 	for _, d := range ds {
-		e.AwaitNodeInfoAsked(d)
+		e.AwaitNodeInfoRecorded(p, d)
 		e.StopEndpoint(d)
 		e.StartEndpoint(d)
 		kept := map[string]string{

@@ -18,6 +18,7 @@ import (
 
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/plugins"
 )
 
@@ -184,16 +185,19 @@ func (e *Env) StartEndpoints(ds []Driver) {
 	}
 }
 
-// AwaitNodeInfoAsked waits until multireg has asked the driver's CSI plugin NodeGetInfo, as
-// it does right after kubelet registers it: only then can it tell, after a restart, whether
-// the registration may stay. Other types return at once.
-func (e *Env) AwaitNodeInfoAsked(d Driver) {
+// AwaitNodeInfoRecorded waits until multireg has recorded the driver's CSI NodeGetInfo answer,
+// as it does right after kubelet registers it: only then can it tell, after a restart, whether
+// the registration may stay. Waiting for the call to be made is not enough: an endpoint stopped
+// before its answer reaches multireg leaves nothing to compare, and the restart registers again.
+// Other types return at once.
+func (e *Env) AwaitNodeInfoRecorded(p *mrproc.Process, d Driver) {
 	e.T.Helper()
-	ep, ok := e.eps[d.Name]
-	if !ok || d.Type != "CSIPlugin" {
+	if d.Type != "CSIPlugin" {
 		return
 	}
-	wait.For(e.T, RegisterTimeout, "multireg to ask "+d.Name+" NodeGetInfo", func() bool { return ep.NodeGetInfoCalls() > 0 })
+	wait.For(e.T, RegisterTimeout, "multireg to record "+d.Name+"'s NodeGetInfo", func() bool {
+		return p.Count("NodeGetInfo recorded; a restart that answers the same keeps the registration", d.Name) > 0
+	})
 }
 
 // StopEndpoint stops the driver's service (the last one started) and removes its socket, as
