@@ -63,6 +63,9 @@ func (e *env) startAll(cm *configMap, ds []driver) *mrproc.Process {
 	p := mrproc.Start(e.T, cm.path())
 	wait.For(e.T, registerTimeout, "every driver registered", func() bool { return e.AllRegistered(ds) })
 	wait.For(e.T, registerTimeout, "every driver Registered in multireg", func() bool { return registeredIn(p, ds) })
+	for _, d := range ds { // multireg's last step after a registration: settled
+		e.AwaitNodeInfoRecorded(p, d)
+	}
 	return p
 }
 
