@@ -88,7 +88,8 @@ type Driver struct {
 	Name string
 	// Type is CSIPlugin, DRAPlugin or DevicePlugin.
 	Type string
-	// Endpoint is the path kubelet dials to reach the plugin (a host path).
+	// Endpoint is the path kubelet dials to reach the plugin (a host path). Its last element
+	// may be a pattern (EndpointIsPattern): kubelet is then given the matching socket's path.
 	Endpoint string
 	// LocalEndpoint is the same socket as this process sees it; it equals Endpoint unless set.
 	LocalEndpoint string
@@ -98,6 +99,9 @@ type Driver struct {
 	SocketName string
 	// SocketPath is RegistrationDir joined with SocketName.
 	SocketPath string
+	// AltSocketPath is the second registration socket of a driver that hands its
+	// registration from one endpoint instance to the next (Handover); "" for the others.
+	AltSocketPath string
 	// Backoff paces retries after a failure.
 	Backoff Backoff
 	// RegistrationTimeout is how long to wait for kubelet's verdict after the socket
@@ -157,6 +161,24 @@ func (c *RegistrarConfig) Summary() string {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}
 	return s + " in " + c.RegistrationDir
+}
+
+// socketPaths are the driver's registration socket paths: SocketPath, and AltSocketPath when
+// it has one.
+func (d Driver) socketPaths() []string {
+	if d.AltSocketPath == "" {
+		return []string{d.SocketPath}
+	}
+	return []string{d.SocketPath, d.AltSocketPath}
+}
+
+// SocketNames are the file names of the driver's registration sockets in the registration
+// directory: SocketName, and the second one of a driver that hands its registration over.
+func (d Driver) SocketNames() []string {
+	if !d.Handover() {
+		return []string{d.SocketName}
+	}
+	return []string{d.SocketName, AltSocketName(d.SocketName)}
 }
 
 // DefaultSocketName is the registration socket name used when a driver sets none:

@@ -36,10 +36,12 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 			shown = formatValue(DefaultSocketName(d.Name)) + " (default)"
 		}
 		errs = append(errs, d.resolve(p, dir)...)
-		if n := len(d.SocketPath); n > MaxSocketPathLen && checkSocket {
-			errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
-				"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
-				shown, d.SocketPath, n, MaxSocketPathLen)))
+		for _, sp := range d.socketPaths() {
+			if n := len(sp); n > MaxSocketPathLen && checkSocket {
+				errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
+					"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
+					shown, sp, n, MaxSocketPathLen)))
+			}
 		}
 		if j, dup := byName[d.Name]; dup {
 			e := field.Duplicate(p.Child("name"), d.Name)
@@ -48,11 +50,13 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 		} else if d.Name != "" {
 			byName[d.Name] = i
 		}
-		if j, dup := bySocket[d.SocketPath]; dup && checkSocket {
-			errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
-				shown, d.SocketPath, j, cfg.Drivers[j].Name)))
-		} else if checkSocket {
-			bySocket[d.SocketPath] = i
+		for _, sp := range d.socketPaths() {
+			if j, dup := bySocket[sp]; dup && checkSocket {
+				errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
+					shown, sp, j, cfg.Drivers[j].Name)))
+			} else if checkSocket {
+				bySocket[sp] = i
+			}
 		}
 	}
 	return cfg, errs
@@ -76,6 +80,11 @@ func (d *Driver) resolve(p *field.Path, dir string) field.ErrorList {
 
 	errs = append(errs, checkEndpoint(p.Child("endpoint"), d.Endpoint, true, true)...)
 	errs = append(errs, checkEndpoint(p.Child("localEndpoint"), d.LocalEndpoint, false, false)...)
+	errs = append(errs, d.checkPatterns(p)...)
+	if IsPattern(d.Endpoint) && !d.WaitForEndpoint {
+		errs = append(errs, field.Invalid(p.Child("waitForEndpoint"), false,
+			"must be true when endpoint is a pattern: multireg looks for the matching socket that answers to tell kubelet its path"))
+	}
 	errs = append(errs, d.checkOutsideRegistry(p, dir)...)
 	if d.LocalEndpoint == "" {
 		d.LocalEndpoint = d.Endpoint
@@ -94,6 +103,9 @@ func (d *Driver) resolve(p *field.Path, dir string) field.ErrorList {
 		errs = append(errs, checkSocketName(p.Child("socketName"), d.SocketName)...)
 	}
 	d.SocketPath = filepath.Join(dir, d.SocketName)
+	if d.Handover() {
+		d.AltSocketPath = filepath.Join(dir, AltSocketName(d.SocketName))
+	}
 	return errs
 }
 
@@ -191,6 +203,10 @@ func checkVersions(p *field.Path, typ string, versions []string) field.ErrorList
 // notDialable is why a path kubelet dials may not hold some characters.
 const notDialable = "kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL"
 
+// KubeletCanDial reports whether kubelet can dial a unix socket at p (see kubeletCanDial): a
+// socket that matches an endpoint pattern is registered only when it can.
+func KubeletCanDial(p string) bool { return kubeletCanDial(p) }
+
 // kubeletCanDial reports whether kubelet can dial a unix socket at p. kubelet hands the path
 // to gRPC as a target, which parses it as a URL: '#' and '?' cut it short, '%' escapes are
 // decoded (or fail to parse), and a control character fails to parse. multireg dials paths
@@ -211,6 +227,8 @@ func checkEndpoint(p *field.Path, path string, required, kubeletDials bool) fiel
 		return field.ErrorList{field.Required(p, "the absolute path of the plugin's socket")}
 	case path == "":
 		return nil
+	case kubeletDials && filepath.IsAbs(path) && (IsPattern(path) || strings.ContainsAny(filepath.Dir(path), dirPatternMeta)):
+		return checkPattern(p, path)
 	case !filepath.IsAbs(path):
 		msg = "must be an absolute path"
 	case len(filepath.Clean(path)) > MaxSocketPathLen:

@@ -1,0 +1,118 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// parseDriver parses a file with one driver whose entry holds the YAML lines entry (indented
+// by four spaces).
+func parseDriver(entry string) (*RegistrarConfig, error) {
+	return Parse([]byte("apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers:\n  - " + strings.TrimPrefix(entry, "    ")))
+}
+
+func TestEndpointPatternResolves(t *testing.T) {
+	cfg, err := parseDriver(`    name: gpu.example.com
+    type: DRAPlugin
+    endpoint: /var/lib/kubelet/plugins/gpu.example.com/dra-*.sock
+    localEndpoint: /host/plugins/gpu.example.com/dra-*.sock
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.Drivers[0]
+	if !d.EndpointIsPattern() || !d.Handover() {
+		t.Fatalf("EndpointIsPattern %v, Handover %v; want both", d.EndpointIsPattern(), d.Handover())
+	}
+	if want := "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.1.sock"; d.AltSocketPath != want {
+		t.Errorf("AltSocketPath %q, want %q", d.AltSocketPath, want)
+	}
+	if got := d.SocketNames(); len(got) != 2 || got[1] != "gpu.example.com-reg.1.sock" {
+		t.Errorf("SocketNames %q, want both sockets", got)
+	}
+	ep, local := d.Concrete("dra-1234.sock")
+	if ep != "/var/lib/kubelet/plugins/gpu.example.com/dra-1234.sock" || local != "/host/plugins/gpu.example.com/dra-1234.sock" {
+		t.Errorf("Concrete = %q, %q", ep, local)
+	}
+
+	// A device plugin with a pattern is registered again when it moves: no second socket.
+	cfg, err = parseDriver(`    name: example.com/widget
+    type: DevicePlugin
+    endpoint: /var/lib/kubelet/plugins/widget/dp.*
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cfg.Drivers[0]; !d.EndpointIsPattern() || d.Handover() || d.AltSocketPath != "" {
+		t.Errorf("device plugin: EndpointIsPattern %v, Handover %v, AltSocketPath %q", d.EndpointIsPattern(), d.Handover(), d.AltSocketPath)
+	}
+
+	// A localEndpoint alone may hold any byte: a '?' there is no pattern.
+	cfg, err = parseDriver(`    name: nfs.csi.k8s.io
+    type: CSIPlugin
+    endpoint: /var/lib/kubelet/plugins/nfs/csi.sock
+    localEndpoint: /host/a?b/csi.sock
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Drivers[0].EndpointIsPattern() {
+		t.Error("a literal localEndpoint taken for a pattern")
+	}
+}
+
+func TestEndpointPatternInvalid(t *testing.T) {
+	long := "/var/lib/kubelet/plugins/" + strings.Repeat("n", 79) + "/dp.*"
+	tests := []struct{ entry, want string }{
+		{"endpoint: /var/lib/kubelet/plugins/*/dra.sock",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/*/dra.sock": a pattern is allowed only in the last element (the socket's name), not in "/var/lib/kubelet/plugins/*"`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu/dra-[.sock",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/dra-[.sock": the pattern "dra-[.sock" is malformed`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu/*",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/*": the pattern "*" matches every file of the directory`},
+		{"endpoint: " + long,
+			`drivers[0].endpoint: "` + long + `": leaves no room for a socket name: the directory and the pattern's fixed part are 108 bytes`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu#1/dra-*.sock",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu#1/dra-*.sock": kubelet cannot dial a path with '#'`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu/dra-*.sock\n    localEndpoint: /host/gpu/dra.sock",
+			`drivers[0].localEndpoint: "/host/gpu/dra.sock": must end in the same pattern as endpoint ("dra-*.sock")`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu/dra-*.sock\n    waitForEndpoint: false",
+			`drivers[0].waitForEndpoint: false: must be true when endpoint is a pattern`},
+	}
+	for _, tt := range tests {
+		_, err := parseDriver("    name: gpu.example.com\n    type: DRAPlugin\n    " + tt.entry + "\n")
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s:\n got %v\nwant %s", tt.entry, err, tt.want)
+		}
+	}
+}
+
+// TestAltSocketCollides: a driver's second registration socket may not be another's socket.
+func TestAltSocketCollides(t *testing.T) {
+	_, err := Parse([]byte(`apiVersion: multireg.dev/v1alpha1
+kind: RegistrarConfig
+drivers:
+  - name: gpu.example.com
+    type: DRAPlugin
+    endpoint: /var/lib/kubelet/plugins/gpu/dra-*.sock
+  - name: fpga.example.com
+    type: DRAPlugin
+    endpoint: /var/lib/kubelet/plugins/fpga/dra.sock
+    socketName: gpu.example.com-reg.1.sock
+`))
+	want := `drivers[1].socketName: "gpu.example.com-reg.1.sock": socket path "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.1.sock" is also used by drivers[0] ("gpu.example.com")`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("got %v\nwant %s", err, want)
+	}
+}
+
+func TestAltSocketName(t *testing.T) {
+	for give, want := range map[string]string{
+		"gpu.example.com-reg.sock": "gpu.example.com-reg.1.sock",
+		"gpu":                      "gpu.1",
+	} {
+		if got := AltSocketName(give); got != want {
+			t.Errorf("AltSocketName(%q) = %q, want %q", give, got, want)
+		}
+	}
+}
