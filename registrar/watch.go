@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -67,14 +68,16 @@ const (
 	evMend                       // internal, never taken: the watch must be mended
 )
 
-// subscription is one loop's interest in one file. Only its owner's goroutine calls take and
-// close.
+// subscription is one loop's interest in one file, or in the files of one directory whose
+// names match a pattern (an endpoint pattern). Only its owner's goroutine
+// calls take and close.
 type subscription struct {
-	w    *watcher
-	path string
-	dir  string        // the file's directory
-	name string        // the file's name in dir
-	c    chan struct{} // capacity 1: a pending wake-up
+	w       *watcher
+	path    string
+	dir     string        // the file's directory
+	name    string        // the file's name in dir, or the pattern of their names
+	pattern bool          // name is a pattern
+	c       chan struct{} // capacity 1: a pending wake-up
 
 	// Where the subscription is registered, written by its owner under w.mu: at is dir or,
 	// while dir is missing, its nearest existing ancestor; want is the name awaited in at
@@ -84,10 +87,22 @@ type subscription struct {
 	mu     sync.Mutex
 	events change
 
-	// While inotify refuses the watch: the timer of the next look, and the file at the last.
+	// While inotify refuses the watch: the timer of the next look, and the file at the last
+	// (for a pattern, the matching files: seenSet).
 	poll       *time.Timer
 	seen       fileID
 	seenExists bool
+	seenSet    string
+}
+
+// awaits reports whether base, a name in the directory where s is registered, is what s awaits
+// there: the file, a file matching its pattern, or the next missing directory on the way.
+func (s *subscription) awaits(base string) bool {
+	if s.pattern && s.at == s.dir {
+		ok, _ := filepath.Match(s.name, base)
+		return ok
+	}
+	return s.want == base
 }
 
 func newWatcher(log *slog.Logger) (*watcher, error) {
@@ -161,7 +176,7 @@ func (w *watcher) dispatch(ev fsnotify.Event) {
 	base := filepath.Base(ev.Name)
 	for s := range d.subs {
 		switch {
-		case s.want != base:
+		case !s.awaits(base):
 		case s.at != s.dir:
 			s.kick(evMend) // a directory on the way to the file: watch deeper
 		case ev.Has(fsnotify.Create):
@@ -185,7 +200,17 @@ func (w *watcher) kickAll(what change) {
 // subscribe returns a subscription for path, whose promise holds from the return on. It never
 // fails: what cannot be watched is looked at.
 func (w *watcher) subscribe(path string) *subscription {
-	s := &subscription{w: w, path: path, dir: filepath.Dir(path), name: filepath.Base(path), c: make(chan struct{}, 1)}
+	return w.subscribeTo(path, false)
+}
+
+// subscribeMatching is subscribe for the files of path's directory whose names match path's
+// last element, a pattern (path/filepath.Match).
+func (w *watcher) subscribeMatching(path string) *subscription {
+	return w.subscribeTo(path, true)
+}
+
+func (w *watcher) subscribeTo(path string, pattern bool) *subscription {
+	s := &subscription{w: w, path: path, dir: filepath.Dir(path), name: filepath.Base(path), pattern: pattern, c: make(chan struct{}, 1)}
 	s.mend() // what it reports is moot: the owner looks at the file after subscribing
 	return s
 }
@@ -279,16 +304,15 @@ func (s *subscription) place() (added bool, err error) {
 // look is the poll, while inotify refuses the watch the subscription needs: it reports how the
 // file differs from the last look, and schedules the next. The caller holds opsMu.
 func (s *subscription) look(watchErr error) change {
+	if s.pattern {
+		return s.lookPattern(watchErr)
+	}
 	id, _, err := statID(s.path)
 	exists := err == nil
 	prev, existed := s.seen, s.seenExists
 	s.seen, s.seenExists = id, exists
 	if s.poll == nil {
-		if errors.Is(watchErr, syscall.ENOSPC) {
-			watchErr = fmt.Errorf("%w: inotify's watch limit is reached (sysctl fs.inotify.max_user_watches)", watchErr)
-		}
-		s.w.log.Warn("cannot watch a file's directory; looking at the file every "+dirPollInterval.String(), "path", s.path, "err", watchErr)
-		s.poll = time.AfterFunc(dirPollInterval, func() { s.kick(evMend) })
+		s.startPoll(watchErr)
 		return evLost // what happened before the first look is unknown
 	}
 	s.poll.Reset(dirPollInterval)
@@ -301,6 +325,37 @@ func (s *subscription) look(watchErr error) change {
 		return evChanged
 	}
 	return 0
+}
+
+// lookPattern is look for a pattern: it reports evCreated when the matching files differ from
+// the last look (one appeared, went or was created anew), which the owner looks at itself.
+func (s *subscription) lookPattern(watchErr error) change {
+	matches, _ := filepath.Glob(s.path) // the only error is a malformed pattern, refused by config
+	var set strings.Builder
+	for _, m := range matches {
+		id, _, _ := statID(m)
+		fmt.Fprintf(&set, "%s %v\n", m, id)
+	}
+	prev := s.seenSet
+	s.seenSet = set.String()
+	if s.poll == nil {
+		s.startPoll(watchErr)
+		return evLost
+	}
+	s.poll.Reset(dirPollInterval)
+	if s.seenSet != prev {
+		return evCreated | evChanged
+	}
+	return 0
+}
+
+// startPoll starts the looks, while inotify refuses the watch s needs, and says why.
+func (s *subscription) startPoll(watchErr error) {
+	if errors.Is(watchErr, syscall.ENOSPC) {
+		watchErr = fmt.Errorf("%w: inotify's watch limit is reached (sysctl fs.inotify.max_user_watches)", watchErr)
+	}
+	s.w.log.Warn("cannot watch a file's directory; looking at the file every "+dirPollInterval.String(), "path", s.path, "err", watchErr)
+	s.poll = time.AfterFunc(dirPollInterval, func() { s.kick(evMend) })
 }
 
 // watchAt registers s in dir, awaiting want there, and makes sure dir is watched. It reports

@@ -249,3 +249,43 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestSubscriptionMatching: a subscription to a pattern is woken for the files whose names
+// match, and for no other file of the directory; while inotify refuses the watch, a look tells
+// the matching files apart the same way.
+func TestSubscriptionMatching(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	s := testWatcher(t).subscribeMatching(filepath.Join(dir, "dp.*"))
+	t.Cleanup(s.close)
+	renameInto(t, filepath.Join(dir, "other"))
+	testkit.Never(t, 200*time.Millisecond, "a wake-up for a name that does not match", func() bool {
+		select {
+		case <-s.c:
+			return s.take() != 0
+		default:
+			return false
+		}
+	})
+	renameInto(t, filepath.Join(dir, "dp.1"))
+	changes(t, s, evCreated)
+	if err := os.Remove(filepath.Join(dir, "dp.1")); err != nil {
+		t.Fatal(err)
+	}
+	changes(t, s, evChanged)
+}
+
+func TestSubscriptionMatchingPollsAtTheWatchLimit(t *testing.T) {
+	if !atWatchLimit(t, 0) {
+		return
+	}
+	dir := testkit.ShortDir(t)
+	s := testWatcher(t).subscribeMatching(filepath.Join(dir, "dp.*"))
+	t.Cleanup(s.close)
+	renameInto(t, filepath.Join(dir, "other"))
+	renameInto(t, filepath.Join(dir, "dp.1"))
+	changes(t, s, evCreated)
+	if err := os.Remove(filepath.Join(dir, "dp.1")); err != nil {
+		t.Fatal(err)
+	}
+	changes(t, s, evChanged)
+}
