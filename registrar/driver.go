@@ -38,9 +38,17 @@ type driver struct {
 	guard func() error
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
+
+	// Only the loop's goroutine uses these.
+	// at is the endpoint registered, or to register (pattern.go); zero for a pattern not yet
+	// matched.
+	at target
 	// nodeInfo is what a CSI driver answered NodeGetInfo once kubelet registered the current
-	// socket (restart.go); nil when not asked or not answered. Only the loop's goroutine uses it.
+	// socket (restart.go); nil when not asked or not answered.
 	nodeInfo *csi.NodeGetInfoResponse
+	// prev is the generation a handover leaves registered, until its successor is registered
+	// and prev's endpoint is gone (pattern.go).
+	prev *generation
 
 	mu      sync.Mutex
 	gen     uint64   // the current socket generation; verdicts for others are dropped
@@ -56,6 +64,9 @@ func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *
 		probe:    probeEndpoint,
 		cleanup:  cleanup,
 		verdictC: make(chan struct{}, 1),
+	}
+	if !spec.EndpointIsPattern() {
+		d.at = fixedTarget(spec)
 	}
 	d.st = DriverStatus{
 		Name:        spec.Name,
@@ -86,6 +97,7 @@ const (
 	endPublishFailed                   // the socket could not be published
 	endSocketRemoved                   // someone else removed or replaced the socket
 	endEndpointRestarted               // the driver's endpoint socket was created anew
+	endEndpointMoved                   // another socket matching the endpoint pattern takes over
 )
 
 // run is the loop: wait for the endpoint, publish a socket, wait for kubelet's verdict or an
@@ -97,19 +109,21 @@ func (d *driver) run(ctx context.Context) {
 	// the first registration failure after it wait the longest interval.
 	probeB := newBackoff(d.spec.Backoff)
 	p := newPacing(d.spec)
-	sock := d.w.subscribe(d.spec.SocketPath)
-	defer sock.close()
-	ep := d.w.subscribe(d.spec.LocalEndpoint)
-	defer ep.close()
+	ws := d.subscribe()
+	defer ws.close()
+	ep := ws.ep
 
 	var cur *generation // the socket this loop has published and serves
 	defer func() { d.shutdown(context.Cause(ctx), cur) }()
 	// restarted: the endpoint of a driver whose cur is registered was created anew, and its
 	// type may keep the registration (restart.go); once it answers, keepsRegistration decides.
 	restarted := false
+	// resume: a handover's new instance went before kubelet registered it; cur is again the
+	// generation kubelet holds, and is kept if its endpoint is still the one to register.
+	resume := false
 
 	for {
-		epID, err := d.readyEndpoint(ctx, probeB, ep, cur != nil)
+		epID, err := d.readyEndpoint(ctx, probeB, ep, cur)
 		if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch {
 			// The driver restarted under another name: kubelet must not keep it.
 			if restarted {
@@ -119,22 +133,25 @@ func (d *driver) run(ctx context.Context) {
 			d.log.Warn("driver reports another name; its registration is withdrawn", "err", err)
 			d.retire(cur)
 			cur = nil
-			epID, err = d.readyEndpoint(ctx, probeB, ep, false)
+			epID, err = d.readyEndpoint(ctx, probeB, ep, nil)
 		}
 		if err != nil {
 			return // ctx ended
 		}
 
-		kept := restarted && d.keepsRegistration(ctx)
-		restarted = false
+		if resume && cur.at != d.at && d.prev == nil {
+			d.prev, cur = cur, nil // a newer instance answers: hand over to it
+		}
+		kept := cur != nil && cur.at == d.at && (resume || restarted && d.keepsRegistration(ctx))
+		restarted, resume = false, false
 		if kept {
 			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
 		} else {
 			d.nodeInfo = nil // asked again once kubelet has registered the new socket
-			g, err := d.publish()
+			g, err := d.publish(d.slot(cur))
 			if err != nil {
 				d.record(endPublishFailed)
-				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), sock, ep) {
+				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), ws) {
 					return
 				}
 				continue
@@ -145,8 +162,8 @@ func (d *driver) run(ctx context.Context) {
 			cur = g
 		}
 
-		end, err := d.await(ctx, p, cur, kept, epID, sock, ep)
-		if end != endEndpointRestarted {
+		end, err := d.await(ctx, p, cur, kept, epID, ws)
+		if end != endEndpointRestarted && end != endEndpointMoved {
 			d.record(end)
 		}
 		switch end {
@@ -155,7 +172,7 @@ func (d *driver) run(ctx context.Context) {
 		case endRejected, endTimeout:
 			d.retire(cur)
 			cur = nil
-			if !d.backOff(ctx, p.backoff, err, sock, ep) {
+			if !d.backOff(ctx, p.backoff, err, ws) {
 				return
 			}
 		case endSocketRemoved:
@@ -166,8 +183,29 @@ func (d *driver) run(ctx context.Context) {
 		case endEndpointRestarted:
 			// Keep serving the old socket while the driver comes up again; a new socket, if
 			// the driver needs one, is renamed over it.
-			if restarted = d.keepsOnRestart(); !restarted {
+			if restarted = d.keepsOnRestart(cur); !restarted {
 				d.reregister()
+			}
+		case endEndpointMoved:
+			switch {
+			case !d.spec.Handover():
+				d.reregister("why", "the endpoint moved")
+			case cur.registered:
+				// kubelet holds cur: the registration stays with it until the new instance's is
+				// made. An older one still kept is no longer needed.
+				if d.prev != nil {
+					d.retire(d.prev)
+				}
+				d.prev, cur = cur, nil
+				d.log.Info("driver endpoint moved; registering the new instance beside the old one")
+			case d.prev != nil:
+				// The instance being registered went, or a newer one came, before kubelet
+				// registered it: go back to the registration kubelet holds.
+				d.retire(cur)
+				cur, d.prev, resume = d.prev, nil, true
+				d.setSocket(cur.path)
+			default:
+				d.reregister("why", "the endpoint moved")
 			}
 		}
 	}
@@ -175,16 +213,49 @@ func (d *driver) run(ctx context.Context) {
 
 // await serves generation g until something ends it, and says why: kubelet rejected it or no
 // verdict came within the timeout in force (both with an error that says so), the socket was
-// removed or replaced, or the endpoint, probed as epID, restarted. It returns endStopped when
-// ctx ends. A generation kubelet has already registered (registered) has no timeout.
-func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered bool, epID fileID, sock, ep *subscription) (ending, error) {
+// removed or replaced, or the endpoint, probed as epID, restarted or (a pattern) moved. It
+// returns endStopped when ctx ends. A generation kubelet has already registered (registered)
+// has no timeout.
+func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered bool, epID fileID, ws watches) (ending, error) {
 	var timeout <-chan time.Time
 	if p.timeout > 0 && !registered {
 		t := time.NewTimer(p.timeout)
 		defer t.Stop()
 		timeout = t.C
 	}
-	d.endpointRestarted(0, &epID) // a first look: is the endpoint up?
+	var altC <-chan struct{}
+	if ws.alt != nil {
+		altC = ws.alt.c
+	}
+	// Another socket matching the endpoint pattern is looked at again, sooner at first: it
+	// may not answer yet, or the target may stop answering without its file going.
+	recheck := time.NewTimer(time.Hour)
+	recheck.Stop()
+	defer recheck.Stop()
+	var recheckIn time.Duration
+	look := func(ev change) ending {
+		if d.spec.EndpointIsPattern() {
+			move, others := d.moved(ctx)
+			if move {
+				return endEndpointMoved
+			}
+			if d.prev != nil && g.registered {
+				d.settleHandover(ctx, g)
+				others = others || d.prev != nil
+			}
+			recheckIn = nextRecheck(recheckIn, ev != 0, others)
+			if recheckIn > 0 {
+				recheck.Reset(recheckIn)
+			}
+		}
+		if d.endpointRestarted(ev, &epID) {
+			return endEndpointRestarted
+		}
+		return endStopped
+	}
+	if end := look(0); end != endStopped { // a first look: is the endpoint up?
+		return end, nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -196,6 +267,7 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 				return endRejected, errors.New("kubelet rejected the registration: " + v.msg)
 			default:
 				timeout = nil
+				g.registered = true
 				p.registered()
 				d.record(endRegistered)
 				d.update(Registered, "", time.Time{})
@@ -203,17 +275,26 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 				// restart (restart.go). Asked only now: a call before kubelet's own would be one
 				// more for the driver to answer, and could take a failure meant for kubelet.
 				d.nodeInfo = d.recordNodeInfo(ctx)
+				d.settleHandover(ctx, g)
 			}
 		case <-timeout:
 			allowed := p.timeout
 			return endTimeout, fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, p.timedOut())
-		case <-sock.c:
-			if d.socketGone(sock.take(), g) {
+		case <-ws.sock.c:
+			if d.socketsGone(ws.sock.take(), g) {
 				return endSocketRemoved, nil
 			}
-		case <-ep.c:
-			if d.endpointRestarted(ep.take(), &epID) {
-				return endEndpointRestarted, nil
+		case <-altC:
+			if d.socketsGone(ws.alt.take(), g) {
+				return endSocketRemoved, nil
+			}
+		case <-recheck.C:
+			if end := look(0); end != endStopped {
+				return end, nil
+			}
+		case <-ws.ep.c:
+			if end := look(ws.ep.take()); end != endStopped {
+				return end, nil
 			}
 		}
 	}
@@ -235,20 +316,29 @@ func (d *driver) socketGone(ev change, g *generation) bool {
 // to another instance nothing is removed: the sockets are that instance's.
 func (d *driver) shutdown(cause error, cur *generation) {
 	remove := errors.Is(cause, errRemoved) || d.cleanup && !errors.Is(cause, ErrDirLost)
-	switch {
-	case cur != nil && remove:
-		d.retire(cur)
-	case cur != nil:
-		cur.stop()
-	case remove:
-		// A socket left by an earlier run of multireg that this run never replaced.
-		if err := removeStale(d.spec.SocketPath); err != nil {
-			d.log.Warn("remove stale registration socket", "socket", d.spec.SocketPath, "err", err)
+	for _, g := range []*generation{d.prev, cur} {
+		switch {
+		case g == nil:
+		case remove:
+			d.retire(g)
+		default:
+			g.stop()
 		}
 	}
-	if remove {
-		d.log.Info("registration socket removed; kubelet deregisters the plugin", "socket", d.spec.SocketPath)
+	d.prev = nil
+	if !remove {
+		return
 	}
+	// A socket left by an earlier run of multireg that this run never replaced.
+	for _, path := range []string{d.spec.SocketPath, d.spec.AltSocketPath} {
+		if path == "" {
+			continue
+		}
+		if err := removeStale(path); err != nil {
+			d.log.Warn("remove stale registration socket", "socket", path, "err", err)
+		}
+	}
+	d.log.Info("registration socket removed; kubelet deregisters the plugin", "socket", d.spec.SocketPath)
 }
 
 // retire stops a generation and removes its socket, so that kubelet deregisters it.
@@ -259,8 +349,8 @@ func (d *driver) retire(g *generation) {
 	}
 }
 
-// publish creates the next socket generation and serves it.
-func (d *driver) publish() (*generation, error) {
+// publish creates the next socket generation at path and serves it.
+func (d *driver) publish(path string) (*generation, error) {
 	// The new generation is current before its socket can be dialled, so that no verdict
 	// for it is mistaken for a stale one.
 	// The attempt is counted before the socket is visible, so that whoever sees the socket
@@ -277,7 +367,7 @@ func (d *driver) publish() (*generation, error) {
 	var id fileID
 	err := d.checkGuard()
 	if err == nil {
-		l, id, err = publish(d.spec.SocketPath)
+		l, id, err = publish(path)
 	}
 	if err != nil {
 		// An older socket may still serve (a driver restart): its verdicts count again.
@@ -293,7 +383,7 @@ func (d *driver) publish() (*generation, error) {
 		info: &registerapi.PluginInfo{
 			Type:              d.spec.Type,
 			Name:              d.spec.Name,
-			Endpoint:          d.spec.Endpoint,
+			Endpoint:          d.at.endpoint,
 			SupportedVersions: d.spec.SupportedVersions,
 		},
 		notify: d.notify,
@@ -302,9 +392,11 @@ func (d *driver) publish() (*generation, error) {
 			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
 		},
 	}
-	g := serve(l, d.spec.SocketPath, id, rs)
+	g := serve(l, path, id, rs)
+	g.at = d.at
+	d.setSocket(path)
 	d.update(Serving, "", time.Time{})
-	d.log.Debug("registration socket published", "socket", d.spec.SocketPath, "generation", gen)
+	d.log.Debug("registration socket published", "socket", path, "endpoint", d.at.endpoint, "generation", gen)
 	return g, nil
 }
 
@@ -341,21 +433,21 @@ func (d *driver) takeVerdict() *verdict {
 }
 
 // backOff records a failure, waits for the next backoff interval and reports whether the
-// loop goes on. When something that is not a socket blocks the socket's path (err holds a
-// notSocketError), the wait also ends once it is gone: sock watches the path.
-func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, sock, ep *subscription) bool {
+// loop goes on. When something that is not a socket blocks a registration socket's path (err
+// holds a notSocketError), the wait also ends once it is gone: ws watches the path.
+func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, ws watches) bool {
 	wait := next(b)
 	d.mu.Lock()
 	d.st.Failures++
 	d.mu.Unlock()
 	d.update(BackingOff, err.Error(), time.Now().Add(wait))
 	d.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
-	if _, blocked := errors.AsType[*notSocketError](err); blocked {
-		return d.sleepBlocked(ctx, wait, sock)
+	if ns, blocked := errors.AsType[*notSocketError](err); blocked {
+		return d.sleepBlocked(ctx, wait, ws.of(ns.path), ns.path)
 	}
 	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from
 	// the node while it backs off is absent at once, not after the backoff.
-	_, ok := sleepUntil(ctx, wait, ep, func(change) bool {
+	_, ok := sleepUntil(ctx, wait, ws.ep, func(change) bool {
 		d.lookPresence()
 		return false
 	})
@@ -365,21 +457,21 @@ func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err
 // sleepBlocked waits for wait to pass or, watching the socket's path through sock, for the
 // path to be clear of what blocked the socket: something that is not a socket, which
 // multireg never removes. It reports false when ctx ends first.
-func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *subscription) bool {
+func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *subscription, path string) bool {
 	sock.take() // what happened before this look is seen by it
-	if d.socketPathClear() {
+	if pathClear(path) {
 		return true
 	}
-	woken, ok := sleepUntil(ctx, wait, sock, func(change) bool { return d.socketPathClear() })
+	woken, ok := sleepUntil(ctx, wait, sock, func(change) bool { return pathClear(path) })
 	if woken {
-		d.log.Info("registration socket path is clear; publishing the socket", "socket", d.spec.SocketPath)
+		d.log.Info("registration socket path is clear; publishing the socket", "socket", path)
 	}
 	return ok
 }
 
-// socketPathClear reports whether nothing but a socket, or nothing, is at the socket's path.
-func (d *driver) socketPathClear() bool {
-	_, err := checkSocketOrMissing(d.spec.SocketPath)
+// pathClear reports whether nothing but a socket, or nothing, is at a socket's path.
+func pathClear(path string) bool {
+	_, err := checkSocketOrMissing(path)
 	_, blocked := errors.AsType[*notSocketError](err)
 	return !blocked
 }

@@ -17,25 +17,26 @@ const (
 // readyEndpoint returns the identity of the endpoint's socket once the driver is ready to be
 // registered: at once when the driver does not wait for its endpoint (zero when the socket is
 // not there), else when waitEndpoint says so.
-func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
+func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fileID, error) {
 	if !d.spec.WaitForEndpoint {
-		id, _, err := statID(d.spec.LocalEndpoint)
+		id, _, err := statID(d.at.local)
 		d.setPresence(err)
 		return id, nil
 	}
-	return d.waitEndpoint(ctx, b, ep, serving)
+	return d.waitEndpoint(ctx, b, ep, cur)
 }
 
 // waitEndpoint probes the endpoint until it is ready, backing off between probes and
 // probing again at once when the endpoint's socket is created. It returns the endpoint's
 // identity. It fails only when ctx ends or, while an older socket still serves
-// (serving), when the CSI driver reports another name: that socket must go first.
-func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, serving bool) (fileID, error) {
+// (cur), when the CSI driver reports another name: that socket must go first.
+func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fileID, error) {
+	serving := cur != nil
 	lastErr := ""
 	// A restarted driver whose registration may stay (restart.go) stays Registered while it
 	// comes up: kubelet still holds it. Otherwise the loop waits for its endpoint.
 	phase := WaitingForEndpoint
-	if serving && d.keepsOnRestart() {
+	if d.keepsOnRestart(cur) {
 		phase = Registered
 	}
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
@@ -44,9 +45,8 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	var quickFor fileID // the endpoint socket a quick series was started for
 	for {
 		ep.take() // what happened before this look is seen by it
-		id, _, statErr := statID(d.spec.LocalEndpoint)
+		id, statErr, err := d.lookTarget(ctx)
 		d.setPresence(statErr)
-		err := d.probe(ctx, d.spec)
 		if ctx.Err() != nil {
 			return fileID{}, ctx.Err()
 		}
@@ -101,8 +101,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 
 // lookPresence records whether the endpoint's file is there now.
 func (d *driver) lookPresence() {
-	_, _, err := statID(d.spec.LocalEndpoint)
-	d.setPresence(err)
+	d.setPresence(d.present())
 }
 
 // endpointRestarted looks at the endpoint's socket after a wake-up (ev; 0 for a first look)
@@ -111,11 +110,13 @@ func (d *driver) lookPresence() {
 // was not there when probed). A change of attributes (a chmod) is no restart. It records
 // whether the endpoint is there.
 func (d *driver) endpointRestarted(ev change, probed *fileID) bool {
-	id, _, err := statID(d.spec.LocalEndpoint)
-	d.setPresence(err)
+	id, _, err := statID(d.at.local)
+	if !d.spec.EndpointIsPattern() {
+		d.setPresence(err)
+	}
 	if err != nil {
 		if d.setEndpointUp(false) {
-			d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.spec.LocalEndpoint)
+			d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.at.local)
 		}
 		return false
 	}

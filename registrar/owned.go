@@ -123,9 +123,9 @@ func (o *ownedRecord) write(write func(*config.RegistrarConfig) error) {
 
 // socketNames returns the socket file names of the configured drivers.
 func socketNames(c *config.RegistrarConfig) []string {
-	names := make([]string, len(c.Drivers))
-	for i, d := range c.Drivers {
-		names[i] = d.SocketName
+	names := make([]string, 0, len(c.Drivers))
+	for _, d := range c.Drivers {
+		names = append(names, d.SocketNames()...)
 	}
 	return names
 }

@@ -27,9 +27,9 @@ import (
 
 // keepsOnRestart reports whether the loop waits for the restarted driver to answer and then
 // decides with keepsRegistration, rather than registering it again at once: only for a
-// registration kubelet has accepted.
-func (d *driver) keepsOnRestart() bool {
-	if d.status().Phase != Registered {
+// registration kubelet has accepted, cur's.
+func (d *driver) keepsOnRestart(cur *generation) bool {
+	if cur == nil || !cur.registered {
 		return false
 	}
 	switch d.spec.Type {
@@ -87,7 +87,7 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 	if !nodeInfoTracked(d.spec) {
 		return nil
 	}
-	info, err := nodeInfo(ctx, d.spec.LocalEndpoint)
+	info, err := nodeInfo(ctx, d.at.local)
 	if err != nil {
 		d.log.Warn("NodeGetInfo failed; the driver's next restart registers it again", "err", err)
 		return nil
@@ -102,17 +102,17 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 // and logged, and the loop registers the driver again.
 func (d *driver) keepsRegistration(ctx context.Context) bool {
 	if d.spec.Type == config.DRAPlugin {
-		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", d.spec.LocalEndpoint)
+		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", d.at.local)
 		return true
 	}
-	info, err := nodeInfo(ctx, d.spec.LocalEndpoint)
+	info, err := nodeInfo(ctx, d.at.local)
 	switch {
 	case err != nil:
 		d.reregister("err", err)
 	case !sameNodeInfo(d.nodeInfo, info):
 		d.reregister("why", "NodeGetInfo changed", "was", registeredPart(d.nodeInfo), "now", registeredPart(info))
 	default:
-		d.log.Info("driver endpoint restarted; NodeGetInfo unchanged, the registration stays", "endpoint", d.spec.LocalEndpoint)
+		d.log.Info("driver endpoint restarted; NodeGetInfo unchanged, the registration stays", "endpoint", d.at.local)
 		return true
 	}
 	return false
@@ -121,5 +121,5 @@ func (d *driver) keepsRegistration(ctx context.Context) bool {
 // reregister counts and logs a driver restart that registers the driver again.
 func (d *driver) reregister(args ...any) {
 	d.record(endEndpointRestarted)
-	d.log.Info("driver endpoint restarted; registering again", append([]any{"endpoint", d.spec.LocalEndpoint}, args...)...)
+	d.log.Info("driver endpoint restarted; registering again", append([]any{"endpoint", d.at.local}, args...)...)
 }

@@ -27,8 +27,14 @@ func registeredCSINode(t *testing.T, log *testkit.Buffer, nodeID string) (*Super
 	s.Start(d)
 	runSlowKubelet(t, d.SocketPath, 0)
 	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
-	// multireg asks NodeGetInfo itself right after kubelet's verdict.
-	testkit.Eventually(t, 5*time.Second, "multireg's NodeGetInfo", func() bool { return calls.Load() == 1 })
+	// multireg asks NodeGetInfo itself right after kubelet's verdict; the answer must have
+	// reached it, not only the call the endpoint, before a test stops the endpoint.
+	testkit.Eventually(t, 5*time.Second, "multireg's NodeGetInfo recorded", func() bool {
+		return strings.Contains(log.String(), "NodeGetInfo recorded")
+	})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("NodeGetInfo calls after the registration: %d, want multireg's 1", n)
+	}
 	return s, d, e
 }
 

@@ -100,10 +100,13 @@ var connIDs atomic.Uint64
 type generation struct {
 	gen  uint64
 	path string
-	id   fileID
-	srv  *grpc.Server
-	done chan struct{} // closed when Serve has returned
-	once sync.Once
+	at   target // the endpoint its GetInfo gives kubelet
+	// registered: kubelet accepted it. Only the loop's goroutine uses it.
+	registered bool
+	id         fileID
+	srv        *grpc.Server
+	done       chan struct{} // closed when Serve has returned
+	once       sync.Once
 }
 
 // serve starts a gRPC server for rs on l. No idle or age limits: kubelet keeps one

@@ -120,15 +120,21 @@ func (d *driver) record(e ending) {
 	}
 }
 
-// update sets the phase, the last error and the next attempt, and logs a phase change.
+// update sets the phase, the last error and the next attempt, and logs a phase change. While
+// a handover's previous generation is kept (d.prev), kubelet holds the driver's registration:
+// the phase stays Registered whatever the new instance's attempt goes through. Only the loop's
+// goroutine calls it.
 func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
+	if d.prev != nil {
+		p = Registered
+	}
 	d.mu.Lock()
 	changed := d.st.Phase != p
 	if changed {
 		d.st.Phase = p
 		d.st.Since = time.Now()
 	}
-	if lastErr != "" || p == Registered {
+	if lastErr != "" || p == Registered && d.prev == nil {
 		d.st.LastError = lastErr
 	}
 	d.st.NextAttempt = nextAttempt
@@ -143,6 +149,13 @@ func (d *driver) setPresence(statErr error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
+}
+
+// setSocket records the registration socket the loop serves: a handover driver has two.
+func (d *driver) setSocket(path string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Socket = path
 }
 
 // setRequired takes a new value of Required: it needs no new registration. Only the status

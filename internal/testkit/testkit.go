@@ -39,8 +39,10 @@ func (s *Buffer) Len() int {
 	return s.b.Len()
 }
 
-// Logger returns a text logger writing to the buffer.
-func (s *Buffer) Logger() *slog.Logger { return slog.New(slog.NewTextHandler(s, nil)) }
+// Logger returns a text logger writing to the buffer, debug level included.
+func (s *Buffer) Logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(s, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
 
 // ShortDir returns a temporary directory with a short path, removed when the test ends: unix
 // socket paths are limited to 107 bytes, and t.TempDir's are long.

@@ -1,0 +1,310 @@
+package registrar
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"multireg.dev/multireg/config"
+)
+
+// A driver whose endpoint's last element is a pattern (config.Driver.EndpointIsPattern) starts
+// under a new socket name each time: a DRA driver in rolling-update mode ("dra-<pod uid>.sock"),
+// a device plugin named by its start time ("dp.<unix time>"). Its loop registers one match at
+// a time, its target: the newest matching socket that answers. kubelet is told the target's
+// path, never the pattern. When the target goes (its file removed, or it no longer answers
+// while another match does), the loop moves to the newest match that answers:
+//   - a DRA driver's registration is handed over: the new instance is registered through the
+//     second registration socket while the old one stays, and the old registration is
+//     withdrawn once the new one is registered and the old instance is gone. kubelet keeps
+//     both meanwhile and calls the newest, so it never holds none. A newer instance is taken
+//     as soon as it answers, as the DRA kubeletplugin helper's rolling update does.
+//   - a CSI driver or a device plugin is registered again under the new path: kubelet holds one
+//     registration per name, and unregisters the plugin for a reconcile pass (about a second).
+//     The loop stays with its target while it answers, so that a second instance never costs
+//     a re-registration before the first one is gone.
+
+// target is the endpoint a loop registers: the configured one, or the match of its pattern
+// the loop chose.
+type target struct {
+	endpoint string // what kubelet dials, given in GetInfo
+	local    string // what multireg dials
+}
+
+// match is a socket that matches a driver's endpoint pattern.
+type match struct {
+	target
+	id  fileID
+	mod int64 // modification time, ns: when the socket was bound
+}
+
+// fixedTarget is the target of a driver without a pattern.
+func fixedTarget(spec config.Driver) target {
+	return target{endpoint: spec.Endpoint, local: spec.LocalEndpoint}
+}
+
+// matches returns the sockets matching the driver's endpoint pattern, newest first. Files
+// that are not sockets, and sockets whose path kubelet cannot dial, are left out.
+func (d *driver) matches() []match {
+	dir := filepath.Dir(d.spec.LocalEndpoint)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var ms []match
+	for _, e := range entries {
+		if ok, _ := filepath.Match(filepath.Base(d.spec.LocalEndpoint), e.Name()); !ok || e.Type() != fs.ModeSocket {
+			continue
+		}
+		endpoint, local := d.spec.Concrete(e.Name())
+		if len(endpoint) > config.MaxSocketPathLen || len(local) > config.MaxSocketPathLen || !config.KubeletCanDial(endpoint) {
+			d.log.Debug("a socket matching the endpoint pattern cannot be dialled; skipped", "socket", local)
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue // gone since
+		}
+		id, _, err := statID(local)
+		if err != nil {
+			continue
+		}
+		ms = append(ms, match{target: target{endpoint: endpoint, local: local}, id: id, mod: info.ModTime().UnixNano()})
+	}
+	slices.SortFunc(ms, func(a, b match) int {
+		return cmp.Or(cmp.Compare(b.mod, a.mod), cmp.Compare(b.local, a.local))
+	})
+	return ms
+}
+
+// lookTarget is one look for the endpoint to register: for a fixed endpoint, its file and a
+// probe; for a pattern, the newest match that answers, which becomes the loop's target. It
+// returns the identity of the file probed (the newest match when none answers; zero when there
+// is none), the error of a look at the file (fs.ErrNotExist: the driver is absent) and the
+// probe's error.
+func (d *driver) lookTarget(ctx context.Context) (fileID, error, error) {
+	if !d.spec.EndpointIsPattern() {
+		id, _, statErr := statID(d.at.local)
+		return id, statErr, d.probeAt(ctx, d.at)
+	}
+	ms := d.matches()
+	if len(ms) == 0 {
+		return fileID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
+	}
+	var errs []error
+	for _, m := range ms {
+		err := d.probeAt(ctx, m.target)
+		if err == nil {
+			d.setTarget(m.target)
+			return m.id, nil, nil
+		}
+		if ctx.Err() != nil {
+			return fileID{}, nil, ctx.Err()
+		}
+		// A match that answers under another name is another driver's: it is only not ours.
+		if nm, ok := errors.AsType[*nameMismatchError](err); ok {
+			err = errors.New(nm.Error())
+		}
+		errs = append(errs, err)
+	}
+	return ms[0].id, nil, fmt.Errorf("no socket matching endpoint %s answers: %w", d.spec.LocalEndpoint, errors.Join(errs...))
+}
+
+// probeAt probes the driver's endpoint at t.
+func (d *driver) probeAt(ctx context.Context, t target) error {
+	spec := d.spec
+	spec.Endpoint, spec.LocalEndpoint = t.endpoint, t.local
+	return d.probe(ctx, spec)
+}
+
+// setTarget makes t the endpoint the loop registers, and the one its status shows.
+func (d *driver) setTarget(t target) {
+	if t != d.at {
+		if d.at != (target{}) {
+			d.log.Info("the endpoint pattern's newest answering socket is now "+t.local, "was", d.at.local)
+		}
+		d.at = t
+	}
+	d.mu.Lock()
+	d.st.Endpoint = t.endpoint
+	d.mu.Unlock()
+}
+
+// present reports whether the driver's endpoint is on this node: its file, or for a pattern
+// a matching socket.
+func (d *driver) present() error {
+	if !d.spec.EndpointIsPattern() {
+		_, _, err := statID(d.at.local)
+		return err
+	}
+	if len(d.matches()) == 0 {
+		return fs.ErrNotExist
+	}
+	return nil
+}
+
+// moved looks, after a wake-up of a pattern's subscription or at a recheck, at whether the
+// target should change: a newer match answers and the driver hands its registration over, or
+// the target is gone or no longer answers while another match does. It reports whether the
+// loop moves (the next lookTarget picks the new target), and whether matches other than the
+// target are there, which the loop looks at again later: one may not answer yet, or the target
+// may stop answering without its file going. It also records the endpoint's presence.
+func (d *driver) moved(ctx context.Context) (move, others bool) {
+	ms := d.matches()
+	d.setPresence(errIfEmpty(len(ms)))
+	cur := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local })
+	others = len(ms) > 1 || len(ms) == 1 && cur < 0
+	if !others {
+		return false, false // the target alone, or its restart (endpointRestarted sees that)
+	}
+	handover := d.spec.Handover()
+	if cur >= 0 && !handover && d.probeAt(ctx, ms[cur].target) == nil {
+		return false, true // stay with the target while it answers: a move costs a re-registration
+	}
+	// Newest first: a handover takes a newer instance as soon as it answers; otherwise the
+	// target is gone or does not answer, and the newest match that answers takes over.
+	for _, m := range ms {
+		if m.local == d.at.local {
+			if handover && d.probeAt(ctx, m.target) == nil {
+				return false, true
+			}
+			continue
+		}
+		if d.probeAt(ctx, m.target) == nil {
+			d.log.Info("driver endpoint moved", "from", d.at.local, "to", m.local)
+			return true, true
+		}
+	}
+	return false, true
+}
+
+// gone reports whether the driver's endpoint at t is gone: no file, or no answer.
+func (d *driver) gone(ctx context.Context, t target) bool {
+	if _, _, err := statID(t.local); err != nil {
+		return true
+	}
+	return d.probeAt(ctx, t) != nil
+}
+
+func errIfEmpty(n int) error {
+	if n == 0 {
+		return fs.ErrNotExist
+	}
+	return nil
+}
+
+// slot is where the next socket is published: over the current generation's socket, which it
+// replaces; else, for a handover, in the path the previous generation does not hold, or the one
+// no earlier run left a socket in, so that kubelet keeps a registration until the new one is made.
+func (d *driver) slot(cur *generation) string {
+	switch {
+	case cur != nil:
+		return cur.path
+	case d.spec.AltSocketPath == "":
+		return d.spec.SocketPath
+	case d.prev != nil:
+		return d.other(d.prev.path)
+	}
+	if _, _, err := statID(d.spec.SocketPath); err == nil {
+		if _, _, err := statID(d.spec.AltSocketPath); errors.Is(err, fs.ErrNotExist) {
+			return d.spec.AltSocketPath
+		}
+	}
+	return d.spec.SocketPath
+}
+
+// other is the registration socket path of a handover driver that is not path.
+func (d *driver) other(path string) string {
+	if path == d.spec.SocketPath {
+		return d.spec.AltSocketPath
+	}
+	return d.spec.SocketPath
+}
+
+// settleHandover withdraws what a handover driver's registration no longer needs, once kubelet
+// has registered g: the previous generation when its endpoint is gone, and a socket an earlier
+// run left in the other path that no one serves.
+func (d *driver) settleHandover(ctx context.Context, g *generation) {
+	if d.prev == nil {
+		if d.spec.AltSocketPath != "" {
+			if err := removeStale(d.other(g.path)); err != nil {
+				d.log.Warn("remove stale registration socket", "socket", d.other(g.path), "err", err)
+			}
+		}
+		return
+	}
+	if d.gone(ctx, d.prev.at) {
+		d.log.Info("the new instance is registered and the old one is gone; withdrawing the old registration",
+			"socket", d.prev.path, "endpoint", d.prev.at.local)
+		d.retire(d.prev)
+		d.prev = nil
+	}
+}
+
+// Rechecks of other sockets matching an endpoint pattern: 50ms, 100ms, … then every 5s.
+const recheckMax = 5 * time.Second
+
+// nextRecheck is the wait before the next recheck: none without other matches, quick again
+// after a wake-up (woken), doubling up to recheckMax otherwise.
+func nextRecheck(last time.Duration, woken, others bool) time.Duration {
+	switch {
+	case !others:
+		return 0
+	case woken || last == 0:
+		return quickProbeMin
+	}
+	return min(2*last, recheckMax)
+}
+
+// socketsGone looks at g's socket after a wake-up (ev) and reports whether another file, or
+// none, is at its path. The previous generation of a handover, if its socket went, is stopped:
+// kubelet has withdrawn it, and the new one is being registered.
+func (d *driver) socketsGone(ev change, g *generation) bool {
+	if d.prev != nil && d.socketGone(0, d.prev) {
+		d.log.Info("the old instance's registration socket was removed", "socket", d.prev.path)
+		d.prev.stop()
+		d.prev = nil
+	}
+	return d.socketGone(ev, g)
+}
+
+// watches are a loop's subscriptions: its registration socket's, the second one's of a
+// handover driver (nil for others), and its endpoint's (every match of a pattern).
+type watches struct {
+	sock, alt, ep *subscription
+}
+
+func (d *driver) subscribe() watches {
+	ws := watches{sock: d.w.subscribe(d.spec.SocketPath)}
+	if d.spec.AltSocketPath != "" {
+		ws.alt = d.w.subscribe(d.spec.AltSocketPath)
+	}
+	if d.spec.EndpointIsPattern() {
+		ws.ep = d.w.subscribeMatching(d.spec.LocalEndpoint)
+	} else {
+		ws.ep = d.w.subscribe(d.spec.LocalEndpoint)
+	}
+	return ws
+}
+
+// of returns the subscription of a registration socket's path.
+func (ws watches) of(path string) *subscription {
+	if ws.alt != nil && ws.alt.path == path {
+		return ws.alt
+	}
+	return ws.sock
+}
+
+func (ws watches) close() {
+	for _, s := range []*subscription{ws.sock, ws.alt, ws.ep} {
+		if s != nil {
+			s.close()
+		}
+	}
+}

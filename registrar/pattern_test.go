@@ -1,0 +1,293 @@
+package registrar
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
+)
+
+// patternDriver is a resolved driver of type typ whose endpoint is dir/ep/<pattern>, as
+// config resolves it (a DRA driver gets its second registration socket).
+func patternDriver(dir, typ, pattern string) config.Driver {
+	n := fixtureDrivers[typ]
+	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", pattern))
+	if d.Handover() {
+		d.AltSocketPath = filepath.Join(filepath.Dir(d.SocketPath), config.AltSocketName(d.SocketName))
+	}
+	return d
+}
+
+// startInstance serves an endpoint instance named name in the driver's endpoint directory.
+func startInstance(t *testing.T, d config.Driver, name string) *endpoint {
+	t.Helper()
+	csiName := ""
+	if d.Type == config.CSIPlugin {
+		csiName = d.Name
+	}
+	return startEndpoint(t, filepath.Join(filepath.Dir(d.LocalEndpoint), name), csiName)
+}
+
+// ageFile sets a file's modification time back by age: the newest match is the youngest file.
+func ageFile(t *testing.T, path string, age time.Duration) {
+	t.Helper()
+	then := time.Now().Add(-age)
+	if err := os.Chtimes(path, then, then); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPatternRegistersNewestAnswering: of the sockets matching the pattern, the newest that
+// answers is registered under its own path; a newer socket that does not answer, a file that
+// is no socket and a name that does not match are passed over.
+func TestPatternRegistersNewestAnswering(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DevicePlugin, "dp.*")
+	epDir := filepath.Dir(d.LocalEndpoint)
+	startInstance(t, d, "dp.1")
+	ageFile(t, filepath.Join(epDir, "dp.1"), time.Hour)
+	startInstance(t, d, "dp.2")
+	ageFile(t, filepath.Join(epDir, "dp.2"), time.Minute)
+	l, err := listenUnlinked(filepath.Join(epDir, "dp.3")) // newest, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if err := os.WriteFile(filepath.Join(epDir, "dp.4"), nil, 0o644); err != nil { // not a socket
+		t.Fatal(err)
+	}
+	startInstance(t, d, "other.sock") // does not match
+
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	info := register(t, d.SocketPath, true, "")
+	if want := filepath.Join(epDir, "dp.2"); info.Endpoint != want {
+		t.Errorf("GetInfo's endpoint %q, want the newest answering match %q", info.Endpoint, want)
+	}
+	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	if st := statusOf(s, d.Name); st.Endpoint != info.Endpoint {
+		t.Errorf("status endpoint %q, want the registered %q", st.Endpoint, info.Endpoint)
+	}
+}
+
+// TestPatternEndpointDifferentMount: endpoint and localEndpoint in different directories
+// (kubelet's path and multireg's mount) with one pattern: kubelet is given the match's name in
+// endpoint's directory.
+func TestPatternEndpointDifferentMount(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
+	d.Endpoint = "/var/lib/kubelet/plugins/gpu.example.com/dra-*.sock"
+	startInstance(t, d, "dra-uid1.sock")
+	runSupervisor(t, Options{}).Start(d)
+	awaitSocket(t, d)
+	if info := register(t, d.SocketPath, true, ""); info.Endpoint != "/var/lib/kubelet/plugins/gpu.example.com/dra-uid1.sock" {
+		t.Errorf("GetInfo's endpoint %q, want kubelet's path of the match", info.Endpoint)
+	}
+}
+
+// TestPatternDevicePluginFollowsRestart: a device plugin restarts under a new name (its old
+// socket removed): a new registration socket names the new path.
+func TestPatternDevicePluginFollowsRestart(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DevicePlugin, "dp.*")
+	old := startInstance(t, d, "dp.1")
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	first := mustID(t, d.SocketPath)
+
+	old.stop()
+	startInstance(t, d, "dp.2")
+	testkit.Eventually(t, 5*time.Second, "a new registration socket", func() bool {
+		id, _, err := statID(d.SocketPath)
+		return err == nil && id != first
+	})
+	if info := register(t, d.SocketPath, true, ""); info.Endpoint != filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.2") {
+		t.Errorf("GetInfo's endpoint after the restart %q, want dp.2", info.Endpoint)
+	}
+	testkit.Eventually(t, 5*time.Second, "Registered again", func() bool { return statusOf(s, d.Name).Phase == Registered })
+	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 || st.Attempts != 2 {
+		t.Errorf("status: %+v, want 2 attempts and one endpoint_restarted recreation", st)
+	}
+}
+
+// TestPatternStaysWhileTargetAnswers: a second CSI instance appears while the registered one
+// answers: nothing moves (a move would cost a re-registration). When the registered one stops
+// answering, its socket file left behind as a killed process leaves it, the loop moves.
+func TestPatternStaysWhileTargetAnswers(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.CSIPlugin, "csi-*.sock")
+	epDir := filepath.Dir(d.LocalEndpoint)
+	a := startInstance(t, d, "csi-a.sock")
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	first := mustID(t, d.SocketPath)
+
+	startInstance(t, d, "csi-b.sock")
+	testkit.Never(t, time.Second, "the registration socket replaced while its endpoint answers", func() bool {
+		id, _, err := statID(d.SocketPath)
+		return err != nil || id != first
+	})
+
+	// Killed: the file stays, nothing listens.
+	a.srv.Stop()
+	<-a.done
+	l, err := listenUnlinked(filepath.Join(epDir, "csi-a.sock"))
+	if err == nil {
+		l.Close()
+	} else if !isSocket(filepath.Join(epDir, "csi-a.sock")) {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "a new registration socket for csi-b", func() bool {
+		id, _, err := statID(d.SocketPath)
+		return err == nil && id != first
+	})
+	if info := register(t, d.SocketPath, true, ""); info.Endpoint != filepath.Join(epDir, "csi-b.sock") {
+		t.Errorf("GetInfo's endpoint %q, want csi-b", info.Endpoint)
+	}
+}
+
+// TestPatternDRAHandover: a DRA driver's new instance appears beside the registered one: it is
+// registered through the second socket while the first stays untouched, and the first is
+// withdrawn only once the new one is registered and the old instance is gone. kubelet always
+// holds a registration.
+func TestPatternDRAHandover(t *testing.T) {
+	var log testkit.Buffer
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
+	epDir := filepath.Dir(d.LocalEndpoint)
+	a := startInstance(t, d, "dra-a.sock")
+	ageFile(t, filepath.Join(epDir, "dra-a.sock"), time.Minute)
+	s := runSupervisor(t, Options{Log: log.Logger()})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	first := mustID(t, d.SocketPath)
+	unchanged := func() bool { id, _, err := statID(d.SocketPath); return err == nil && id == first }
+
+	startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	if !unchanged() {
+		t.Fatal("the registered socket moved when the new instance appeared")
+	}
+	if st := statusOf(s, d.Name); st.Phase != Registered || !st.Ready() {
+		t.Errorf("while the new instance is being registered: %+v, want Registered (kubelet holds the old one)", st)
+	}
+	if info := register(t, d.AltSocketPath, true, ""); info.Endpoint != filepath.Join(epDir, "dra-b.sock") {
+		t.Errorf("the second socket's endpoint %q, want dra-b", info.Endpoint)
+	}
+	testkit.Eventually(t, 5*time.Second, "Registered on the second socket", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == Registered && st.Socket == d.AltSocketPath
+	})
+	testkit.Never(t, 500*time.Millisecond, "the old registration withdrawn while the old instance runs", func() bool { return !unchanged() })
+
+	a.stop()
+	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn", func() bool { return !isSocket(d.SocketPath) })
+	if !isSocket(d.AltSocketPath) {
+		t.Error("the new registration socket went too")
+	}
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.Endpoint != filepath.Join(epDir, "dra-b.sock") || st.Recreations[ReasonEndpointRestarted] != 0 {
+		t.Errorf("status after the handover: %+v, want Registered on dra-b, no recreation", st)
+	}
+	if !strings.Contains(log.String(), "withdrawing the old registration") {
+		t.Errorf("the withdrawal was not logged:\n%s", log.String())
+	}
+}
+
+// TestPatternDRAHandoverRejected: kubelet rejects the new instance's registration: the old
+// registration stays, and the next attempt goes to the second socket again.
+func TestPatternDRAHandoverRejected(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
+	epDir := filepath.Dir(d.LocalEndpoint)
+	startInstance(t, d, "dra-a.sock")
+	ageFile(t, filepath.Join(epDir, "dra-a.sock"), time.Minute)
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	first := mustID(t, d.SocketPath)
+
+	startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	second := mustID(t, d.AltSocketPath)
+	register(t, d.AltSocketPath, false, "no")
+	testkit.Eventually(t, 5*time.Second, "another attempt on the second socket", func() bool {
+		id, _, err := statID(d.AltSocketPath)
+		return err == nil && id != second
+	})
+	if id := mustID(t, d.SocketPath); id != first {
+		t.Error("the registered socket moved after the new instance was rejected")
+	}
+}
+
+// TestPatternDRAStartBesideStaleSocket: a socket an earlier run left registered is not
+// replaced: the new run registers through the other path, then removes the stale one.
+func TestPatternDRAStartBesideStaleSocket(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
+	startInstance(t, d, "dra-a.sock")
+	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := listenUnlinked(d.SocketPath) // the earlier run's, served by no one
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	stale := mustID(t, d.SocketPath)
+
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	testkit.Eventually(t, 5*time.Second, "the socket in the other path", func() bool { return isSocket(d.AltSocketPath) })
+	if id := mustID(t, d.SocketPath); id != stale {
+		t.Fatal("the stale socket was replaced before the new registration was made")
+	}
+	register(t, d.AltSocketPath, true, "")
+	testkit.Eventually(t, 5*time.Second, "the stale socket removed", func() bool {
+		_, err := os.Lstat(d.SocketPath)
+		return os.IsNotExist(err)
+	})
+}
+
+// TestPatternDRAHandoverBlocked: something that is not a socket at the second registration
+// socket's path is never touched: the handover backs off (the old registration stays, and so
+// does the driver's readiness) and goes on as soon as the path is clear.
+func TestPatternDRAHandoverBlocked(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
+	epDir := filepath.Dir(d.LocalEndpoint)
+	startInstance(t, d, "dra-a.sock")
+	ageFile(t, filepath.Join(epDir, "dra-a.sock"), time.Minute)
+	s := runSupervisor(t, Options{})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	if err := os.Mkdir(d.AltSocketPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the blocked path reported", func() bool {
+		return strings.Contains(statusOf(s, d.Name).LastError, d.AltSocketPath)
+	})
+	testkit.Never(t, time.Second, "the driver to stop being ready while the old registration stays", func() bool {
+		return !statusOf(s, d.Name).Ready() || !isSocket(d.SocketPath)
+	})
+	if n := statusOf(s, d.Name).Attempts; n > 20 {
+		t.Errorf("%d attempts within a second: the loop spins on the blocked path instead of backing off", n)
+	}
+	if err := os.Remove(d.AltSocketPath); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 5*time.Second, "the second socket once the path is clear", func() bool { return isSocket(d.AltSocketPath) })
+}
