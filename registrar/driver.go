@@ -148,7 +148,7 @@ func (d *driver) run(ctx context.Context) {
 			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
 		} else {
 			d.nodeInfo = nil // asked again once kubelet has registered the new socket
-			g, err := d.publish(d.slot(cur))
+			g, err := d.publish(d.slot(cur), cur)
 			if err != nil {
 				d.record(endPublishFailed)
 				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), ws) {
@@ -349,8 +349,9 @@ func (d *driver) retire(g *generation) {
 	}
 }
 
-// publish creates the next socket generation at path and serves it.
-func (d *driver) publish(path string) (*generation, error) {
+// publish creates the next socket generation at path and serves it. cur, if not nil, is the
+// loop's current generation, whose socket may be at path: only a socket of ours is replaced.
+func (d *driver) publish(path string, cur *generation) (*generation, error) {
 	// The new generation is current before its socket can be dialled, so that no verdict
 	// for it is mistaken for a stale one.
 	// The attempt is counted before the socket is visible, so that whoever sees the socket
@@ -366,6 +367,13 @@ func (d *driver) publish(path string) (*generation, error) {
 	var l *net.UnixListener
 	var id fileID
 	err := d.checkGuard()
+	if err == nil {
+		var ours fileID
+		if cur != nil && cur.path == path {
+			ours = cur.id
+		}
+		err = checkNotServed(path, ours)
+	}
 	if err == nil {
 		l, id, err = publish(path)
 	}
@@ -433,8 +441,8 @@ func (d *driver) takeVerdict() *verdict {
 }
 
 // backOff records a failure, waits for the next backoff interval and reports whether the
-// loop goes on. When something that is not a socket blocks a registration socket's path (err
-// holds a notSocketError), the wait also ends once it is gone: ws watches the path.
+// loop goes on. When something that is not ours blocks a registration socket's path (err holds
+// a notSocketError or a servedError), the wait also ends once it is gone: ws watches the path.
 func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, ws watches) bool {
 	wait := next(b)
 	d.mu.Lock()
@@ -443,7 +451,10 @@ func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err
 	d.update(BackingOff, err.Error(), time.Now().Add(wait))
 	d.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
 	if ns, blocked := errors.AsType[*notSocketError](err); blocked {
-		return d.sleepBlocked(ctx, wait, ws.of(ns.path), ns.path)
+		return d.sleepBlocked(ctx, wait, ws.of(ns.path), ns.path, func() bool { return pathClear(ns.path) })
+	}
+	if se, served := errors.AsType[*servedError](err); served {
+		return d.sleepBlocked(ctx, wait, ws.of(se.path), se.path, func() bool { return checkNotServed(se.path, fileID{}) == nil })
 	}
 	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from
 	// the node while it backs off is absent at once, not after the backoff.
@@ -454,15 +465,15 @@ func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err
 	return ok
 }
 
-// sleepBlocked waits for wait to pass or, watching the socket's path through sock, for the
-// path to be clear of what blocked the socket: something that is not a socket, which
-// multireg never removes. It reports false when ctx ends first.
-func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *subscription, path string) bool {
+// sleepBlocked waits for wait to pass or, watching a registration socket's path through sock,
+// for the path to be clear (clear) of what blocked the socket: something multireg never
+// removes. It reports false when ctx ends first.
+func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *subscription, path string, clear func() bool) bool {
 	sock.take() // what happened before this look is seen by it
-	if pathClear(path) {
+	if clear() {
 		return true
 	}
-	woken, ok := sleepUntil(ctx, wait, sock, func(change) bool { return pathClear(path) })
+	woken, ok := sleepUntil(ctx, wait, sock, func(change) bool { return clear() })
 	if woken {
 		d.log.Info("registration socket path is clear; publishing the socket", "socket", path)
 	}

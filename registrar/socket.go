@@ -38,6 +38,34 @@ func statID(path string) (fileID, fs.FileMode, error) {
 	return fileID{dev: st.Dev, ino: st.Ino, ctime: st.Ctim}, fi.Mode().Type(), nil
 }
 
+// servedError reports a socket at a registration socket's path that is not ours and that
+// another process serves: another registrar, such as a node-driver-registrar sidecar whose
+// driver is being moved to multireg. It is never replaced: kubelet holds that registrar's
+// registration, and replacing its socket would deregister the plugin now and again when that
+// registrar exits and deletes the path. The socket is published once that one is gone or no
+// longer served.
+type servedError struct{ path string }
+
+func (e *servedError) Error() string {
+	return fmt.Sprintf("registration socket %s is served by another process (another registrar, such as a node-driver-registrar sidecar): "+
+		"multireg does not replace a socket it does not own, and publishes its own once that one is gone", e.path)
+}
+
+// checkNotServed returns a *servedError when a socket at path other than ours (the identity
+// of our own socket there, or zero) accepts connections.
+func checkNotServed(path string, ours fileID) error {
+	id, mode, err := statID(path)
+	if err != nil || mode != fs.ModeSocket || id == ours {
+		return nil
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return nil // stale: no one listens
+	}
+	c.Close()
+	return &servedError{path: path}
+}
+
 // notSocketError reports a file that is in the way of a registration socket. Such a file is
 // never removed or replaced: it is not ours.
 type notSocketError struct {

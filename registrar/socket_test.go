@@ -142,3 +142,51 @@ func block(t *testing.T, kind, path string) {
 		t.Fatal(err)
 	}
 }
+
+// TestServedSocketIsNotReplaced: a socket at the driver's socket path that another process
+// serves (a node-driver-registrar sidecar not yet removed) is left alone: the driver backs off
+// and says why, and its socket is published as soon as the other one is removed. A socket that
+// is there but no longer served (its process killed) is replaced at the next attempt.
+func TestServedSocketIsNotReplaced(t *testing.T) {
+	for _, removed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "removed", false: "killed"}[removed], func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
+			startEndpoint(t, d.LocalEndpoint, d.Name)
+			if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			sidecar, err := listenUnlinked(d.SocketPath) // the kernel accepts for it: served
+			if err != nil {
+				t.Fatal(err)
+			}
+			theirs := mustID(t, d.SocketPath)
+
+			s := runSupervisor(t, Options{})
+			s.Start(d)
+			testkit.Eventually(t, 5*time.Second, "the reason reported", func() bool {
+				return strings.Contains(statusOf(s, d.Name).LastError, "is served by another process")
+			})
+			testkit.Never(t, 500*time.Millisecond, "the other process's socket replaced", func() bool {
+				id, _, err := statID(d.SocketPath)
+				return err != nil || id != theirs
+			})
+			if st := statusOf(s, d.Name); st.Phase != BackingOff || st.Ready() {
+				t.Errorf("while another process serves the path: %+v, want BackingOff, not ready", st)
+			}
+
+			sidecar.Close() // the file stays, no one listens: as SIGKILL leaves it
+			if removed {    // as its SIGTERM leaves it: the socket goes
+				if err := os.Remove(d.SocketPath); err != nil {
+					t.Fatal(err)
+				}
+			}
+			awaitSocket(t, d)
+			testkit.Eventually(t, 5*time.Second, "our own socket published", func() bool {
+				id, _, err := statID(d.SocketPath)
+				return err == nil && id != theirs
+			})
+			registerAndWait(t, s, d)
+		})
+	}
+}
