@@ -281,10 +281,10 @@ func (e *Env) Registrations(ds []Driver) map[string]int {
 	return m
 }
 
-// ServeRegistrar serves the Registration API of a CSI driver on path until the test ends, as
-// another registrar would: it accepts every verdict and never recreates its socket. The
-// socket file stays after it stops.
-func (e *Env) ServeRegistrar(path, name, endpoint string) {
+// ServeRegistrar serves the Registration API of a CSI driver on path until the test ends or it
+// is stopped, as another registrar would: it accepts every verdict and never recreates its
+// socket. The socket file stays after it stops (remove it to play node-driver-registrar's exit).
+func (e *Env) ServeRegistrar(path, name, endpoint string) *plugins.Registrar {
 	e.T.Helper()
 	r, err := plugins.ServeRegistrar(path, &registerapi.PluginInfo{
 		Type: "CSIPlugin", Name: name, Endpoint: endpoint, SupportedVersions: []string{"1.0.0"},
@@ -293,6 +293,7 @@ func (e *Env) ServeRegistrar(path, name, endpoint string) {
 		e.T.Fatal(err)
 	}
 	e.T.Cleanup(r.Stop)
+	return r
 }
 
 // Exists reports whether there is a file at path (not followed if a symlink).

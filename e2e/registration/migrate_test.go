@@ -1,0 +1,61 @@
+package registration
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/e2e/internal/wait"
+	"multireg.dev/multireg/e2e/mrproc"
+)
+
+// Moving a driver from a node-driver-registrar sidecar to multireg, in the order
+// docs/migrate-from-node-driver-registrar.md gives: the driver is added to multireg while the
+// sidecar still serves its socket, then the sidecar is removed. multireg leaves a socket that
+// another process serves alone (kubelet sees nothing), and publishes its own as soon as the
+// sidecar's exit deletes it: one deregistration. "pod" recreates the whole driver pod, as
+// removing a container from its template does: the driver restarts with the sidecar's exit.
+func TestMigrateFromSidecar(t *testing.T) {
+	for _, pod := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sidecar", true: "pod"}[pod], func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			d := driver{Name: "nfs.csi.example.com", Type: "CSIPlugin"}
+			e.StartEndpoint(d)
+			sidecar := e.ServeRegistrar(e.SocketPath(d), d.Name, e.EndpointPath(d))
+			wait.For(t, registerTimeout, "the sidecar's registration", func() bool { return e.K.Registered(d.Name) })
+
+			p := mrproc.Start(t, e.WriteConfig([]driver{d}))
+			wait.For(t, registerTimeout, "multireg to wait behind the sidecar's socket", func() bool {
+				return p.Count("registration failed", d.Name) > 0
+			})
+			wait.Never(t, 2*time.Second, "kubelet's registration moved while the sidecar serves", func() bool {
+				c := e.K.Counts(d.Name)
+				return c.Registrations != 1 || c.Deregistrations != 0
+			})
+			if code, body, err := p.Get(t, "/readyz"); err != nil || code == 200 || !strings.Contains(body, "served by another process") {
+				t.Errorf("/readyz while the sidecar serves: %d %v\n%s\nwant 503 naming the reason", code, err, body)
+			}
+
+			// The sidecar's SIGTERM: it stops and deletes its socket.
+			sidecar.Stop()
+			if pod {
+				e.StopEndpoint(d)
+			}
+			if err := os.Remove(e.SocketPath(d)); err != nil {
+				t.Fatal(err)
+			}
+			if pod {
+				e.StartEndpoint(d) // the driver's new pod
+			}
+			wait.For(t, registerTimeout, "registered through multireg", func() bool {
+				return e.K.Registered(d.Name) && e.K.Counts(d.Name).Registrations == 2
+			})
+			if c := e.K.Counts(d.Name); c.Deregistrations != 1 {
+				t.Errorf("kubelet's calls: %+v, want the sidecar's one deregistration only", c)
+			}
+			t.Logf("kubelet held no registration of %s for %s", d.Name, longestAbsence(e.K.EventsFor(d.Name)))
+		})
+	}
+}
