@@ -1,6 +1,8 @@
 // Module kube pins the Kubernetes release whose binaries make e2e-node's
-// single-node cluster. It holds no code: its tool directives name the
-// commands ../build-kube.sh builds with `go build`.
+// single-node cluster, and the third-party plugins taken from that release.
+// Its tool directives name the commands ../build-kube.sh and
+// ../build-thirdparty.sh build with `go build`; its only code is csimock, a
+// main around Kubernetes' e2e mock CSI driver.
 module multireg.dev/multireg/e2e/node/kube
 
 go 1.26.0
