@@ -37,7 +37,8 @@ const (
 // 5. The shipped examples/ (DaemonSet + kustomization, copied verbatim) through a kustomize
 // overlay that points the host paths at the test kubelet's root, the config at the test's
 // drivers and the image at the locally built one, applied with `kubectl apply -k`:
-//   - multireg runs as a pod and its drivers appear in CSINode;
+//   - multireg runs as a pod, Ready and its rollout complete although a configured DRA
+//     driver never runs on this node, and its drivers appear in CSINode;
 //   - an edited ConfigMap, applied again, reaches multireg through kubelet's own volume
 //     update and changes CSINode for the edited driver only (same pod, other sockets and
 //     endpoints untouched);
@@ -81,6 +82,11 @@ func scenarioDaemonSet(t *testing.T) {
 	}
 	pod := waitPodReady(t, 3*time.Minute, "")
 	t.Logf("multireg pod %s Ready %.1fs after kubectl apply -k (image %s)", pod.Name, time.Since(start).Seconds(), multiregRef)
+	// What a user waits on after an apply: the rollout completes, the absent driver
+	// notwithstanding.
+	if out, err := cl.Kubectl(ctx, "rollout", "status", "-n", "kube-system", "daemonset/multireg", "--timeout=1m"); err != nil {
+		t.Fatalf("kubectl rollout status after kubectl apply -k, with %s configured and absent: %v\n%s", absentDRA, err, out)
+	}
 	want := map[string]string{csiD: "delta-node-1", csiE: "epsilon-node-1", csiZ: "zeta-node-1"}
 	waitCSINode(t, want, 60*time.Second)
 	t.Logf("CSINode lists %s, %s, %s %.1fs after kubectl apply -k", csiD, csiE, csiZ, time.Since(start).Seconds())

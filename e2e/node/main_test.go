@@ -26,6 +26,7 @@ import (
 
 var (
 	kubeBin     = flag.String("kube-bin", "", "directory of the Kubernetes binaries (build-kube.sh)")
+	thirdparty  = flag.String("thirdparty-bin", "", "directory of the third-party plugins (build-thirdparty.sh)")
 	multiregBin = flag.String("multireg", "", "the multireg binary users get (hack/build-binary.sh): run on the host and put in the image")
 	examplesDir = flag.String("examples", "../../examples", "the shipped examples/ directory (DaemonSet and kustomization)")
 	workDir     = flag.String("dir", "", "the cluster's directory: short, empty (default: a new one in /tmp)")
@@ -44,8 +45,8 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) (code int) {
-	if *kubeBin == "" || *multiregBin == "" {
-		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin and -multireg are required; run it with `make e2e-node` from the repository root")
+	if *kubeBin == "" || *thirdparty == "" || *multiregBin == "" {
+		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin, -thirdparty-bin and -multireg are required; run it with `make e2e-node` from the repository root")
 		return 2
 	}
 	if os.Geteuid() != 0 {

@@ -26,6 +26,11 @@ type proc struct {
 // `make` reaches the test, which stops its processes in order, instead of killing them all
 // at once mid-teardown), with its output appended to logPath.
 func StartProc(name, logPath, bin string, args ...string) (*child.Process, error) {
+	return StartProcEnv(name, logPath, bin, nil, args...)
+}
+
+// StartProcEnv is StartProc with env added to this process's environment.
+func StartProcEnv(name, logPath, bin string, env []string, args ...string) (*child.Process, error) {
 	if abs, err := filepath.Abs(bin); err == nil {
 		bin = abs
 	}
@@ -35,6 +40,9 @@ func StartProc(name, logPath, bin string, args ...string) (*child.Process, error
 	}
 	defer f.Close() // the child has its own descriptor
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = f
 	cmd.Stderr = f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

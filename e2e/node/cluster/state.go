@@ -222,8 +222,12 @@ func removeTasks(address string) error {
 		_, _ = ctr("tasks", "kill", "--signal", "SIGKILL", id)
 		// A task can be deleted only once it stopped: retry until the deadline.
 		var derr error
+		// A task gone meanwhile (kubelet stopping its pod) is done.
 		wait.Until(time.Until(deadline), 100*time.Millisecond, func() bool {
 			_, derr = ctr("tasks", "delete", id)
+			if derr != nil && strings.Contains(derr.Error(), "not found") {
+				derr = nil
+			}
 			return derr == nil
 		})
 		errs = append(errs, derr)

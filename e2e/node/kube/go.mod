@@ -1,6 +1,8 @@
 // Module kube pins the Kubernetes release whose binaries make e2e-node's
-// single-node cluster. It holds no code: its tool directives name the
-// commands ../build-kube.sh builds with `go build`.
+// single-node cluster, and the third-party plugins taken from that release.
+// Its tool directives name the commands ../build-kube.sh and
+// ../build-thirdparty.sh build with `go build`; its only code is csimock, a
+// main around Kubernetes' e2e mock CSI driver.
 module multireg.dev/multireg/e2e/node/kube
 
 go 1.26.0
@@ -47,6 +49,13 @@ tool (
 	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
 	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/test/images/sample-device-plugin
+	multireg.dev/multireg/e2e/node/kube/csimock
+)
+
+require (
+	k8s.io/klog/v2 v2.140.0
+	k8s.io/kubernetes v1.36.3
 )
 
 require (
@@ -142,6 +151,8 @@ require (
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
 	github.com/stoewer/go-strcase v1.3.0 // indirect
+	github.com/stretchr/objx v0.5.2 // indirect
+	github.com/stretchr/testify v1.11.1 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	github.com/xlab/treeprint v1.2.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.8 // indirect
@@ -199,7 +210,6 @@ require (
 	k8s.io/dynamic-resource-allocation v0.36.3 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
 	k8s.io/externaljwt v0.0.0 // indirect
-	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kms v0.36.3 // indirect
 	k8s.io/kube-aggregator v0.0.0 // indirect
 	k8s.io/kube-controller-manager v0.0.0 // indirect
@@ -208,7 +218,6 @@ require (
 	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubectl v0.0.0 // indirect
 	k8s.io/kubelet v0.36.3 // indirect
-	k8s.io/kubernetes v1.36.3 // indirect
 	k8s.io/metrics v0.36.3 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
