@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
 )
@@ -58,4 +59,34 @@ func TestMigrateFromSidecar(t *testing.T) {
 			t.Logf("kubelet held no registration of %s for %s", d.Name, longestAbsence(e.K.EventsFor(d.Name)))
 		})
 	}
+}
+
+// Moving a driver back to a sidecar, either way round: the sidecar's start replaces multireg's
+// socket (one deregistration); multireg leaves the sidecar's socket alone from then on, and when
+// the driver leaves multireg's file the sidecar's socket stays and kubelet keeps the driver.
+func TestMigrateBackToSidecar(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := driver{Name: "nfs.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(d)
+	p := mrproc.Start(t, e.WriteConfig([]driver{d}))
+	wait.For(t, registerTimeout, "registered through multireg", func() bool { return e.K.Registered(d.Name) })
+
+	// node-driver-registrar's start: it removes what is at its path and listens there.
+	if err := os.Remove(e.SocketPath(d)); err != nil {
+		t.Fatal(err)
+	}
+	e.ServeRegistrar(e.SocketPath(d), d.Name, e.EndpointPath(d))
+	theirs := fileid.Of(e.SocketPath(d))
+	wait.For(t, registerTimeout, "registered through the sidecar", func() bool {
+		return e.K.Registered(d.Name) && e.K.Counts(d.Name).Registrations == 2
+	})
+	wait.For(t, registerTimeout, "multireg to wait behind the sidecar's socket", func() bool {
+		return p.Count("registration failed", d.Name) > 0
+	})
+	e.WriteConfigContent(strings.Replace(e.ConfigContent(nil), "drivers:\n", "drivers: []\n", 1))
+	wait.For(t, registerTimeout, "multireg to drop the driver", func() bool { return p.Count("config reloaded", "") > 0 })
+	wait.Never(t, 2*time.Second, "the sidecar's socket or registration touched", func() bool {
+		return fileid.Of(e.SocketPath(d)) != theirs || !e.K.Registered(d.Name) || e.K.Counts(d.Name).Deregistrations != 1
+	})
 }
