@@ -61,6 +61,7 @@ type driverStatus struct {
 	Name       string `json:"name"`
 	Phase      string `json:"phase"`
 	Socket     string `json:"socket"`
+	Endpoint   string `json:"endpoint"`
 	EndpointUp bool   `json:"endpointUp"`
 	Attempts   int    `json:"attempts"`
 	Failures   int    `json:"failures"`

@@ -116,7 +116,8 @@ func TestNode(t *testing.T) {
 		scenario(t, "4-remove-and-restore-a-driver", func(t *testing.T) { scenarioRemoveRestore(t, mr, &eps, config) }) &&
 		scenario(t, "4b-csi-driver-restart", func(t *testing.T) { scenarioCSIRestart(t, mr, &eps) }) &&
 		scenario(t, "4c-dra-driver-restart", func(t *testing.T) { scenarioDRARestart(t, mr, &eps) }) &&
-		scenario(t, "4d-device-plugin-restart", func(t *testing.T) { scenarioDevicePluginRestart(t, mr, &eps) })
+		scenario(t, "4d-device-plugin-restart", func(t *testing.T) { scenarioDevicePluginRestart(t, mr, &eps) }) &&
+		scenario(t, "4e-dra-rolling-update", func(t *testing.T) { scenarioDRARollingUpdate(t, mr, &eps, config) })
 	if !ok {
 		return
 	}

@@ -208,7 +208,8 @@ func TestThirdParty(t *testing.T) {
 	config := filepath.Join(dir, "config.yaml")
 	writeFileAtomic(t, config, hostConfig(
 		driverEntry(mockCSI, "CSIPlugin", csiSock),
-		driverEntry(sampleRes, "DevicePlugin", dpSock),
+		// Its socket is dp.<unix time of the start>: a pattern follows it across restarts.
+		driverEntry(sampleRes, "DevicePlugin", filepath.Join(dpDir, "dp.*")),
 		driverEntry(gpuDriver, "DRAPlugin", draSock)))
 	mrStart := time.Now()
 	// -v 1: multireg logs when it has recorded a CSI driver's NodeGetInfo (scenario 9).
@@ -245,7 +246,50 @@ func TestThirdParty(t *testing.T) {
 	if !ok {
 		return
 	}
-	scenario(t, "10-csi-mock-restart", func(t *testing.T) { csiMockRestart(t, mr, mock, csiSock, dir) })
+	_ = scenario(t, "10-csi-mock-restart", func(t *testing.T) { csiMockRestart(t, mr, mock, csiSock, dir) }) &&
+		scenario(t, "11-sample-device-plugin-restart", func(t *testing.T) { sampleDevicePluginRestart(t, mr, dp, dpDir, dpSock, dir) })
+}
+
+// sampleDevicePluginRestart restarts the sample device plugin, which comes back under a new
+// socket name (dp.<unix time>): multireg, given the pattern dp.*, registers the new socket (a
+// device plugin needs a new registration after a restart anyway), the node's allocatable comes
+// back, and a pod gets a device from the new process. How long allocatable was short is
+// measured from the API server. (With a fixed endpoint, multireg kept the dead socket's
+// registration and allocatable stayed at 0.)
+func sampleDevicePluginRestart(t *testing.T, mr *hostMultireg, dp *hostPlugin, dpDir, oldSock, dir string) {
+	before := waitAllRegistered(t, mr, sampleRes)
+	restarted, sock := restartSampleDevicePlugin(t, dp, dpDir, oldSock, filepath.Join(dir, "sample-dp.2.log"))
+	start := time.Now()
+	var short time.Duration // how long allocatable was seen below nSample
+	var since time.Time
+	waitUntil(t, time.Minute, "the new socket registered and every device allocatable again", func(ctx context.Context) (bool, string) {
+		_, a, err := capacity(ctx, sampleRes)
+		if err != nil {
+			return false, err.Error()
+		}
+		now := time.Now()
+		switch {
+		case a < nSample && since.IsZero():
+			since = now
+		case a == nSample && !since.IsZero():
+			short += now.Sub(since)
+			since = time.Time{}
+		}
+		st, err := mr.status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		s := st[sampleRes]
+		return s.Phase == "Registered" && s.Endpoint == sock && a == nSample && time.Since(start) > 3*time.Second,
+			fmt.Sprintf("allocatable %d, %+v", a, s)
+	})
+	if st := waitAllRegistered(t, mr, sampleRes); st[sampleRes].Attempts != before[sampleRes].Attempts+1 {
+		t.Errorf("%s: %d sockets published after its restart, want %d (one more)", sampleRes, st[sampleRes].Attempts, before[sampleRes].Attempts+1)
+	}
+	t.Logf("sample device plugin restart under a new name (%s → %s): registered again; allocatable seen short of %d for %s",
+		filepath.Base(oldSock), filepath.Base(sock), nSample, short.Round(time.Millisecond))
+	figures = append(figures, fmt.Sprintf("sample device plugin restart, new socket name, endpoint pattern dp.*: re-registered; allocatable seen short for %s (node status, polled)", short.Round(time.Millisecond)))
+	sampleDevicePod(t, restarted)
 }
 
 // inlineVolumePod runs a pod with an inline ephemeral volume of the mock CSI driver: kubelet
