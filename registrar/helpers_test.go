@@ -118,6 +118,21 @@ func runUntilEnd(t *testing.T, run func(context.Context)) {
 	})
 }
 
+// deadSocket leaves at path a unix socket file on which nothing listens, nor ever did: a
+// connection to it is refused. (A listener closed at once would accept for a moment, and a
+// loop probing meanwhile would find the endpoint up.)
+func deadSocket(t *testing.T, path string) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		t.Fatalf("bind %s: %v", path, err)
+	}
+}
+
 // listenUnlinked listens on path and leaves the file in place when closed.
 func listenUnlinked(path string) (*net.UnixListener, error) {
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})

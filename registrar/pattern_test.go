@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -52,11 +55,7 @@ func TestPatternRegistersNewestAnswering(t *testing.T) {
 	ageFile(t, filepath.Join(epDir, "dp.1"), time.Hour)
 	startInstance(t, d, "dp.2")
 	ageFile(t, filepath.Join(epDir, "dp.2"), time.Minute)
-	l, err := listenUnlinked(filepath.Join(epDir, "dp.3")) // newest, never answers
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	deadSocket(t, filepath.Join(epDir, "dp.3"))                                    // newest, never answers
 	if err := os.WriteFile(filepath.Join(epDir, "dp.4"), nil, 0o644); err != nil { // not a socket
 		t.Fatal(err)
 	}
@@ -124,7 +123,19 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	d := patternDriver(dir, config.CSIPlugin, "csi-*.sock")
 	epDir := filepath.Dir(d.LocalEndpoint)
-	a := startInstance(t, d, "csi-a.sock")
+	// csi-a's file stays when it stops, as a killed process leaves it: no event tells.
+	aPath := filepath.Join(epDir, "csi-a.sock")
+	if err := os.MkdirAll(epDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	la, err := listenUnlinked(aPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := grpc.NewServer()
+	csi.RegisterIdentityServer(a, identity{name: d.Name})
+	go a.Serve(la)
+	t.Cleanup(a.Stop)
 	s := runSupervisor(t, Options{})
 	s.Start(d)
 	awaitSocket(t, d)
@@ -137,14 +148,9 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 		return err != nil || id != first
 	})
 
-	// Killed: the file stays, nothing listens.
-	a.srv.Stop()
-	<-a.done
-	l, err := listenUnlinked(filepath.Join(epDir, "csi-a.sock"))
-	if err == nil {
-		l.Close()
-	} else if !isSocket(filepath.Join(epDir, "csi-a.sock")) {
-		t.Fatal(err)
+	a.Stop() // killed: the file stays, nothing listens
+	if !isSocket(aPath) {
+		t.Fatal("csi-a's socket file went with its process")
 	}
 	testkit.Eventually(t, 10*time.Second, "a new registration socket for csi-b", func() bool {
 		id, _, err := statID(d.SocketPath)
@@ -155,21 +161,29 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 	}
 }
 
+// registeredDRAPattern starts a DRA driver named by the pattern dra-*.sock, with one instance,
+// dra-a.sock (a minute old, so that a later instance is newer), and plays kubelet registering
+// it. It returns the instance.
+func registeredDRAPattern(t *testing.T, opts Options) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
+	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
+	a := startInstance(t, d, "dra-a.sock")
+	ageFile(t, a.path, time.Minute)
+	s := runSupervisor(t, opts)
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	return s, d, a
+}
+
 // TestPatternDRAHandover: a DRA driver's new instance appears beside the registered one: it is
 // registered through the second socket while the first stays untouched, and the first is
 // withdrawn only once the new one is registered and the old instance is gone. kubelet always
 // holds a registration.
 func TestPatternDRAHandover(t *testing.T) {
 	var log testkit.Buffer
-	dir := testkit.ShortDir(t)
-	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
+	s, d, a := registeredDRAPattern(t, Options{Log: log.Logger()})
 	epDir := filepath.Dir(d.LocalEndpoint)
-	a := startInstance(t, d, "dra-a.sock")
-	ageFile(t, filepath.Join(epDir, "dra-a.sock"), time.Minute)
-	s := runSupervisor(t, Options{Log: log.Logger()})
-	s.Start(d)
-	awaitSocket(t, d)
-	registerAndWait(t, s, d)
 	first := mustID(t, d.SocketPath)
 	unchanged := func() bool { id, _, err := statID(d.SocketPath); return err == nil && id == first }
 
@@ -206,15 +220,7 @@ func TestPatternDRAHandover(t *testing.T) {
 // TestPatternDRAHandoverRejected: kubelet rejects the new instance's registration: the old
 // registration stays, and the next attempt goes to the second socket again.
 func TestPatternDRAHandoverRejected(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
-	epDir := filepath.Dir(d.LocalEndpoint)
-	startInstance(t, d, "dra-a.sock")
-	ageFile(t, filepath.Join(epDir, "dra-a.sock"), time.Minute)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
-	awaitSocket(t, d)
-	registerAndWait(t, s, d)
+	_, d, _ := registeredDRAPattern(t, Options{})
 	first := mustID(t, d.SocketPath)
 
 	startInstance(t, d, "dra-b.sock")
@@ -239,11 +245,7 @@ func TestPatternDRAStartBesideStaleSocket(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	l, err := listenUnlinked(d.SocketPath) // the earlier run's, served by no one
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	deadSocket(t, d.SocketPath) // the earlier run's, served by no one
 	stale := mustID(t, d.SocketPath)
 
 	s := runSupervisor(t, Options{})
@@ -263,15 +265,7 @@ func TestPatternDRAStartBesideStaleSocket(t *testing.T) {
 // socket's path is never touched: the handover backs off (the old registration stays, and so
 // does the driver's readiness) and goes on as soon as the path is clear.
 func TestPatternDRAHandoverBlocked(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
-	epDir := filepath.Dir(d.LocalEndpoint)
-	startInstance(t, d, "dra-a.sock")
-	ageFile(t, filepath.Join(epDir, "dra-a.sock"), time.Minute)
-	s := runSupervisor(t, Options{})
-	s.Start(d)
-	awaitSocket(t, d)
-	registerAndWait(t, s, d)
+	s, d, _ := registeredDRAPattern(t, Options{})
 	if err := os.Mkdir(d.AltSocketPath, 0o755); err != nil {
 		t.Fatal(err)
 	}

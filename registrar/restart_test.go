@@ -191,11 +191,7 @@ func TestKeptRestartStaysRegistered(t *testing.T) {
 	var log testkit.Buffer
 	s, d, e := registeredCSINode(t, &log, "node-a")
 	crash(t, s, d, e)
-	l, err := listenUnlinked(d.LocalEndpoint) // created anew, not answering yet
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	deadSocket(t, d.LocalEndpoint) // created anew, not answering yet
 	testkit.Eventually(t, 5*time.Second, "the probe of the restarted driver to fail", func() bool {
 		return strings.Contains(statusOf(s, d.Name).LastError, "connection refused")
 	})

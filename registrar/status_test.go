@@ -37,11 +37,7 @@ func TestAbsentDriverIsReady(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(d.LocalEndpoint), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	l, err := listenUnlinked(d.LocalEndpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	deadSocket(t, d.LocalEndpoint)
 	testkit.Eventually(t, 5*time.Second, "the endpoint to be seen present", func() bool {
 		return !statusOf(s, d.Name).Absent
 	})

@@ -17,16 +17,11 @@ version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
 stamp="$version $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH) $(cat go.mod go.sum | sha256sum | cut -c1-16)"
 cmds="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
 
-mkdir -p "$out"
-if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ]; then
-	missing=
-	for c in $cmds; do [ -x "$out/$c" ] || missing=1; done
-	if [ -z "$missing" ]; then
-		echo "kubernetes $version: cached in $out"
-		exit 0
-	fi
+. "$here/stamp.sh"
+if stamp_fresh "$out" "$stamp" $cmds; then
+	echo "kubernetes $version: cached in $out"
+	exit 0
 fi
-rm -f "$out/.stamp"
 
 start=$(date +%s)
 pkgs=

@@ -18,16 +18,11 @@ sum=$(cd "$here" && cat kube/go.mod kube/go.sum kube/csimock/*.go thirdparty/dra
 stamp="kubernetes $k8s dra-example-driver $dra $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH) $sum"
 files="sample-device-plugin csimock dra-example-kubeletplugin gpu-test1.yaml deviceclass.yaml"
 
-mkdir -p "$out"
-if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ]; then
-	missing=
-	for f in $files; do [ -f "$out/$f" ] || missing=1; done
-	if [ -z "$missing" ]; then
-		echo "third-party plugins: cached in $out"
-		exit 0
-	fi
+. "$here/stamp.sh"
+if stamp_fresh "$out" "$stamp" $files; then
+	echo "third-party plugins: cached in $out"
+	exit 0
 fi
-rm -f "$out/.stamp"
 
 start=$(date +%s)
 (cd "$here/kube" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/" \

@@ -117,7 +117,8 @@ func TestNode(t *testing.T) {
 		scenario(t, "4b-csi-driver-restart", func(t *testing.T) { scenarioCSIRestart(t, mr, &eps) }) &&
 		scenario(t, "4c-dra-driver-restart", func(t *testing.T) { scenarioDRARestart(t, mr, &eps) }) &&
 		scenario(t, "4d-device-plugin-restart", func(t *testing.T) { scenarioDevicePluginRestart(t, mr, &eps) }) &&
-		scenario(t, "4e-dra-rolling-update", func(t *testing.T) { scenarioDRARollingUpdate(t, mr, &eps, config) })
+		scenario(t, "4e-dra-rolling-update", func(t *testing.T) { scenarioDRARollingUpdate(t, mr, &eps, config) }) &&
+		scenario(t, "4f-migrate-from-sidecar", func(t *testing.T) { scenarioMigrateFromSidecar(t, mr, config) })
 	if !ok {
 		return
 	}
@@ -557,21 +558,13 @@ func scenarioDevicePluginRestart(t *testing.T, mr *hostMultireg, eps *hostDriver
 	eps.dp = restarted
 	t.Cleanup(restarted.Stop)
 	start := time.Now()
-	var short time.Duration // how long allocatable was seen below nWidgets
-	var since time.Time
+	var short shortfall // of allocatable devices
 	waitUntil(t, time.Minute, "a new ListAndWatch stream and every device allocatable again", func(ctx context.Context) (bool, string) {
 		_, a, err := capacity(ctx, widget)
 		if err != nil {
 			return false, err.Error()
 		}
-		now := time.Now()
-		switch {
-		case a < nWidgets && since.IsZero():
-			since = now
-		case a == nWidgets && !since.IsZero():
-			short += now.Sub(since)
-			since = time.Time{}
-		}
+		short.observe(int(a), nWidgets)
 		opened, open := restarted.ListAndWatchStreams()
 		return opened >= 1 && open == 1 && a == nWidgets && time.Since(start) > 3*time.Second, fmt.Sprintf("allocatable %d, streams %d opened %d open", a, opened, open)
 	})
@@ -581,8 +574,8 @@ func scenarioDevicePluginRestart(t *testing.T, mr *hostMultireg, eps *hostDriver
 	if same := idents(t, widget); same[widget] == sock[widget] {
 		t.Errorf("%s's registration socket was not published anew", widget)
 	}
-	t.Logf("device plugin restart: registered again; allocatable seen short of %d for %s", nWidgets, short.Round(time.Millisecond))
-	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s (node status, polled)", short.Round(time.Millisecond)))
+	t.Logf("device plugin restart: registered again; allocatable seen short of %d for %s", nWidgets, short.total.Round(time.Millisecond))
+	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s (node status, polled)", short.total.Round(time.Millisecond)))
 }
 
 // entryCSlow is scenario 2's driver with a slow first retry.

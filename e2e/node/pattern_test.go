@@ -43,7 +43,7 @@ func scenarioDRARollingUpdate(t *testing.T, mr *hostMultireg, eps *hostDrivers, 
 	ours := []string{filepath.Join(regDir, draName+"-reg.sock"), filepath.Join(regDir, draName+"-reg.1.sock")}
 
 	a := start("uid1")
-	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), driverEntry(draName, "DRAPlugin", filepath.Join(dir, "dra-*.sock")), entryCSlow()))
+	writeFileAtomic(t, config, hostConfig(entriesAfterRollingUpdate()...))
 	registeredAt(a.Path())
 	eps.dra.Stop() // the instance the fixed endpoint named
 	waitUntil(t, time.Minute, "kubelet holds the pattern's registration", func(ctx context.Context) (bool, string) {
@@ -84,6 +84,12 @@ func scenarioDRARollingUpdate(t *testing.T, mr *hostMultireg, eps *hostDrivers, 
 	}
 	t.Logf("DRA rolling update: kubelet held a registration of %s at all %d looks (every 200 ms)", draName, looks)
 	figures = append(figures, fmt.Sprintf("DRA rolling update (two instances, dra-*.sock): kubelet held a registration at %d of %d looks; the claim was prepared by the new instance", looks-missing, looks))
+}
+
+// entriesAfterRollingUpdate are the drivers file's entries from scenario 4e on: the DRA driver
+// named by a pattern.
+func entriesAfterRollingUpdate() []string {
+	return []string{entryA(), entryB(), entryDP(), driverEntry(draName, "DRAPlugin", endpointPath("dra", "dra-*.sock")), entryCSlow()}
 }
 
 // held returns which of the sockets kubelet's plugin manager holds.

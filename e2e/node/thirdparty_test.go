@@ -260,21 +260,13 @@ func sampleDevicePluginRestart(t *testing.T, mr *hostMultireg, dp *hostPlugin, d
 	before := waitAllRegistered(t, mr, sampleRes)
 	restarted, sock := restartSampleDevicePlugin(t, dp, dpDir, oldSock, filepath.Join(dir, "sample-dp.2.log"))
 	start := time.Now()
-	var short time.Duration // how long allocatable was seen below nSample
-	var since time.Time
+	var short shortfall // of allocatable devices
 	waitUntil(t, time.Minute, "the new socket registered and every device allocatable again", func(ctx context.Context) (bool, string) {
 		_, a, err := capacity(ctx, sampleRes)
 		if err != nil {
 			return false, err.Error()
 		}
-		now := time.Now()
-		switch {
-		case a < nSample && since.IsZero():
-			since = now
-		case a == nSample && !since.IsZero():
-			short += now.Sub(since)
-			since = time.Time{}
-		}
+		short.observe(int(a), nSample)
 		st, err := mr.status(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -287,8 +279,8 @@ func sampleDevicePluginRestart(t *testing.T, mr *hostMultireg, dp *hostPlugin, d
 		t.Errorf("%s: %d sockets published after its restart, want %d (one more)", sampleRes, st[sampleRes].Attempts, before[sampleRes].Attempts+1)
 	}
 	t.Logf("sample device plugin restart under a new name (%s → %s): registered again; allocatable seen short of %d for %s",
-		filepath.Base(oldSock), filepath.Base(sock), nSample, short.Round(time.Millisecond))
-	figures = append(figures, fmt.Sprintf("sample device plugin restart, new socket name, endpoint pattern dp.*: re-registered; allocatable seen short for %s (node status, polled)", short.Round(time.Millisecond)))
+		filepath.Base(oldSock), filepath.Base(sock), nSample, short.total.Round(time.Millisecond))
+	figures = append(figures, fmt.Sprintf("sample device plugin restart, new socket name, endpoint pattern dp.*: re-registered; allocatable seen short for %s (node status, polled)", short.total.Round(time.Millisecond)))
 	sampleDevicePod(t, restarted)
 }
 

@@ -55,3 +55,21 @@ func stays(t *testing.T, d time.Duration, what string, cond func(ctx context.Con
 		t.Errorf("could not look once in %s: %v", d, err)
 	}
 }
+
+// shortfall adds up, over a poll, how long a count was seen below what it should be.
+type shortfall struct {
+	since time.Time // when the count was first seen short, while it is
+	total time.Duration
+}
+
+// observe takes one look: the count n, of want.
+func (s *shortfall) observe(n, want int) {
+	now := time.Now()
+	switch {
+	case n < want && s.since.IsZero():
+		s.since = now
+	case n >= want && !s.since.IsZero():
+		s.total += now.Sub(s.since)
+		s.since = time.Time{}
+	}
+}

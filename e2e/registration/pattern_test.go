@@ -24,6 +24,19 @@ func (e *env) startInstance(d driver, name string) *plugins.Endpoint {
 	return ep
 }
 
+// startPattern sets d's endpoint to the pattern in subdir of the endpoints' directory, and
+// starts multireg with d and d's first instance, first; it returns once kubelet holds that
+// instance's registration.
+func (e *env) startPattern(d *driver, subdir, pattern, first string) (dir string, ep *plugins.Endpoint, p *mrproc.Process) {
+	e.T.Helper()
+	d.Endpoint = filepath.Join(e.Dir, "ep", subdir, pattern)
+	dir = filepath.Dir(d.Endpoint)
+	ep = e.startInstance(*d, first)
+	p = mrproc.Start(e.T, e.WriteConfig([]driver{*d}))
+	e.registeredAt(*d, filepath.Join(dir, first))
+	return dir, ep, p
+}
+
 // registeredAt waits until kubelet holds exactly the endpoints want for d.
 func (e *env) registeredAt(d driver, want ...string) {
 	e.T.Helper()
@@ -74,11 +87,7 @@ func TestEndpointPattern(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
 		d := driver{Name: "gpu.example.com", Type: "DRAPlugin"}
-		d.Endpoint = filepath.Join(e.Dir, "ep", "gpu", "dra-*.sock")
-		dir := filepath.Dir(d.Endpoint)
-		old := e.startInstance(d, "dra-uid1.sock")
-		p := mrproc.Start(t, e.WriteConfig([]driver{d}))
-		e.registeredAt(d, filepath.Join(dir, "dra-uid1.sock"))
+		dir, old, p := e.startPattern(&d, "gpu", "dra-*.sock", "dra-uid1.sock")
 
 		e.startInstance(d, "dra-uid2.sock") // the rolling update's new pod
 		e.registeredAt(d, filepath.Join(dir, "dra-uid1.sock"), filepath.Join(dir, "dra-uid2.sock"))
@@ -103,11 +112,7 @@ func TestEndpointPattern(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
 		d := driver{Name: "example.com/widget", Type: "DevicePlugin"}
-		d.Endpoint = filepath.Join(e.Dir, "ep", "dp", "dp.*")
-		dir := filepath.Dir(d.Endpoint)
-		old := e.startInstance(d, "dp.1700000001")
-		mrproc.Start(t, e.WriteConfig([]driver{d}))
-		e.registeredAt(d, filepath.Join(dir, "dp.1700000001"))
+		dir, old, _ := e.startPattern(&d, "dp", "dp.*", "dp.1700000001")
 
 		old.Stop() // the plugin restarts under a new name
 		e.startInstance(d, "dp.1700000002")
@@ -122,11 +127,7 @@ func TestEndpointPattern(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
 		d := driver{Name: "csi.example.com", Type: "CSIPlugin"}
-		d.Endpoint = filepath.Join(e.Dir, "ep", "csi", "csi-*.sock")
-		dir := filepath.Dir(d.Endpoint)
-		a := e.startInstance(d, "csi-a.sock")
-		p := mrproc.Start(t, e.WriteConfig([]driver{d}))
-		e.registeredAt(d, filepath.Join(dir, "csi-a.sock"))
+		dir, a, p := e.startPattern(&d, "csi", "csi-*.sock", "csi-a.sock")
 
 		e.startInstance(d, "csi-b.sock")
 		wait.Never(t, 2*time.Second, "kubelet's registration moved while the first instance answers", func() bool {
