@@ -8,19 +8,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// patternMeta are the characters that make an endpoint's last element a pattern, in the
-// syntax of path/filepath.Match.
-const patternMeta = `*?[\`
+// patternMeta are the characters that make an endpoint's last element a pattern: '*' (any
+// run of characters) and '?' (any one character), as path/filepath.Match reads them. The rest
+// of that syntax, '[' classes and '\' quotes, is refused in a pattern, so that a name holding
+// '[' or '\' without '*' or '?' means what it meant before patterns: itself.
+const patternMeta = "*?"
 
 // IsPattern reports whether the last element of an endpoint path is a pattern.
 func IsPattern(path string) bool {
 	return strings.ContainsAny(filepath.Base(path), patternMeta)
 }
-
-// dirPatternMeta are the pattern characters refused in an endpoint's directories: a pattern
-// there was meant as one, and only the last element may be one. ('?' cannot be dialled
-// anyway; '\' is left alone, a byte some directories may hold.)
-const dirPatternMeta = "*["
 
 // EndpointIsPattern reports whether the driver's endpoint names its socket by a pattern: a
 // driver whose socket gets a new name each time it starts (a DRA driver in rolling-update
@@ -57,29 +54,27 @@ func AltSocketName(socketName string) string {
 	return socketName + ".1"
 }
 
-// checkPattern checks an endpoint (kubelet's path) whose last element is a pattern: a pattern only there, one
-// path/filepath.Match accepts, and room under the socket path limit for a name it matches.
-// checkEndpoint calls it for an absolute endpoint with a pattern anywhere.
+// checkPattern checks an endpoint (kubelet's path) with '*' in a directory or a pattern in its
+// last element: a pattern only there, of '*' and '?' only, with a character of its own, and
+// room under the socket path limit for the shortest name it matches.
 func checkPattern(p *field.Path, path string) field.ErrorList {
 	clean := filepath.Clean(path)
 	dir, base := filepath.Dir(clean), filepath.Base(clean)
 	var msg string
-	_, badPattern := filepath.Match(base, "")
-	// The shortest name the pattern can match: its fixed characters, one per '?' or class.
-	fixed := strings.NewReplacer("*", "", "\\", "").Replace(base)
+	shortest := len(base) - strings.Count(base, "*") // '*' may match nothing, '?' one byte
 	switch {
-	case strings.ContainsAny(dir, dirPatternMeta):
+	case strings.ContainsAny(dir, "*"):
 		msg = fmt.Sprintf("a pattern is allowed only in the last element (the socket's name), not in %q", dir)
-	case badPattern != nil:
-		msg = fmt.Sprintf("the pattern %q is malformed (the syntax of Go's path/filepath.Match: '*', '?', '[...]', '\\')", base)
-	case base == "*":
-		msg = "the pattern \"*\" matches every file of the directory: name the driver's sockets, such as \"dra-*.sock\""
-	case len(dir)+1+len(fixed) > MaxSocketPathLen:
-		msg = fmt.Sprintf("leaves no room for a socket name: the directory and the pattern's fixed part are %d bytes, and a unix socket path is at most %d",
-			len(dir)+1+len(fixed), MaxSocketPathLen)
+	case strings.ContainsAny(base, "[\\"):
+		msg = fmt.Sprintf("the pattern %q holds '[' or '\\': a pattern is made of '*' (any characters) and '?' (any one character) only", base)
+	case strings.Trim(base, "*?") == "":
+		msg = fmt.Sprintf("the pattern %q has no character of its own and matches other files of the directory: name the driver's sockets, such as \"dra-*.sock\"", base)
+	case len(dir)+1+shortest > MaxSocketPathLen:
+		msg = fmt.Sprintf("leaves no room for a socket name: the shortest path the pattern matches is %d bytes, and a unix socket path is at most %d",
+			len(dir)+1+shortest, MaxSocketPathLen)
 	case strings.ContainsRune(path, 0):
 		msg = "must not contain a NUL byte"
-	case !kubeletCanDial(strings.ReplaceAll(path, "?", "")):
+	case !kubeletCanDial(dir) || !kubeletCanDial(strings.ReplaceAll(base, "?", "")):
 		msg = notDialable
 	default:
 		return nil

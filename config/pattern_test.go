@@ -47,6 +47,18 @@ func TestEndpointPatternResolves(t *testing.T) {
 		t.Errorf("device plugin: EndpointIsPattern %v, Handover %v, AltSocketPath %q", d.EndpointIsPattern(), d.Handover(), d.AltSocketPath)
 	}
 
+	// '[' and '\' without '*' or '?' are the name's own characters, as before patterns.
+	cfg, err = parseDriver(`    name: gpu.example.com
+    type: DRAPlugin
+    endpoint: /var/lib/kubelet/plugins/gpu/dra[1].sock
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Drivers[0].EndpointIsPattern() {
+		t.Error("a literal name with '[' taken for a pattern")
+	}
+
 	// A localEndpoint alone may hold any byte: a '?' there is no pattern.
 	cfg, err = parseDriver(`    name: nfs.csi.k8s.io
     type: CSIPlugin
@@ -66,12 +78,16 @@ func TestEndpointPatternInvalid(t *testing.T) {
 	tests := []struct{ entry, want string }{
 		{"endpoint: /var/lib/kubelet/plugins/*/dra.sock",
 			`drivers[0].endpoint: "/var/lib/kubelet/plugins/*/dra.sock": a pattern is allowed only in the last element (the socket's name), not in "/var/lib/kubelet/plugins/*"`},
-		{"endpoint: /var/lib/kubelet/plugins/gpu/dra-[.sock",
-			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/dra-[.sock": the pattern "dra-[.sock" is malformed`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu/dra-[0-9]*.sock",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/dra-[0-9]*.sock": the pattern "dra-[0-9]*.sock" holds '[' or '\': a pattern is made of '*' (any characters) and '?' (any one character) only`},
 		{"endpoint: /var/lib/kubelet/plugins/gpu/*",
-			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/*": the pattern "*" matches every file of the directory`},
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/*": the pattern "*" has no character of its own`},
+		{"endpoint: /var/lib/kubelet/plugins/gpu/?*",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu/?*": the pattern "?*" has no character of its own`},
+		{"endpoint: /var/lib/kubelet/plugins/a?b/dra-*.sock",
+			`drivers[0].endpoint: "/var/lib/kubelet/plugins/a?b/dra-*.sock": kubelet cannot dial a path with '#', '?'`},
 		{"endpoint: " + long,
-			`drivers[0].endpoint: "` + long + `": leaves no room for a socket name: the directory and the pattern's fixed part are 108 bytes`},
+			`drivers[0].endpoint: "` + long + `": leaves no room for a socket name: the shortest path the pattern matches is 108 bytes`},
 		{"endpoint: /var/lib/kubelet/plugins/gpu#1/dra-*.sock",
 			`drivers[0].endpoint: "/var/lib/kubelet/plugins/gpu#1/dra-*.sock": kubelet cannot dial a path with '#'`},
 		{"endpoint: /var/lib/kubelet/plugins/gpu/dra-*.sock\n    localEndpoint: /host/gpu/dra.sock",

@@ -227,7 +227,7 @@ func checkEndpoint(p *field.Path, path string, required, kubeletDials bool) fiel
 		return field.ErrorList{field.Required(p, "the absolute path of the plugin's socket")}
 	case path == "":
 		return nil
-	case kubeletDials && filepath.IsAbs(path) && (IsPattern(path) || strings.ContainsAny(filepath.Dir(path), dirPatternMeta)):
+	case kubeletDials && filepath.IsAbs(path) && (IsPattern(path) || strings.Contains(filepath.Dir(path), "*")):
 		return checkPattern(p, path)
 	case !filepath.IsAbs(path):
 		msg = "must be an absolute path"

@@ -139,6 +139,11 @@ func (d *driver) run(ctx context.Context) {
 			return // ctx ended
 		}
 
+		if cur == nil && d.prev != nil && d.prev.at == d.at {
+			// The new instance's attempt failed and it went: the old one is the one to register,
+			// and kubelet holds it already (a second socket for it would be refused).
+			cur, resume = d.resume(), true
+		}
 		if resume && cur.at != d.at && d.prev == nil {
 			d.prev, cur = cur, nil // a newer instance answers: hand over to it
 		}
@@ -190,6 +195,13 @@ func (d *driver) run(ctx context.Context) {
 			switch {
 			case !d.spec.Handover():
 				d.reregister("why", "the endpoint moved")
+			case d.prev != nil && (!cur.registered || d.gone(ctx, cur.at)):
+				// The instance being registered went, or a newer one came, before kubelet
+				// registered it; or the new instance went while the old one runs: go back to the
+				// old registration, which kubelet holds and whose instance answers.
+				d.retire(cur)
+				cur = d.resume()
+				resume = true
 			case cur.registered:
 				// kubelet holds cur: the registration stays with it until the new instance's is
 				// made. An older one still kept is no longer needed.
@@ -198,12 +210,6 @@ func (d *driver) run(ctx context.Context) {
 				}
 				d.prev, cur = cur, nil
 				d.log.Info("driver endpoint moved; registering the new instance beside the old one")
-			case d.prev != nil:
-				// The instance being registered went, or a newer one came, before kubelet
-				// registered it: go back to the registration kubelet holds.
-				d.retire(cur)
-				cur, d.prev, resume = d.prev, nil, true
-				d.setSocket(cur.path)
 			default:
 				d.reregister("why", "the endpoint moved")
 			}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -52,14 +51,9 @@ func fixedTarget(spec config.Driver) target {
 // matches returns the sockets matching the driver's endpoint pattern, newest first. Files
 // that are not sockets, and sockets whose path kubelet cannot dial, are left out.
 func (d *driver) matches() []match {
-	dir := filepath.Dir(d.spec.LocalEndpoint)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
 	var ms []match
-	for _, e := range entries {
-		if ok, _ := filepath.Match(filepath.Base(d.spec.LocalEndpoint), e.Name()); !ok || e.Type() != fs.ModeSocket {
+	for _, e := range matchingEntries(filepath.Dir(d.spec.LocalEndpoint), filepath.Base(d.spec.LocalEndpoint)) {
+		if e.Type() != fs.ModeSocket {
 			continue
 		}
 		endpoint, local := d.spec.Concrete(e.Name())
@@ -200,8 +194,11 @@ func errIfEmpty(n int) error {
 }
 
 // slot is where the next socket is published: over the current generation's socket, which it
-// replaces; else, for a handover, in the path the previous generation does not hold, or the one
-// no earlier run left a socket in, so that kubelet keeps a registration until the new one is made.
+// replaces; for a handover, in the path the previous generation does not hold, so that kubelet
+// keeps a registration until the new one is made. Otherwise a handover driver publishes over a
+// socket an earlier run of multireg left (kubelet may hold it, for the very endpoint to register,
+// and refuses a second registration of one endpoint), keeping one of two: the second path's is
+// removed when both are there (kubelet still holds the first's meanwhile).
 func (d *driver) slot(cur *generation) string {
 	switch {
 	case cur != nil:
@@ -211,12 +208,27 @@ func (d *driver) slot(cur *generation) string {
 	case d.prev != nil:
 		return d.other(d.prev.path)
 	}
-	if _, _, err := statID(d.spec.SocketPath); err == nil {
-		if _, _, err := statID(d.spec.AltSocketPath); errors.Is(err, fs.ErrNotExist) {
-			return d.spec.AltSocketPath
+	_, _, primary := statID(d.spec.SocketPath)
+	_, _, alt := statID(d.spec.AltSocketPath)
+	switch {
+	case primary != nil && alt == nil:
+		return d.spec.AltSocketPath
+	case primary == nil && alt == nil:
+		if err := removeStale(d.spec.AltSocketPath); err != nil {
+			d.log.Warn("remove stale registration socket", "socket", d.spec.AltSocketPath, "err", err)
 		}
 	}
 	return d.spec.SocketPath
+}
+
+// resume makes the previous generation of a handover the current one again, and returns it:
+// kubelet holds its registration.
+func (d *driver) resume() *generation {
+	g := d.prev
+	d.prev = nil
+	d.setSocket(g.path)
+	d.log.Info("back to the registration kubelet holds", "socket", g.path, "endpoint", g.at.local)
+	return g
 }
 
 // other is the registration socket path of a handover driver that is not path.
@@ -270,6 +282,9 @@ func (d *driver) socketsGone(ev change, g *generation) bool {
 		d.log.Info("the old instance's registration socket was removed", "socket", d.prev.path)
 		d.prev.stop()
 		d.prev = nil
+		if !g.registered { // kubelet holds none of ours now
+			d.update(Serving, "", time.Time{})
+		}
 	}
 	return d.socketGone(ev, g)
 }

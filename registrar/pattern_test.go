@@ -236,29 +236,100 @@ func TestPatternDRAHandoverRejected(t *testing.T) {
 	}
 }
 
-// TestPatternDRAStartBesideStaleSocket: a socket an earlier run left registered is not
-// replaced: the new run registers through the other path, then removes the stale one.
-func TestPatternDRAStartBesideStaleSocket(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	d := patternDriver(dir, config.DRAPlugin, "dra-*.sock")
-	startInstance(t, d, "dra-a.sock")
-	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
-		t.Fatal(err)
+// TestPatternDRARestartOverStaleSocket: after a restart of multireg, a socket the earlier run
+// left (kubelet may hold it, for the very endpoint to register, and refuses a second
+// registration of one endpoint) is published over in place: the second path's when only it is
+// there; when both are, the second is removed and the first published over.
+func TestPatternDRARestartOverStaleSocket(t *testing.T) {
+	for _, tt := range []struct {
+		name             string
+		primary, alt     bool
+		wantAt, wantGone string
+	}{
+		{"second only", false, true, "alt", ""},
+		{"both", true, true, "primary", "alt"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
+			startInstance(t, d, "dra-a.sock")
+			if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			paths := map[string]string{"primary": d.SocketPath, "alt": d.AltSocketPath}
+			stale := map[string]fileID{}
+			for name, there := range map[string]bool{"primary": tt.primary, "alt": tt.alt} {
+				if there {
+					deadSocket(t, paths[name]) // the earlier run's, served by no one
+					stale[name] = mustID(t, paths[name])
+				}
+			}
+			s := runSupervisor(t, Options{})
+			s.Start(d)
+			at := paths[tt.wantAt]
+			testkit.Eventually(t, 5*time.Second, "a socket published over the stale one at "+tt.wantAt, func() bool {
+				id, _, err := statID(at)
+				return err == nil && id != stale[tt.wantAt]
+			})
+			if tt.wantGone != "" && isSocket(paths[tt.wantGone]) {
+				t.Errorf("the stale socket at %s is still there", tt.wantGone)
+			}
+			register(t, at, true, "")
+			testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
+			if st := statusOf(s, d.Name); st.Socket != at {
+				t.Errorf("status socket %q, want %q", st.Socket, at)
+			}
+		})
 	}
-	deadSocket(t, d.SocketPath) // the earlier run's, served by no one
-	stale := mustID(t, d.SocketPath)
+}
 
-	s := runSupervisor(t, Options{})
-	s.Start(d)
-	testkit.Eventually(t, 5*time.Second, "the socket in the other path", func() bool { return isSocket(d.AltSocketPath) })
-	if id := mustID(t, d.SocketPath); id != stale {
-		t.Fatal("the stale socket was replaced before the new registration was made")
-	}
+// handedOver is a DRA pattern driver after a handover: dra-a still runs, its registration kept
+// on the first socket, and dra-b registered on the second.
+func handedOver(t *testing.T) (*Supervisor, config.Driver, *endpoint, *endpoint) {
+	t.Helper()
+	s, d, a := registeredDRAPattern(t, Options{})
+	b := startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
 	register(t, d.AltSocketPath, true, "")
-	testkit.Eventually(t, 5*time.Second, "the stale socket removed", func() bool {
-		_, err := os.Lstat(d.SocketPath)
-		return os.IsNotExist(err)
+	testkit.Eventually(t, 5*time.Second, "Registered on the second socket", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == Registered && st.Socket == d.AltSocketPath
 	})
+	return s, d, a, b
+}
+
+// TestPatternDRANewInstanceGoes: the new instance goes while the old one runs: its
+// registration is withdrawn and the loop is back on the old one's, which is left alone.
+func TestPatternDRANewInstanceGoes(t *testing.T) {
+	s, d, a, b := handedOver(t)
+	first := mustID(t, d.SocketPath)
+	b.stop()
+	testkit.Eventually(t, 5*time.Second, "the new instance's registration withdrawn", func() bool { return !isSocket(d.AltSocketPath) })
+	testkit.Never(t, time.Second, "the old instance's registration touched", func() bool {
+		id, _, err := statID(d.SocketPath)
+		return err != nil || id != first || isSocket(d.AltSocketPath)
+	})
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.path {
+		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
+	}
+}
+
+// TestPatternDRANewInstanceRejectedAndGone: kubelet rejects the new instance, which then goes:
+// the old instance is registered already, and no second socket is published for it (kubelet
+// would refuse a second registration of one endpoint).
+func TestPatternDRANewInstanceRejectedAndGone(t *testing.T) {
+	s, d, a := registeredDRAPattern(t, Options{})
+	first := mustID(t, d.SocketPath)
+	b := startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	register(t, d.AltSocketPath, false, "no")
+	b.stop()
+	testkit.Never(t, time.Second, "a second registration of the old instance", func() bool {
+		id, _, err := statID(d.SocketPath)
+		return isSocket(d.AltSocketPath) || err != nil || id != first
+	})
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.path {
+		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
+	}
 }
 
 // TestPatternDRAHandoverBlocked: something that is not a socket at the second registration

@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +14,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 // fileID identifies one file: a file created anew at the same path gets another identity,
@@ -51,19 +56,43 @@ func (e *servedError) Error() string {
 		"multireg does not replace a socket it does not own, and publishes its own once that one is gone", e.path)
 }
 
+// servedProbeTimeout bounds the look at whether another process serves a socket.
+const servedProbeTimeout = time.Second
+
 // checkNotServed returns a *servedError when a socket at path other than ours (the identity
-// of our own socket there, or zero) accepts connections.
+// of our own socket there, or zero) is served: a process answers its Registration service's
+// GetInfo, as kubelet would call it. A socket no one listens on is stale, and so is one whose
+// process accepts connections but does not answer (a frozen process: the kernel accepts for
+// it), such as an earlier multireg stopped after it lost the registration directory.
 func checkNotServed(path string, ours fileID) error {
 	id, mode, err := statID(path)
 	if err != nil || mode != fs.ModeSocket || id == ours {
 		return nil
 	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err != nil {
-		return nil // stale: no one listens
+	if answersGetInfo(path) {
+		return &servedError{path: path}
 	}
-	c.Close()
-	return &servedError{path: path}
+	return nil
+}
+
+// answersGetInfo reports whether a process answers GetInfo on the registration socket at path
+// within servedProbeTimeout. An error from the service is an answer too.
+func answersGetInfo(path string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), servedProbeTimeout)
+	defer cancel()
+	conn, err := grpcClient(path)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	_, err = registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(false))
+	switch status.Code(err) {
+	case codes.OK:
+		return true
+	case codes.DeadlineExceeded, codes.Unavailable, codes.Canceled:
+		return false
+	}
+	return true
 }
 
 // notSocketError reports a file that is in the way of a registration socket. Such a file is

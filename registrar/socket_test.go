@@ -1,12 +1,16 @@
 package registrar
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/testkit"
@@ -143,27 +147,57 @@ func block(t *testing.T, kind, path string) {
 	}
 }
 
+// sidecarRegistration is another registrar's Registration service: it answers GetInfo.
+type sidecarRegistration struct {
+	registerapi.UnimplementedRegistrationServer
+}
+
+func (sidecarRegistration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: config.CSIPlugin, Name: "nfs.csi.k8s.io", Endpoint: "/csi.sock", SupportedVersions: []string{"1.0.0"}}, nil
+}
+
 // TestServedSocketIsNotReplaced: a socket at the driver's socket path that another process
-// serves (a node-driver-registrar sidecar not yet removed) is left alone: the driver backs off
-// and says why, and its socket is published as soon as the other one is removed. A socket that
-// is there but no longer served (its process killed) is replaced at the next attempt.
+// serves (a node-driver-registrar sidecar not yet removed: it answers GetInfo) is left alone:
+// the driver backs off and says why, and its socket is published as soon as the other one is
+// removed, or once no one serves it. A socket whose process accepts but never answers (a
+// frozen process: the kernel accepts for it) is not served, and is replaced at once.
 func TestServedSocketIsNotReplaced(t *testing.T) {
-	for _, removed := range []bool{true, false} {
-		t.Run(map[bool]string{true: "removed", false: "killed"}[removed], func(t *testing.T) {
+	for _, how := range []string{"removed", "killed", "frozen"} {
+		t.Run(how, func(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
 			startEndpoint(t, d.LocalEndpoint, d.Name)
 			if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			sidecar, err := listenUnlinked(d.SocketPath) // the kernel accepts for it: served
+			l, err := listenUnlinked(d.SocketPath) // the file stays when it stops, as SIGKILL leaves it
 			if err != nil {
 				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			srv := grpc.NewServer()
+			registerapi.RegisterRegistrationServer(srv, sidecarRegistration{})
+			done := make(chan struct{})
+			if how != "frozen" {
+				go func() {
+					defer close(done)
+					srv.Serve(l)
+				}()
+				t.Cleanup(func() { srv.Stop(); <-done })
 			}
 			theirs := mustID(t, d.SocketPath)
 
 			s := runSupervisor(t, Options{})
 			s.Start(d)
+			if how == "frozen" {
+				awaitSocket(t, d)
+				testkit.Eventually(t, 5*time.Second, "the frozen process's socket replaced", func() bool {
+					id, _, err := statID(d.SocketPath)
+					return err == nil && id != theirs
+				})
+				registerAndWait(t, s, d)
+				return
+			}
 			testkit.Eventually(t, 5*time.Second, "the reason reported", func() bool {
 				return strings.Contains(statusOf(s, d.Name).LastError, "is served by another process")
 			})
@@ -175,13 +209,13 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 				t.Errorf("while another process serves the path: %+v, want BackingOff, not ready", st)
 			}
 
-			sidecar.Close() // the file stays, no one listens: as SIGKILL leaves it
-			if removed {    // as its SIGTERM leaves it: the socket goes
+			srv.Stop() // the file stays, no one listens: as SIGKILL leaves it
+			<-done
+			if how == "removed" { // as its SIGTERM leaves it: the socket goes
 				if err := os.Remove(d.SocketPath); err != nil {
 					t.Fatal(err)
 				}
 			}
-			awaitSocket(t, d)
 			testkit.Eventually(t, 5*time.Second, "our own socket published", func() bool {
 				id, _, err := statID(d.SocketPath)
 				return err == nil && id != theirs

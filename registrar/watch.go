@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -330,11 +331,10 @@ func (s *subscription) look(watchErr error) change {
 // lookPattern is look for a pattern: it reports evCreated when the matching files differ from
 // the last look (one appeared, went or was created anew), which the owner looks at itself.
 func (s *subscription) lookPattern(watchErr error) change {
-	matches, _ := filepath.Glob(s.path) // the only error is a malformed pattern, refused by config
 	var set strings.Builder
-	for _, m := range matches {
-		id, _, _ := statID(m)
-		fmt.Fprintf(&set, "%s %v\n", m, id)
+	for _, e := range matchingEntries(s.dir, s.name) {
+		id, _, _ := statID(filepath.Join(s.dir, e.Name()))
+		fmt.Fprintf(&set, "%s %v\n", e.Name(), id)
 	}
 	prev := s.seenSet
 	s.seenSet = set.String()
@@ -347,6 +347,19 @@ func (s *subscription) lookPattern(watchErr error) change {
 		return evCreated | evChanged
 	}
 	return 0
+}
+
+// matchingEntries lists the files of dir whose names match pattern (path/filepath.Match); dir
+// is taken as it is written, whatever bytes it holds. A directory that cannot be read has none.
+func matchingEntries(dir, pattern string) []fs.DirEntry {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	return slices.DeleteFunc(entries, func(e fs.DirEntry) bool {
+		ok, _ := filepath.Match(pattern, e.Name()) // the only error is a malformed pattern, refused by config
+		return !ok
+	})
 }
 
 // startPoll starts the looks, while inotify refuses the watch s needs, and says why.

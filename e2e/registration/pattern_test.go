@@ -3,6 +3,7 @@ package registration
 import (
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,6 +106,20 @@ func TestEndpointPattern(t *testing.T) {
 		}
 		if n := p.Count("driver endpoint restarted; registering again", d.Name); n != 0 {
 			t.Errorf("%d re-registrations logged, want none", n)
+		}
+
+		// multireg restarts: the earlier run's socket, which kubelet holds for dra-uid2 (and a
+		// second registration of one endpoint is refused), is published over, and registered.
+		p.Signal(t, syscall.SIGTERM)
+		if code := p.Wait(t, exitTimeout); code != 0 {
+			t.Fatalf("exit code %d after SIGTERM, want 0", code)
+		}
+		regs := e.K.Counts(d.Name).Registrations
+		p = mrproc.Start(t, e.Cfg)
+		wait.For(t, registerTimeout, "Registered by the next run", func() bool { return p.Phase(d.Name) == "Registered" })
+		e.registeredAt(d, filepath.Join(dir, "dra-uid2.sock"))
+		if c := e.K.Counts(d.Name); c.Registrations != regs+1 || c.RegistrationFailures != 0 {
+			t.Errorf("kubelet's calls after multireg's restart: %+v, want one more registration and no failure", c)
 		}
 	})
 
