@@ -303,6 +303,8 @@ func TestNameKeys(t *testing.T) {
 	wait.For(t, registerTimeout, "first CSI socket registered", func() bool { return k.Registered(csi) })
 	p2 := servePlugin(t, filepath.Join(k.Dir(), "csi-2-reg.sock"), second)
 	wait.For(t, registerTimeout, "second CSI socket refused", func() bool { return k.Counts(csi).ValidationFailures >= 1 })
+	// The plugin manager notifies the plugin after the handler has refused it.
+	wait.For(t, registerTimeout, "the refusal notified", func() bool { return len(p2.Statuses()) > 0 })
 	if s := p2.Statuses(); len(s) == 0 || s[0].Registered || !strings.Contains(s[0].Error, "already registered") {
 		t.Errorf("second socket notified %+v, want a validation failure", s)
 	}
