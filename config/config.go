@@ -8,6 +8,7 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -175,10 +176,11 @@ func (d Driver) socketPaths() []string {
 // SocketNames are the file names of the driver's registration sockets in the registration
 // directory: SocketName, and the second one of a driver that hands its registration over.
 func (d Driver) SocketNames() []string {
-	if !d.Handover() {
-		return []string{d.SocketName}
+	paths := d.socketPaths()
+	for i, p := range paths {
+		paths[i] = filepath.Base(p)
 	}
-	return []string{d.SocketName, AltSocketName(d.SocketName)}
+	return paths
 }
 
 // DefaultSocketName is the registration socket name used when a driver sets none:

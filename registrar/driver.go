@@ -340,11 +340,17 @@ func (d *driver) shutdown(cause error, cur *generation) {
 		if path == "" {
 			continue
 		}
-		if err := removeStale(path); err != nil {
-			d.log.Warn("remove stale registration socket", "socket", path, "err", err)
-		}
+		d.removeStale(path)
 	}
 	d.log.Info("registration socket removed; kubelet deregisters the plugin", "socket", d.spec.SocketPath)
+}
+
+// removeStale removes a socket at path that no one serves (see removeStale), and logs why it
+// could not.
+func (d *driver) removeStale(path string) {
+	if err := removeStale(path); err != nil {
+		d.log.Warn("remove stale registration socket", "socket", path, "err", err)
+	}
 }
 
 // retire stops a generation and removes its socket, so that kubelet deregisters it.

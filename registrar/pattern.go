@@ -61,11 +61,11 @@ func (d *driver) matches() []match {
 			d.log.Debug("a socket matching the endpoint pattern cannot be dialled; skipped", "socket", local)
 			continue
 		}
-		info, err := e.Info()
+		info, err := e.Info() // one lstat: the identity and the bind time
 		if err != nil {
 			continue // gone since
 		}
-		id, _, err := statID(local)
+		id, err := idOf(local, info)
 		if err != nil {
 			continue
 		}
@@ -214,9 +214,7 @@ func (d *driver) slot(cur *generation) string {
 	case primary != nil && alt == nil:
 		return d.spec.AltSocketPath
 	case primary == nil && alt == nil:
-		if err := removeStale(d.spec.AltSocketPath); err != nil {
-			d.log.Warn("remove stale registration socket", "socket", d.spec.AltSocketPath, "err", err)
-		}
+		d.removeStale(d.spec.AltSocketPath)
 	}
 	return d.spec.SocketPath
 }
@@ -245,9 +243,7 @@ func (d *driver) other(path string) string {
 func (d *driver) settleHandover(ctx context.Context, g *generation) {
 	if d.prev == nil {
 		if d.spec.AltSocketPath != "" {
-			if err := removeStale(d.other(g.path)); err != nil {
-				d.log.Warn("remove stale registration socket", "socket", d.other(g.path), "err", err)
-			}
+			d.removeStale(d.other(g.path))
 		}
 		return
 	}

@@ -36,11 +36,20 @@ func statID(path string) (fileID, fs.FileMode, error) {
 	if err != nil {
 		return fileID{}, 0, err
 	}
+	id, err := idOf(path, fi)
+	if err != nil {
+		return fileID{}, 0, err
+	}
+	return id, fi.Mode().Type(), nil
+}
+
+// idOf is the identity of the file at path that fi describes.
+func idOf(path string, fi fs.FileInfo) (fileID, error) {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return fileID{}, 0, fmt.Errorf("stat %s: no unix stat", path)
+		return fileID{}, fmt.Errorf("stat %s: no unix stat", path)
 	}
-	return fileID{dev: st.Dev, ino: st.Ino, ctime: st.Ctim}, fi.Mode().Type(), nil
+	return fileID{dev: st.Dev, ino: st.Ino, ctime: st.Ctim}, nil
 }
 
 // servedError reports a socket at a registration socket's path that is not ours and that
