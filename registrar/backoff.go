@@ -54,6 +54,9 @@ type pacing struct {
 	timeout time.Duration // in force; 0 disables it
 	base    time.Duration // the configured registrationTimeout
 	factor  float64
+	// failures counts the waits taken from backoff since it was last reset: a hand-over
+	// replays them, so that the curve goes on where it stood.
+	failures int
 }
 
 func newPacing(spec config.Driver) *pacing {
@@ -68,7 +71,29 @@ func newPacing(spec config.Driver) *pacing {
 // registered resets the backoff and the timeout after kubelet accepted the driver.
 func (p *pacing) registered() {
 	p.backoff.Reset()
+	p.failures = 0
 	p.timeout = p.base
+}
+
+// wait returns the wait after a failed attempt.
+func (p *pacing) wait() time.Duration {
+	p.failures++
+	return next(p.backoff)
+}
+
+// resume takes the state another instance's pacing of the driver had (a hand-over): the
+// timeout in force, within the bounds this policy allows, and the backoff's failures.
+func (p *pacing) resume(timeout time.Duration, failures int) {
+	if p.base > 0 && timeout >= p.base {
+		limit := time.Duration(math.MaxInt64)
+		if p.base <= limit/maxTimeoutFactor {
+			limit = p.base * maxTimeoutFactor
+		}
+		p.timeout = min(timeout, limit)
+	}
+	for range min(failures, 64) {
+		p.wait()
+	}
 }
 
 // timedOut grows the timeout for the next attempt and returns it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -29,8 +30,32 @@ type Dir struct {
 	// the owned record, which happens only while the lock is checked held.
 	mu   sync.Mutex
 	lock *dirLock
+	// released: the lock went to another instance by a hand-over; nothing is released again.
+	released bool
 
 	rec ownedRecord
+
+	// requests carries hand-over requests from the accepting goroutines to Run; wg waits for
+	// those goroutines, which end when their listener is closed (Close, or a move).
+	requests chan *net.UnixConn
+	hl       *net.UnixListener // nil when hand-overs are off or could not be listened for
+	wg       sync.WaitGroup
+	closed   chan struct{}
+	once     sync.Once
+}
+
+// OpenOptions say how OpenDir takes the directory.
+type OpenOptions struct {
+	// Ask: when another instance holds the directory, ask it to hand the directory over
+	// (handover.go) before waiting for it. A new process asks, once; one that handed over
+	// never does.
+	Ask bool
+	// Inherited are sockets this process kept from an earlier hand-over: its own, handed over
+	// to an instance that has since ended, or those received in a hand-over that did not
+	// complete. They are returned with whatever else is received.
+	Inherited *Snapshot
+	// Standby, if set, is called when this process starts waiting for the directory, with why.
+	Standby func(why string)
 }
 
 // OpenDir takes the registration directory of cfg, creating it (mode 0750) if missing. While
@@ -39,14 +64,20 @@ type Dir struct {
 // ends first, even once the lock is taken. Once held, it removes the temporary sockets an
 // interrupted multireg may have left there, and the recorded sockets of drivers cfg no longer
 // lists.
-func OpenDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger) (*Dir, error) {
-	l, err := acquireLock(ctx, cfg.RegistrationDir, log)
-	if err != nil {
-		return nil, err
+//
+// With opts.Ask, it first asks the holder to hand the directory over. It returns the sockets
+// a hand-over brought, with opts.Inherited: the Supervisor serves them (Inherit).
+func OpenDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, opts OpenOptions) (*Dir, *Snapshot, error) {
+	snap, l, err := takeDir(ctx, cfg.RegistrationDir, log, opts)
+	if err == nil {
+		err = ctx.Err() // stopped while the lock was taken: touch nothing
+		if err != nil {
+			l.release()
+		}
 	}
-	if err := ctx.Err(); err != nil { // stopped while the lock was taken: touch nothing
-		l.release()
-		return nil, err
+	if err != nil {
+		snap.Close()
+		return nil, nil, err
 	}
 	removeTempSockets(cfg.RegistrationDir, log)
 	// Sockets of drivers removed from the file while no multireg ran: nothing else would
@@ -54,9 +85,113 @@ func OpenDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger)
 	if _, err := removeOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
-	d := &Dir{log: log, lock: l}
+	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), closed: make(chan struct{})}
 	d.rec.log = log
-	return d, nil
+	d.listen(cfg.RegistrationDir)
+	return d, snap, nil
+}
+
+// takeDir takes the lock of dir as OpenDir does, and returns it with the sockets a hand-over
+// brought and opts.Inherited.
+func takeDir(ctx context.Context, dir string, log *slog.Logger, opts OpenOptions) (*Snapshot, *dirLock, error) {
+	snap := opts.Inherited
+	l, err := tryLock(dir, log)
+	if !errors.Is(err, errHeld) {
+		return snap, l, err
+	}
+	why := "another instance holds the registration directory"
+	if opts.Ask && handoverEnabled() {
+		got, hl, err := askHandover(dir, log)
+		if got != nil {
+			if snap == nil {
+				snap = &Snapshot{}
+			}
+			snap.merge(got)
+		}
+		if err == nil {
+			log.Info("took over the registration directory from the previous instance", "drivers", got.Len(), "sockets", got.Sockets())
+			return snap, hl, nil
+		}
+		why = err.Error()
+		log.Warn("no hand-over; waiting for the previous instance to exit", "err", err, "socketsKept", snap.Sockets())
+	}
+	if opts.Standby != nil {
+		opts.Standby(why)
+	}
+	l, err = acquireLock(ctx, dir, log)
+	return snap, l, err
+}
+
+// listen listens for hand-over requests in dir, if this process takes part in hand-overs,
+// and accepts them for Run. A failure leaves the directory without: a new instance then
+// waits for this one to exit.
+func (d *Dir) listen(dir string) {
+	if !handoverEnabled() {
+		return
+	}
+	l, err := listenHandover(dir)
+	if err != nil {
+		d.log.Warn("hand-overs unavailable: a new instance will wait for this one to exit", "err", err)
+		return
+	}
+	d.mu.Lock()
+	d.hl = l
+	d.mu.Unlock()
+	d.wg.Go(func() {
+		for {
+			c, err := l.AcceptUnix()
+			if err != nil {
+				return // closed
+			}
+			select {
+			case d.requests <- c:
+			case <-d.closed:
+				c.Close()
+				return
+			}
+		}
+	})
+}
+
+// lockFile is the lock's open file, passed to the new instance in a hand-over.
+func (d *Dir) lockFile() *os.File {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lock.f
+}
+
+// let lets go of the lock after a hand-over: the new instance holds the same open file.
+func (d *Dir) let() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lock.release()
+	d.released = true
+	d.closeListener()
+}
+
+// retake, after a hand-over that failed once the lock's descriptor was passed, lets go of
+// this process's copy and locks the directory anew: nobody can tell whether the new instance
+// still holds the lock. It reports whether this process holds the directory again.
+func (d *Dir) retake() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lock.release()
+	l, err := tryLock(d.lock.dir, d.log)
+	if err != nil {
+		d.released = true
+		d.closeListener()
+		return false
+	}
+	d.lock = l
+	return true
+}
+
+// closeListener stops accepting hand-over requests; mu is held.
+func (d *Dir) closeListener() {
+	if d.hl != nil {
+		d.hl.Close()
+		d.hl = nil
+	}
 }
 
 // Path returns the directory held, under the name the configuration gives it.
@@ -95,9 +230,11 @@ func (d *Dir) Move(dir string) (done func(), err error) {
 	removeTempSockets(dir, d.log)
 	return func() {
 		d.mu.Lock()
-		defer d.mu.Unlock()
 		d.lock.release()
 		d.lock = next
+		d.closeListener()
+		d.mu.Unlock()
+		d.listen(dir)
 	}, nil
 }
 
@@ -119,11 +256,12 @@ func (d *Dir) writeRecord(cfg *config.RegistrarConfig) error {
 	return recordOwned(cfg.RegistrationDir, socketNames(cfg))
 }
 
-// Run checks every lockCheck that this process still holds the directory, and retries a
-// record that could not be written. It returns nil when ctx ends, and an error wrapping
-// ErrDirLost when another instance took the directory: this process must then stop serving
-// without touching the sockets, which are that instance's.
-func (d *Dir) Run(ctx context.Context) error {
+// Run checks every lockCheck that this process still holds the directory, retries a record
+// that could not be written, and serves hand-over requests with h (none when nil). It returns
+// nil when ctx ends; an error wrapping ErrDirLost when another instance took the directory:
+// this process must then stop serving without touching the sockets, which are that
+// instance's; and a *HandedOver after a hand-over.
+func (d *Dir) Run(ctx context.Context, h Handoff) error {
 	check := time.NewTicker(lockCheck)
 	defer check.Stop()
 	lastErr := "" // the last failure to check the lock, logged once
@@ -131,6 +269,15 @@ func (d *Dir) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case c := <-d.requests:
+			if h == nil {
+				c.Close()
+				continue
+			}
+			if err := d.handOver(c, h); err != nil {
+				return err
+			}
+			continue
 		case <-check.C:
 		}
 		err := d.Check()
@@ -152,15 +299,23 @@ func (d *Dir) Run(ctx context.Context) error {
 	}
 }
 
-// Close lets the next instance take the directory. The lock file stays. A nil Dir closes
-// nothing.
+// Close lets the next instance take the directory, and stops accepting hand-over requests.
+// The lock file stays. A nil Dir closes nothing.
 func (d *Dir) Close() error {
 	if d == nil {
 		return nil
 	}
+	d.once.Do(func() { close(d.closed) })
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.lock.release()
+	d.closeListener()
+	var err error
+	if !d.released {
+		d.released = true
+		err = d.lock.release()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	return err
 }
 
 // sameDir reports whether a and b name one existing directory.

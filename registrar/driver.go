@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -23,6 +22,9 @@ var (
 	errRemoved = errors.New("driver removed from the configuration")
 	// errShutdown: the process stops; sockets stay unless cleanup was asked for.
 	errShutdown = errors.New("shutting down")
+	// errHandOff: the loop's sockets and state go to another instance (handover.go); the
+	// sockets stay, listening, and the loop keeps a copy of each (detach).
+	errHandOff = errors.New("handing over to another instance")
 )
 
 // driver is one driver's registration loop. It owns its socket generations and every
@@ -49,6 +51,14 @@ type driver struct {
 	// prev is the generation a handover leaves registered, until its successor is registered
 	// and prev's endpoint is gone (pattern.go).
 	prev *generation
+	// p paces registration attempts.
+	p *pacing
+	// probed is the endpoint's socket as last probed ready; zero when it was not there.
+	probed fileID
+	// adopted is what a hand-over gave the loop to go on from (inherit.go); the loop takes it
+	// when it starts. handed is what the loop hands over when it stops for one (detach).
+	adopted *adoption
+	handed  *handedDriver
 
 	mu      sync.Mutex
 	gen     uint64   // the current socket generation; verdicts for others are dropped
@@ -64,6 +74,7 @@ func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *
 		probe:    probeEndpoint,
 		cleanup:  cleanup,
 		verdictC: make(chan struct{}, 1),
+		p:        newPacing(spec),
 	}
 	if !spec.EndpointIsPattern() {
 		d.at = fixedTarget(spec)
@@ -108,19 +119,32 @@ func (d *driver) run(ctx context.Context) {
 	// registering, reset when kubelet accepts. A long outage of the endpoint must not make
 	// the first registration failure after it wait the longest interval.
 	probeB := newBackoff(d.spec.Backoff)
-	p := newPacing(d.spec)
+	p := d.p
 	ws := d.subscribe()
 	defer ws.close()
 	ep := ws.ep
 
-	var cur *generation // the socket this loop has published and serves
+	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
+	a := d.adopted
+	d.adopted = nil
+	var cur *generation
+	if a != nil {
+		cur = a.cur
+	}
 	defer func() { d.shutdown(context.Cause(ctx), cur) }()
+	if a != nil && !a.resumeAt.IsZero() && !d.sleepUntilResume(ctx, a.resumeAt, ws) {
+		return
+	}
 	// restarted: the endpoint of a driver whose cur is registered was created anew, and its
 	// type may keep the registration (restart.go); once it answers, keepsRegistration decides.
 	restarted := false
 	// resume: a handover's new instance went before kubelet registered it; cur is again the
 	// generation kubelet holds, and is kept if its endpoint is still the one to register.
+	// Also a registered socket a hand-over gave the loop.
 	resume := false
+	// pending: a socket a hand-over gave the loop awaits kubelet's verdict: the loop waits for
+	// it, with the registration timeout, rather than publish another.
+	pending := false
 
 	for {
 		epID, err := d.readyEndpoint(ctx, probeB, ep, cur)
@@ -138,6 +162,11 @@ func (d *driver) run(ctx context.Context) {
 		if err != nil {
 			return // ctx ended
 		}
+		d.probed = epID
+		if a != nil {
+			resume, restarted, pending = d.adoptFlags(a, cur, epID)
+			a = nil
+		}
 
 		if cur == nil && d.prev != nil && d.prev.at == d.at {
 			// The new instance's attempt failed and it went: the old one is the one to register,
@@ -148,15 +177,19 @@ func (d *driver) run(ctx context.Context) {
 			d.prev, cur = cur, nil // a newer instance answers: hand over to it
 		}
 		kept := cur != nil && cur.at == d.at && (resume || restarted && d.keepsRegistration(ctx))
-		restarted, resume = false, false
-		if kept {
+		awaiting := !kept && pending && cur != nil && cur.at == d.at
+		restarted, resume, pending = false, false, false
+		switch {
+		case kept:
 			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
-		} else {
+		case awaiting:
+			d.update(Serving, "", time.Time{})
+		default:
 			d.nodeInfo = nil // asked again once kubelet has registered the new socket
 			g, err := d.publish(d.slot(cur), cur)
 			if err != nil {
 				d.record(endPublishFailed)
-				if !d.backOff(ctx, p.backoff, fmt.Errorf("publish socket: %w", err), ws) {
+				if !d.backOff(ctx, p, fmt.Errorf("publish socket: %w", err), ws) {
 					return
 				}
 				continue
@@ -167,7 +200,7 @@ func (d *driver) run(ctx context.Context) {
 			cur = g
 		}
 
-		end, err := d.await(ctx, p, cur, kept, epID, ws)
+		end, err := d.await(ctx, p, cur, kept, ws)
 		if end != endEndpointRestarted && end != endEndpointMoved {
 			d.record(end)
 		}
@@ -177,7 +210,7 @@ func (d *driver) run(ctx context.Context) {
 		case endRejected, endTimeout:
 			d.retire(cur)
 			cur = nil
-			if !d.backOff(ctx, p.backoff, err, ws) {
+			if !d.backOff(ctx, p, err, ws) {
 				return
 			}
 		case endSocketRemoved:
@@ -219,10 +252,10 @@ func (d *driver) run(ctx context.Context) {
 
 // await serves generation g until something ends it, and says why: kubelet rejected it or no
 // verdict came within the timeout in force (both with an error that says so), the socket was
-// removed or replaced, or the endpoint, probed as epID, restarted or (a pattern) moved. It
+// removed or replaced, or the endpoint, probed as d.probed, restarted or (a pattern) moved. It
 // returns endStopped when ctx ends. A generation kubelet has already registered (registered)
 // has no timeout.
-func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered bool, epID fileID, ws watches) (ending, error) {
+func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered bool, ws watches) (ending, error) {
 	var timeout <-chan time.Time
 	if p.timeout > 0 && !registered {
 		t := time.NewTimer(p.timeout)
@@ -254,7 +287,7 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 				recheck.Reset(recheckIn)
 			}
 		}
-		if d.endpointRestarted(ev, &epID) {
+		if d.endpointRestarted(ev, &d.probed) {
 			return endEndpointRestarted
 		}
 		return endStopped
@@ -321,6 +354,10 @@ func (d *driver) socketGone(ev change, g *generation) bool {
 // restarting multireg does not deregister every plugin at once. After the directory was lost
 // to another instance nothing is removed: the sockets are that instance's.
 func (d *driver) shutdown(cause error, cur *generation) {
+	if errors.Is(cause, errHandOff) {
+		d.handed = d.detach(cur)
+		return
+	}
 	remove := errors.Is(cause, errRemoved) || d.cleanup && !errors.Is(cause, ErrDirLost)
 	for _, g := range []*generation{d.prev, cur} {
 		switch {
@@ -398,12 +435,24 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		d.mu.Unlock()
 		return nil, err
 	}
+	g := d.serveOn(l, path, id, gen, d.at, false)
+	d.setSocket(path)
+	d.update(Serving, "", time.Time{})
+	d.log.Debug("registration socket published", "socket", path, "endpoint", d.at.endpoint, "generation", gen)
+	return g, nil
+}
+
+// serveOn serves the Registration service of generation gen on l, the listening socket at
+// path (identity id), telling kubelet the endpoint of t. With anyConn, the first verdict on
+// any connection counts: kubelet asked GetInfo of another instance (a hand-over), and its
+// verdict comes on a connection of its own.
+func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, anyConn bool) *generation {
 	rs := &registrationServer{
 		gen: gen,
 		info: &registerapi.PluginInfo{
 			Type:              d.spec.Type,
 			Name:              d.spec.Name,
-			Endpoint:          d.at.endpoint,
+			Endpoint:          t.endpoint,
 			SupportedVersions: d.spec.SupportedVersions,
 		},
 		notify: d.notify,
@@ -412,12 +461,10 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
 		},
 	}
+	rs.anyConn.Store(anyConn)
 	g := serve(l, path, id, rs)
-	g.at = d.at
-	d.setSocket(path)
-	d.update(Serving, "", time.Time{})
-	d.log.Debug("registration socket published", "socket", path, "endpoint", d.at.endpoint, "generation", gen)
-	return g, nil
+	g.at = t
+	return g
 }
 
 // checkGuard runs the guard, if any.
@@ -455,8 +502,8 @@ func (d *driver) takeVerdict() *verdict {
 // backOff records a failure, waits for the next backoff interval and reports whether the
 // loop goes on. When something that is not ours blocks a registration socket's path (err holds
 // a notSocketError or a servedError), the wait also ends once it is gone: ws watches the path.
-func (d *driver) backOff(ctx context.Context, b *backoff.ExponentialBackOff, err error, ws watches) bool {
-	wait := next(b)
+func (d *driver) backOff(ctx context.Context, p *pacing, err error, ws watches) bool {
+	wait := p.wait()
 	d.mu.Lock()
 	d.st.Failures++
 	d.mu.Unlock()

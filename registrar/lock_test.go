@@ -97,7 +97,7 @@ func TestDirRemovesOnlyOurTempSockets(t *testing.T) {
 // openDir opens the registration directory dir for one test, and closes it at its end.
 func openDir(t *testing.T, dir string) *Dir {
 	t.Helper()
-	d, err := OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testkit.Logger(t))
+	d, _, err := OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testkit.Logger(t), OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +417,7 @@ func TestDirRunStopsWhenLost(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ran := make(chan error, 1)
-	go func() { ran <- d.Run(ctx) }()
+	go func() { ran <- d.Run(ctx, nil) }()
 
 	lockFile := filepath.Join(dir, LockName)
 	if err := os.Remove(lockFile); err != nil {

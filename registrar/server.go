@@ -35,6 +35,13 @@ type registrationServer struct {
 	onInfo func()        // called on every GetInfo; must not block
 	onLate func()        // called for a verdict on a connection without GetInfo; must not block
 
+	// awaiting: GetInfo was answered and no verdict has counted since; a hand-over tells the
+	// next instance (handedSocket.AwaitsVerdict).
+	awaiting atomic.Bool
+	// anyConn: a verdict counts on any connection, once (a hand-over's socket whose GetInfo
+	// another instance answered).
+	anyConn atomic.Bool
+
 	mu    sync.Mutex
 	asked map[uint64]bool // connections that called GetInfo, until they close
 }
@@ -47,6 +54,7 @@ func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoReq
 		s.asked[id] = true
 		s.mu.Unlock()
 	}
+	s.awaiting.Store(true)
 	s.onInfo()
 	return s.info, nil
 }
@@ -58,10 +66,12 @@ func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *r
 	s.mu.Lock()
 	asked := s.asked[id]
 	s.mu.Unlock()
-	if !asked {
+	if !asked && !s.anyConn.CompareAndSwap(true, false) {
 		s.onLate()
 		return &registerapi.RegistrationStatusResponse{}, nil
 	}
+	s.anyConn.Store(false)
+	s.awaiting.Store(false)
 	s.notify(verdict{gen: s.gen, registered: st.PluginRegistered, msg: st.Error})
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
@@ -104,6 +114,8 @@ type generation struct {
 	// registered: kubelet accepted it. Only the loop's goroutine uses it.
 	registered bool
 	id         fileID
+	l          *net.UnixListener
+	rs         *registrationServer
 	srv        *grpc.Server
 	done       chan struct{} // closed when Serve has returned
 	once       sync.Once
@@ -112,9 +124,9 @@ type generation struct {
 // serve starts a gRPC server for rs on l. No idle or age limits: kubelet keeps one
 // connection open from GetInfo to NotifyRegistrationStatus, and the plugin's registration in
 // between may take minutes.
-func serve(l net.Listener, path string, id fileID, rs *registrationServer) *generation {
+func serve(l *net.UnixListener, path string, id fileID, rs *registrationServer) *generation {
 	rs.asked = map[uint64]bool{}
-	g := &generation{gen: rs.gen, path: path, id: id, srv: grpc.NewServer(serverOptions(rs)...), done: make(chan struct{})}
+	g := &generation{gen: rs.gen, path: path, id: id, l: l, rs: rs, srv: grpc.NewServer(serverOptions(rs)...), done: make(chan struct{})}
 	registerapi.RegisterRegistrationServer(g.srv, rs)
 	go func() {
 		defer close(g.done)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"multireg.dev/multireg/config"
 )
@@ -37,8 +38,16 @@ type Supervisor struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // every loop
 
+	// gate: Start, Stop and Update hold it shared; a hand-over holds it from Detach until
+	// Resume or Release, so that no reload changes the drivers meanwhile.
+	gate sync.RWMutex
+
 	mu      sync.Mutex
 	running map[string]*handle
+	// inherited: what a hand-over brought, for Start to take driver by driver.
+	inherited *Snapshot
+	// adopted counts the handed-over sockets the loops serve.
+	adopted atomic.Int64
 }
 
 // handle is one running loop.
@@ -67,10 +76,29 @@ func New(opts Options) (*Supervisor, error) {
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
 // stopped first, and its socket removed). It cannot fail: the loop owns its failures. After
 // Run has returned it does nothing.
+//
+// When a hand-over brought the driver (Inherit) and d registers it the same way, the loop
+// serves the sockets handed over and goes on where the other instance's stood: kubelet sees
+// nothing. When d registers it differently, the handed sockets are removed first, as a reload
+// would remove them.
 func (s *Supervisor) Start(d config.Driver) {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	s.start(d, nil)
+}
+
+// start is Start, with what a hand-over gave the driver (h), if anything: otherwise what
+// Inherit holds for it.
+func (s *Supervisor) start(d config.Driver, hd *handedDriver) {
 	s.mu.Lock()
+	if hd == nil {
+		hd = s.inherited.take(d.Name)
+	}
 	if s.ctx.Err() != nil {
 		s.mu.Unlock()
+		if hd != nil {
+			hd.close()
+		}
 		return
 	}
 	old := s.running[d.Name]
@@ -79,6 +107,14 @@ func (s *Supervisor) Start(d config.Driver) {
 	h.d.guard = s.guard
 	s.running[d.Name] = h
 	s.mu.Unlock()
+	switch {
+	case hd == nil:
+	case hd.Spec.SameRegistration(d):
+		s.adopted.Add(int64(h.d.inherit(hd)))
+	default:
+		h.d.log.Info("the driver registers differently than in the instance that handed it over; registering anew")
+		hd.retire(h.d.log)
+	}
 	// The new loop starts only once the old one is gone, so they never share the socket.
 	s.wg.Go(func() {
 		defer close(h.done)
@@ -97,6 +133,8 @@ func (s *Supervisor) Start(d config.Driver) {
 // registration (Required: config.Driver.SameRegistration holds). Nothing is published and
 // kubelet is not touched. It is a no-op for unknown names.
 func (s *Supervisor) Update(d config.Driver) {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
 	s.mu.Lock()
 	h, ok := s.running[d.Name]
 	s.mu.Unlock()
@@ -108,6 +146,8 @@ func (s *Supervisor) Update(d config.Driver) {
 // Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and
 // blocks until the loop has exited. It is a no-op for unknown names.
 func (s *Supervisor) Stop(name string) {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
 	s.mu.Lock()
 	h, ok := s.running[name]
 	delete(s.running, name)
@@ -143,6 +183,78 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	stopWatcher()
 	<-watcherDone
 	return nil
+}
+
+// Inherit gives the supervisor what a hand-over brought (OpenDir), before any driver starts:
+// Start takes each driver's part. The supervisor owns snap from now on.
+func (s *Supervisor) Inherit(snap *Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inherited.Close()
+	s.inherited = snap
+}
+
+// Adopted is the number of handed-over sockets the loops took over (Inherit).
+func (s *Supervisor) Adopted() int {
+	return int(s.adopted.Load())
+}
+
+// DropInherited removes the handed-over sockets no driver took, once the configuration is
+// applied: their drivers are no longer configured, and a reload would have removed them.
+func (s *Supervisor) DropInherited() {
+	s.mu.Lock()
+	snap := s.inherited
+	s.inherited = nil
+	s.mu.Unlock()
+	if snap == nil {
+		return
+	}
+	for _, h := range snap.drivers {
+		h.retire(s.log.With("driver", h.Spec.Name))
+	}
+	snap.drivers = nil
+}
+
+// Detach stops every loop for a hand-over and returns what they hand over (driver.detach):
+// the sockets stay, listening. Start, Stop and Update wait until Resume or Release.
+func (s *Supervisor) Detach() *Snapshot {
+	s.gate.Lock()
+	s.mu.Lock()
+	hs := s.running
+	s.running = map[string]*handle{}
+	s.mu.Unlock()
+	for _, h := range hs {
+		h.cancel(errHandOff)
+	}
+	snap := &Snapshot{}
+	for _, h := range hs {
+		<-h.done
+		if h.d.handed != nil {
+			snap.add(h.d.handed)
+			h.d.handed = nil
+		}
+	}
+	return snap
+}
+
+// Resume runs the loops again from what Detach returned, after a hand-over that failed, and
+// lets Start, Stop and Update go on. It takes snap's descriptors.
+func (s *Supervisor) Resume(snap *Snapshot) {
+	defer s.gate.Unlock()
+	for _, h := range snap.drivers {
+		s.start(h.Spec, h)
+	}
+	snap.drivers = nil
+	s.adopted.Store(0) // the loops serve their own sockets again
+}
+
+// Release ends a hand-over that succeeded: the supervisor runs no loop again (Start does
+// nothing), and the calls waiting on Detach return.
+func (s *Supervisor) Release() {
+	s.mu.Lock()
+	s.cancel(errHandOff)
+	s.mu.Unlock()
+	s.gate.Unlock()
 }
 
 // Status returns a snapshot of every driver, sorted by name.

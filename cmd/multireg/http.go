@@ -36,13 +36,17 @@ const (
 type daemonState struct {
 	drivers func() []registrar.DriverStatus
 	config  func() reload.State
+	// adopted counts the sockets the previous instance handed over that the loops serve;
+	// nil for none.
+	adopted func() int
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
 }
 
 // newRegistry returns the metrics registry of the daemon: multireg's metrics, build info, Go
-// runtime and process metrics.
+// runtime and process metrics. Without a supervisor and a reloader (a process that does not
+// serve the directory), only the last three.
 func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -51,38 +55,53 @@ func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader) *prometheus.Reg
 	}, []string{"version", "commit", "goversion"})
 	build.WithLabelValues(version, commit, runtime.Version()).Set(1)
 	reg.MustRegister(
-		registrar.NewCollector(sup),
-		reload.NewCollector(rl),
 		build,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if sup != nil {
+		reg.MustRegister(registrar.NewCollector(sup), reload.NewCollector(rl))
+	}
 	return reg
 }
 
-// newHandler serves /healthz, /readyz, /readyz/<driver>, /status and /metrics.
-func newHandler(st *daemonState, reg *prometheus.Registry) http.Handler {
+// newHandler serves /healthz, /readyz, /readyz/<driver>, /status and /metrics for whatever
+// role the process has (instance.go). A process that does not serve the directory is healthy
+// and ready: it waits for the directory, or has handed it over.
+func newHandler(in *instance) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if n := st.loops.Load(); n < 2 {
-			http.Error(w, fmt.Sprintf("not healthy: %d of 2 loops (reloader, supervisor) running", n), http.StatusServiceUnavailable)
-			return
+		if st := in.view().State; st != nil {
+			if n := st.loops.Load(); n < 2 {
+				http.Error(w, fmt.Sprintf("not healthy: %d of 2 loops (reloader, supervisor) running", n), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ready(w, st.drivers(), "")
-	})
-	mux.HandleFunc("GET /readyz/{driver...}", func(w http.ResponseWriter, r *http.Request) {
-		ready(w, st.drivers(), r.PathValue("driver"))
-	})
+	readyz := func(w http.ResponseWriter, r *http.Request) {
+		v := in.view()
+		switch {
+		case v.State != nil:
+			ready(w, v.State.drivers(), r.PathValue("driver"))
+		case v.Role == roleStarting:
+			http.Error(w, "not ready: starting: "+v.Detail, http.StatusServiceUnavailable)
+		default:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprintf(w, "ok: %s: %s\n", v.Role, v.Detail)
+		}
+	}
+	mux.HandleFunc("GET /readyz", readyz)
+	mux.HandleFunc("GET /readyz/{driver...}", readyz)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		enc.Encode(newStatusDoc(st.config(), st.drivers()))
+		enc.Encode(newStatusDoc(in.view()))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: nil}))
+	mux.Handle("GET /metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		promhttp.HandlerFor(in.view().Reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	}))
 	return mux
 }
 

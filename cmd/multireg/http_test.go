@@ -51,6 +51,13 @@ func testState(drivers []registrar.DriverStatus, loops int32) *daemonState {
 	return st
 }
 
+// serving is an instance that serves with st.
+func serving(st *daemonState) *instance {
+	in := newInstance()
+	in.serve(st, prometheus.NewRegistry(), "holds the registration directory")
+	return in
+}
+
 func get(t *testing.T, h http.Handler, path string) (int, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
@@ -84,7 +91,7 @@ func TestReadyzAbsent(t *testing.T) {
 			[]string{"not ready: 2 of 4 drivers not registered", "b.csi.example.com: BackingOff", "example.com/gpu: WaitingForEndpoint",
 				"absent (not required): example.com/fpga"}},
 	} {
-		code, body := get(t, newHandler(testState(tt.drivers, 2), prometheus.NewRegistry()), tt.path)
+		code, body := get(t, newHandler(serving(testState(tt.drivers, 2))), tt.path)
 		if code != tt.wantCode {
 			t.Errorf("%s: GET %s: %d, want %d\n%s", tt.name, tt.path, code, tt.wantCode, body)
 		}
@@ -101,7 +108,7 @@ func TestReadyzAbsent(t *testing.T) {
 }
 
 func TestHandlers(t *testing.T) {
-	h := newHandler(testState(knownStates, 2), prometheus.NewRegistry())
+	h := newHandler(serving(testState(knownStates, 2)))
 	tests := []struct {
 		path     string
 		wantCode int
@@ -139,18 +146,18 @@ func TestHandlers(t *testing.T) {
 
 	// Every configured driver registered (or none configured): ready.
 	for _, ds := range [][]registrar.DriverStatus{knownStates[:1], nil} {
-		if code, body := get(t, newHandler(testState(ds, 2), prometheus.NewRegistry()), "/readyz"); code != 200 {
+		if code, body := get(t, newHandler(serving(testState(ds, 2))), "/readyz"); code != 200 {
 			t.Errorf("/readyz with %d drivers all registered: %d\n%s", len(ds), code, body)
 		}
 	}
 	// A loop that stopped: not healthy.
-	if code, _ := get(t, newHandler(testState(knownStates, 1), prometheus.NewRegistry()), "/healthz"); code != 503 {
+	if code, _ := get(t, newHandler(serving(testState(knownStates, 1))), "/healthz"); code != 503 {
 		t.Errorf("/healthz with a loop stopped: %d, want 503", code)
 	}
 }
 
 func TestStatusDocument(t *testing.T) {
-	h := newHandler(testState(knownStates, 2), prometheus.NewRegistry())
+	h := newHandler(serving(testState(knownStates, 2)))
 	code, body := get(t, h, "/status")
 	if code != 200 {
 		t.Fatalf("GET /status: %d", code)
@@ -193,7 +200,7 @@ func TestStatusDocument(t *testing.T) {
 
 func TestStatusTable(t *testing.T) {
 	var out bytes.Buffer
-	printStatus(&out, newStatusDoc(testState(nil, 2).config(), knownStates), t0.Add(time.Second))
+	printStatus(&out, newStatusDoc(serving(testState(knownStates, 2)).view()), t0.Add(time.Second))
 	want := `config /etc/multireg/config.yaml (generation 3): applied
 1 of 3 drivers registered
 
@@ -215,7 +222,7 @@ func TestStatusTableAbsent(t *testing.T) {
 	required := absent
 	required.Name, required.Required = "example.com/nic", true
 	var out bytes.Buffer
-	printStatus(&out, newStatusDoc(testState(nil, 2).config(), []registrar.DriverStatus{knownStates[0], absent, required}), t0.Add(time.Second))
+	printStatus(&out, newStatusDoc(serving(testState([]registrar.DriverStatus{knownStates[0], absent, required}, 2)).view()), t0.Add(time.Second))
 	want := `config /etc/multireg/config.yaml (generation 3): applied
 1 of 3 drivers registered, 2 absent from this node
 

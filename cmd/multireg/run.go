@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/registrar"
@@ -45,69 +46,157 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dir, err := registrar.OpenDir(ctx, cfg, log)
-	if errors.Is(err, context.Canceled) {
-		return nil // stopped while waiting for another instance
-	}
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-
-	var httpL net.Listener
+	in := newInstance()
+	// The HTTP server answers whatever the process's role, from before it takes the
+	// directory until everything else has stopped. Its failure stops the process (runCtx).
+	runCtx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	httpDone := make(chan error, 1)
+	stopHTTP := func() {}
 	if f.httpAddr != "" {
-		if httpL, err = listenHTTP(f.httpAddr); err != nil {
+		httpL, err := listenHTTP(f.httpAddr)
+		if err != nil {
 			return err
 		}
+		httpCtx, cancel := context.WithCancel(context.Background())
+		go func() {
+			err := serveHTTP(httpCtx, httpL, newHandler(in), log)
+			if err != nil {
+				fail(err)
+			}
+			httpDone <- err
+		}()
+		stopHTTP = cancel
+	} else {
+		httpDone <- nil
 	}
-	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: f.cleanup, Guard: dir.Check})
-	if err != nil {
-		if httpL != nil {
-			httpL.Close()
-		}
-		return fmt.Errorf("start: %w", err)
-	}
-	rl := reload.New(reload.Options{
-		Path:           f.path,
-		Initial:        cfg,
-		InitialContent: content,
-		Apply:          sup,
-		Log:            log,
-		MoveDir:        dir.Move,
-		Applied:        dir.Record,
-	})
-	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, httpL: httpL}
 	log.Info("multireg started", "version", version, "config", f.path, "drivers", cfg.Summary())
-	err = d.run(ctx, hup)
-	log.Info("multireg stopped", "cleanup", f.cleanup && !errors.Is(err, registrar.ErrDirLost))
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content}
+	err = r.run(runCtx, hup)
+	stopHTTP()
+	if herr := <-httpDone; herr != nil && err == nil {
+		err = herr
+	}
+	log.Info("multireg stopped", "cleanup", f.cleanup && r.served && !errors.Is(err, registrar.ErrDirLost))
 	return err
 }
 
-// daemon is a multireg that holds its registration directory: its drivers, the reloader that
-// changes them, the HTTP server.
-type daemon struct {
-	log   *slog.Logger
-	dir   *registrar.Dir
-	sup   *registrar.Supervisor
-	rl    *reload.Reloader
-	httpL net.Listener // nil without an HTTP server
+// rounds are a process's turns at serving the registration directory. The first takes it,
+// asking its holder to hand it over; a round that hands it over leaves the process idle,
+// waiting with the sockets it handed over in case its successor ends without a clean shutdown
+// (roleIdle): if it gets the directory back, another round serves them.
+type rounds struct {
+	f       runFlags
+	log     *slog.Logger
+	in      *instance
+	cfg     *config.RegistrarConfig
+	content []byte
+	served  bool // a round served the directory
 }
 
-// run runs the daemon's actors until a signal (ctx ends) or a fatal error stops them.
-func (d *daemon) run(ctx context.Context, hup <-chan os.Signal) error {
-	log, dir, sup, rl, httpL := d.log, d.dir, d.sup, d.rl, d.httpL
-	state := &daemonState{drivers: sup.Status, config: rl.State}
+// run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
+func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
+	ask := true
+	var kept *registrar.Snapshot // sockets this process handed over, kept while idle
+	for {
+		opts := registrar.OpenOptions{Ask: ask, Inherited: kept}
+		if kept == nil {
+			opts.Standby = func(why string) {
+				r.in.set(roleStandby, why)
+				r.log.Info("standing by: ready, and serving nothing until the directory is free", "why", why)
+			}
+		}
+		if ask {
+			r.in.set(roleStarting, "taking the registration directory "+r.cfg.RegistrationDir)
+		}
+		dir, got, err := registrar.OpenDir(ctx, r.cfg, r.log, opts)
+		ask, kept = false, nil
+		if errors.Is(err, context.Canceled) {
+			return nil // stopped while waiting for another instance
+		}
+		if err != nil {
+			return err
+		}
+		if opts.Inherited != nil && got.Alive() == 0 {
+			// The successor ended, and none of the sockets handed over is still at its path:
+			// it removed them (an uninstall), or replaced them. Nothing to take back.
+			got.Close()
+			dir.Close()
+			r.in.set(roleIdle, "the instance this one handed over to has ended, and its sockets are gone: nothing to take back")
+			r.log.Info("the successor ended and removed its sockets; staying idle until SIGTERM")
+			<-ctx.Done()
+			return nil
+		}
+		err = r.serve(ctx, hup, dir, got)
+		dir.Close()
+		ho, handed := errors.AsType[*registrar.HandedOver](err)
+		if !handed {
+			return err
+		}
+		kept = ho.Snapshot
+		r.in.set(roleIdle, fmt.Sprintf("handed %d drivers (%d sockets) over to a new instance in %s; serving nothing, exiting on SIGTERM",
+			kept.Len(), kept.Sockets(), ho.Took.Round(time.Millisecond)))
+		// Another round is taken only if the successor ends: read the file again by then.
+		if cfg, content, err := config.LoadContent(r.f.path); err == nil {
+			r.cfg, r.content = cfg, content
+		}
+	}
+}
+
+// serve runs one round: the daemon on the directory held, with the sockets a hand-over
+// brought (got).
+func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *registrar.Dir, got *registrar.Snapshot) error {
+	log := r.log
+	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: r.f.cleanup, Guard: dir.Check})
+	if err != nil {
+		got.Close()
+		return fmt.Errorf("start: %w", err)
+	}
+	inherited := got.Sockets()
+	sup.Inherit(got)
+	rl := reload.New(reload.Options{
+		Path:           r.f.path,
+		Initial:        r.cfg,
+		InitialContent: r.content,
+		Apply:          sup,
+		Log:            log,
+		MoveDir:        dir.Move,
+		Applied: func(cfg *config.RegistrarConfig) {
+			sup.DropInherited() // sockets of drivers no longer configured
+			dir.Record(cfg)
+		},
+	})
+	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
+	state := &daemonState{drivers: sup.Status, config: rl.State, adopted: sup.Adopted}
+	detail := "holds the registration directory " + r.cfg.RegistrationDir
+	if inherited > 0 {
+		detail = "took the registration directory " + r.cfg.RegistrationDir + " over from the previous instance"
+	}
+	r.in.serve(state, newRegistry(sup, rl), detail)
+	r.served = true
+	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsTakenOver", inherited)
+	return d.run(ctx, hup, state)
+}
+
+// daemon is a multireg that holds its registration directory: its drivers, the reloader that
+// changes them.
+type daemon struct {
+	log *slog.Logger
+	dir *registrar.Dir
+	sup *registrar.Supervisor
+	rl  *reload.Reloader
+}
+
+// run runs the daemon's actors until a signal (ctx ends), a hand-over, or a fatal error stops
+// them.
+func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonState) error {
+	log, dir, sup, rl := d.log, d.dir, d.sup, d.rl
 
 	// Stopped in the reverse order: the signals first, then the reloader, so that nothing
 	// changes the drivers while they stop; the lock check; the supervisor, which leaves every
 	// socket to the instance that took the directory when the lock check stops with
-	// ErrDirLost; the HTTP server answers until everything else has stopped.
+	// ErrDirLost (after a hand-over, its loops have already handed their sockets over).
 	var g group
-	if httpL != nil {
-		h := newHandler(state, newRegistry(sup, rl))
-		httpCtx, stop := context.WithCancel(context.Background())
-		g.add(func() error { return serveHTTP(httpCtx, httpL, h, log) }, func(error) { stop() })
-	}
 	// The lock check's own result decides how the supervisor stops, whichever actor stopped
 	// first: the directory may be lost while the others stop. The check has returned before
 	// the supervisor is interrupted.
@@ -122,7 +211,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal) error {
 	})
 	dirCtx, stopDir := context.WithCancel(context.Background())
 	g.add(func() error {
-		dirErr = dir.Run(dirCtx)
+		dirErr = dir.Run(dirCtx, sup)
 		return dirErr
 	}, func(error) { stopDir() })
 	rlCtx, stopRl := context.WithCancel(context.Background())

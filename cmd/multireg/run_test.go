@@ -221,7 +221,8 @@ func TestRunRetriesARefusedMove(t *testing.T) {
 
 // holdDir holds the registration directory dir as another instance would.
 func holdDir(dir string) (*registrar.Dir, error) {
-	return registrar.OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, slog.New(slog.DiscardHandler))
+	d, _, err := registrar.OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, slog.New(slog.DiscardHandler), registrar.OpenOptions{})
+	return d, err
 }
 
 func isSocket(path string) bool {

@@ -19,8 +19,19 @@ import (
 
 // statusDoc is the JSON document of GET /status and `multireg status -o json`.
 type statusDoc struct {
-	Config  configStatus   `json:"config"`
-	Drivers []driverStatus `json:"drivers"`
+	Instance instanceStatus `json:"instance"`
+	Config   configStatus   `json:"config"`
+	Drivers  []driverStatus `json:"drivers"`
+}
+
+// instanceStatus is the process's role (instance.go).
+type instanceStatus struct {
+	Role   string     `json:"role"`
+	Since  *time.Time `json:"since"`
+	Detail string     `json:"detail"`
+	// Inherited counts the registration sockets the previous instance handed over, which
+	// this one serves (role serving).
+	Inherited int `json:"inherited"`
 }
 
 type configStatus struct {
@@ -47,9 +58,16 @@ type driverStatus struct {
 	NextAttempt *time.Time `json:"nextAttempt"`
 }
 
-// newStatusDoc renders the daemon's state; times are RFC 3339 (UTC), absent ones null.
-func newStatusDoc(cfg reload.State, drivers []registrar.DriverStatus) statusDoc {
+// newStatusDoc renders the process's state; times are RFC 3339 (UTC), absent ones null. A
+// process that does not serve the directory has no configuration applied and no drivers.
+func newStatusDoc(v instanceView) statusDoc {
+	var cfg reload.State
+	var drivers []registrar.DriverStatus
+	if v.State != nil {
+		cfg, drivers = v.State.config(), v.State.drivers()
+	}
 	doc := statusDoc{
+		Instance: instanceStatus{Role: v.Role, Since: timePtr(v.Since), Detail: v.Detail, Inherited: v.Inherited},
 		Config: configStatus{
 			Path:                 cfg.Path,
 			Generation:           cfg.Generation,
@@ -146,6 +164,17 @@ func dialAddress(addr string) string {
 
 // printStatus prints the document as a table a person reads at a glance.
 func printStatus(w io.Writer, doc statusDoc, now time.Time) {
+	if in := doc.Instance; in.Role != "" && in.Role != roleServing {
+		since := ""
+		if in.Since != nil {
+			since = " for " + age(now.Sub(*in.Since))
+		}
+		fmt.Fprintf(w, "instance %s%s: %s\n", in.Role, since, in.Detail)
+		return
+	}
+	if doc.Instance.Inherited > 0 {
+		fmt.Fprintf(w, "instance serving: %s\n", doc.Instance.Detail)
+	}
 	c := doc.Config
 	state := "applied"
 	if !c.LastReloadSuccessful {

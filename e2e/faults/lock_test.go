@@ -16,9 +16,10 @@ import (
 	"multireg.dev/multireg/e2e/testenv"
 )
 
-// Fault: two multireg start at once on one registration directory. One serves, the other
-// waits without touching anything (no HTTP, no socket); when the first exits — by SIGTERM, or
-// killed — the second takes over and every driver is registered on its sockets.
+// Fault: two multireg of a release without hand-overs start at once on one registration
+// directory. One serves, the other waits without touching anything (it serves no socket and
+// answers HTTP as a standby); when the first exits — by SIGTERM, or killed — the second takes
+// over and every driver is registered on its sockets.
 func TestTwoInstances(t *testing.T) {
 	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
@@ -28,14 +29,14 @@ func TestTwoInstances(t *testing.T) {
 			ds := testenv.Mixed("i", 6)
 			e.StartEndpoints(ds)
 			cfg := e.WriteConfig(ds)
-			a, b := mrproc.Start(t, cfg), mrproc.Start(t, cfg)
+			a, b := mrproc.StartWith(t, noHandover, cfg), mrproc.StartWith(t, noHandover, cfg)
 			const waits = "another multireg holds the registration directory; waiting for it to exit"
 			var first, second *mrproc.Process
 			wait.For(t, registerTimeout, "one instance to serve and the other to wait", func() bool {
 				switch {
-				case a.HTTPAddr() != "" && b.Count(waits, "") == 1:
+				case a.Count(serving, "") == 1 && b.Count(waits, "") == 1:
 					first, second = a, b
-				case b.HTTPAddr() != "" && a.Count(waits, "") == 1:
+				case b.Count(serving, "") == 1 && a.Count(waits, "") == 1:
 					first, second = b, a
 				}
 				return first != nil
@@ -43,7 +44,7 @@ func TestTwoInstances(t *testing.T) {
 			e.waitRegistered(first, ds)
 			before := e.snap(ds)
 			wait.Never(t, quietPeriod, "the waiting instance did something", func() bool {
-				return second.HTTPAddr() != "" || second.Count("registration socket published", "") != 0 || second.Exited() || e.moved(before, ds) != ""
+				return second.Count(serving, "") != 0 || second.Count("registration socket published", "") != 0 || second.Exited() || e.moved(before, ds) != ""
 			})
 			for _, d := range ds {
 				if c := e.K.Counts(d.Name); c.Registrations != 1 {
@@ -51,6 +52,9 @@ func TestTwoInstances(t *testing.T) {
 				}
 			}
 
+			if st := second.Status(t); st.Instance.Role != "standby" {
+				t.Errorf("the waiting instance's role: %q, want standby", st.Instance.Role)
+			}
 			first.Signal(t, sig)
 			code := first.Wait(t, exitTimeout)
 			if sig == syscall.SIGTERM && code != 0 {
@@ -77,14 +81,24 @@ func TestTwoInstances(t *testing.T) {
 	}
 }
 
-// waitsLog is what an instance logs while another holds the registration directory.
-const waitsLog = "another multireg holds the registration directory; waiting for it to exit"
+// waitsLog is what an instance logs while another holds the registration directory; serving
+// what it logs once it holds it.
+const (
+	waitsLog = "another multireg holds the registration directory; waiting for it to exit"
+	serving  = "serving the registration directory"
+)
 
-// startPair runs a registered multireg on ds and a second one on the same file, and returns
-// both once the second says it waits.
+// noHandover runs multireg as a release without hand-overs: it neither serves nor asks for
+// one, and an instance that finds the directory held waits for the lock.
+var noHandover = mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_PROTOCOL=0"}}
+
+// startPair runs a registered multireg of a release without hand-overs on ds, and a second
+// one on the same file, and returns both once the second says it waits.
 func (e *env) startPair(ds []driver) (first, second *mrproc.Process) {
 	e.T.Helper()
-	first = e.startAll(ds)
+	e.StartEndpoints(ds)
+	first = mrproc.StartWith(e.T, noHandover, e.WriteConfig(ds))
+	e.waitRegistered(first, ds)
 	second = mrproc.Start(e.T, e.WriteConfig(ds))
 	wait.For(e.T, registerTimeout, "the second instance to wait", func() bool { return second.Count(waitsLog, "") == 1 })
 	return first, second
@@ -170,7 +184,7 @@ func TestLockHarmedWhileAnotherWaits(t *testing.T) {
 					t.Log(m)
 					return true
 				}
-				return second.HTTPAddr() != "" || second.Count("registration socket published", "") != 0 || second.Exited() || first.Exited()
+				return second.Count(serving, "") != 0 || second.Count("registration socket published", "") != 0 || second.Exited() || first.Exited()
 			})
 			if dead := e.notListening(ds); dead != "" {
 				t.Errorf("sockets nobody listens on:\n%s", dead)

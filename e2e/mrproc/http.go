@@ -15,6 +15,11 @@ import (
 
 // Status is GET /status.
 type Status struct {
+	Instance struct {
+		Role      string `json:"role"`
+		Detail    string `json:"detail"`
+		Inherited int    `json:"inherited"`
+	} `json:"instance"`
 	Config struct {
 		Path                 string `json:"path"`
 		Generation           int    `json:"generation"`

@@ -71,6 +71,49 @@ func Binary() (string, error) {
 	return buildPath, buildErr
 }
 
+var (
+	releases sync.Map // revision → *release
+)
+
+type release struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// BinaryAt returns a multireg binary built from the product's source at a git revision of
+// this repository (an earlier release), once per revision and test process.
+func BinaryAt(rev string) (string, error) {
+	v, _ := releases.LoadOrStore(rev, &release{})
+	r := v.(*release)
+	r.once.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "mrrel")
+		if err != nil {
+			r.err = err
+			return
+		}
+		src := filepath.Join(dir, "src")
+		if err := os.Mkdir(src, 0o755); err != nil {
+			r.err = err
+			return
+		}
+		archive := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "sh", root, rev, src)
+		if out, err := archive.CombinedOutput(); err != nil {
+			r.err = fmt.Errorf("git archive %s: %v\n%s", rev, err, out)
+			return
+		}
+		r.path = filepath.Join(dir, "multireg")
+		build := exec.Command("go", "build", "-o", r.path, "./cmd/multireg")
+		build.Dir = src
+		if out, err := build.CombinedOutput(); err != nil {
+			r.err = fmt.Errorf("build multireg at %s: %v\n%s", rev, err, out)
+		}
+	})
+	return r.path, r.err
+}
+
 // Process is a running multireg.
 type Process struct {
 	*child.Process
@@ -86,9 +129,32 @@ func Start(t testing.TB, cfg string, args ...string) *Process {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return StartWith(t, Options{Bin: bin}, cfg, args...)
+}
+
+// Options start a multireg otherwise than Start does.
+type Options struct {
+	Bin string   // the binary; Binary() when empty
+	Env []string // added to the environment, "KEY=value"
+}
+
+// StartWith is Start with opts.
+func StartWith(t testing.TB, opts Options, cfg string, args ...string) *Process {
+	t.Helper()
+	bin := opts.Bin
+	if bin == "" {
+		var err error
+		if bin, err = Binary(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Port 0: tests run several multireg at once; HTTPAddr reads the port from the log.
 	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1", "--http-endpoint", "127.0.0.1:0"}, args...)
-	c, err := child.Start("multireg", exec.Command(bin, all...))
+	cmd := exec.Command(bin, all...)
+	if len(opts.Env) > 0 {
+		cmd.Env = append(os.Environ(), opts.Env...)
+	}
+	c, err := child.Start("multireg", cmd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package registration
 import (
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -232,20 +233,30 @@ func TestFileInTheWayIsUntouched(t *testing.T) {
 	}
 }
 
-// 8. Two multireg on one directory: the second waits, and takes over when the first exits.
+// 8. Two multireg on one directory, the first a release without hand-overs (an upgrade to
+// this one): the second stands by, ready, and takes over when the first exits, registering
+// every driver once more — the cost of an upgrade before hand-overs.
 func TestSecondInstanceWaitsAndTakesOver(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ds := testenv.Mixed("", 3)
 	e.StartEndpoints(ds)
 	cfg := e.WriteConfig(ds)
-	first := mrproc.Start(t, cfg)
+	old, err := mrproc.BinaryAt(lastRelease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := mrproc.StartWith(t, mrproc.Options{Bin: old}, cfg)
 	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
 
 	second := mrproc.Start(t, cfg)
 	wait.For(t, registerTimeout, "the second instance to say it waits", func() bool {
-		return second.Count("another multireg holds the registration directory; waiting for it to exit", "") == 1
+		return second.Count("another multireg holds the registration directory; waiting for it to exit", "") == 1 &&
+			second.Count(msgNoHandover, "") == 1 && second.Count(msgStandby, "") == 1
 	})
+	if code, body, err := second.Get(t, "/readyz"); err != nil || code != 200 || !strings.Contains(body, "standby") {
+		t.Errorf("the standby's /readyz: %d %q %v, want 200 and standby", code, body, err)
+	}
 	before := e.Registrations(ds)
 	wait.Never(t, 2*time.Second, "the waiting instance touched a socket", func() bool {
 		return fmt.Sprint(e.Registrations(ds)) != fmt.Sprint(before)

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Roles of a multireg process, as /status, /readyz and the logs tell them. A process serves
+// the registration directory only while it holds its lock; a rolling update's new pod is a
+// standby until the old one hands the directory over or exits, and the old one is idle after
+// it handed over.
+const (
+	// roleStarting: taking the directory, or asking its holder to hand it over.
+	roleStarting = "starting"
+	// roleServing: this process holds the directory and runs every driver's loop.
+	roleServing = "serving"
+	// roleStandby: another process holds the directory; this one waits for it to exit. It
+	// counts as ready, so that a DaemonSet's surge rollout proceeds and removes the old pod.
+	roleStandby = "standby"
+	// roleIdle: this process handed the directory over; it serves nothing, touches no file
+	// and exits on SIGTERM. Should its successor end without a clean shutdown, it takes the
+	// directory back with the sockets it handed over, while they are still the files at their
+	// paths.
+	roleIdle = "idle"
+)
+
+// instance is what the HTTP server reports across the process's life: the role, and while
+// serving, the daemon's state and metrics.
+type instance struct {
+	base *prometheus.Registry // build info and the runtime: whatever the role
+
+	mu     sync.Mutex
+	role   string
+	since  time.Time
+	detail string
+	state  *daemonState         // nil unless serving
+	reg    *prometheus.Registry // the serving daemon's metrics, or base
+}
+
+func newInstance() *instance {
+	base := newRegistry(nil, nil)
+	return &instance{base: base, reg: base, role: roleStarting, since: time.Now()}
+}
+
+// instanceView is a consistent look at an instance.
+type instanceView struct {
+	Role      string
+	Since     time.Time
+	Detail    string
+	Inherited int
+	State     *daemonState
+	Reg       *prometheus.Registry
+}
+
+func (in *instance) view() instanceView {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	v := instanceView{Role: in.role, Since: in.since, Detail: in.detail, State: in.state, Reg: in.reg}
+	if in.state != nil && in.state.adopted != nil {
+		v.Inherited = in.state.adopted()
+	}
+	return v
+}
+
+func (in *instance) set(role, detail string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.role != role {
+		in.since = time.Now()
+	}
+	in.role, in.detail, in.state, in.reg = role, detail, nil, in.base
+}
+
+// serve makes the instance report a serving daemon.
+func (in *instance) serve(st *daemonState, reg *prometheus.Registry, detail string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.role, in.since, in.detail, in.state, in.reg = roleServing, time.Now(), detail, st, reg
+}

@@ -1,0 +1,351 @@
+package registration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"multireg.dev/multireg/e2e/internal/wait"
+	"multireg.dev/multireg/e2e/kubelet"
+	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/testenv"
+)
+
+// A rolling update of multireg: the running instance hands its listening sockets to the new
+// one, and kubelet's plugin manager sees nothing at all.
+
+// lastRelease is the last commit before hand-overs: a release that neither serves nor asks for
+// one.
+const lastRelease = "4465133"
+
+// Log lines of a hand-over.
+const (
+	msgTookOver   = "took over the registration directory from the previous instance"
+	msgHanded     = "handed over the registration directory; this instance serves nothing now and exits on SIGTERM"
+	msgHalted     = "hand-over halted for a test"
+	msgStandby    = "standing by: ready, and serving nothing until the directory is free"
+	msgServing    = "serving the registration directory"
+	msgNoHandover = "no hand-over; waiting for the previous instance to exit"
+)
+
+// sockets is the identity of every driver's registration socket: inode and change time.
+type sockets map[string]string
+
+func (e *env) sockets(ds []driver) sockets {
+	ids := sockets{}
+	for _, d := range ds {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(e.SocketPath(d), &st); err != nil {
+			ids[d.Name] = err.Error()
+			continue
+		}
+		ids[d.Name] = fmt.Sprintf("%d/%d.%d", st.Ino, st.Ctim.Sec, st.Ctim.Nsec)
+	}
+	return ids
+}
+
+// moved lists the drivers whose socket is another file in now than in before.
+func moved(before, now sockets) []string {
+	var ms []string
+	for name, id := range before {
+		if now[name] != id {
+			ms = append(ms, name)
+		}
+	}
+	return ms
+}
+
+// answering reports whether every driver's registration socket answers GetInfo with the
+// driver's name: a process accepts on it.
+func (e *env) answering(ds []driver) bool {
+	for _, d := range ds {
+		if getInfo(e.SocketPath(d)) != d.Name {
+			return false
+		}
+	}
+	return true
+}
+
+// getInfo asks a registration socket GetInfo, as kubelet does, and returns the plugin name,
+// or "" without an answer within a second.
+func getInfo(path string) string {
+	conn, err := grpc.NewClient("unix:"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		return ""
+	}
+	return info.Name
+}
+
+// quiet checks that kubelet saw no handler call since events (its count then).
+func (e *env) quiet(t *testing.T, events int) {
+	t.Helper()
+	if es := e.K.Events(); len(es) != events {
+		t.Errorf("kubelet's plugin manager was called %d times during the hand-over:%s", len(es)-events, kubelet.FormatEvents(es[events:]))
+	}
+}
+
+// registeredEverywhere reports whether kubelet holds every driver and p says Registered for
+// each in /status.
+func registeredEverywhere(t *testing.T, e *env, p *mrproc.Process, ds []driver) bool {
+	if !e.AllRegistered(ds) {
+		return false
+	}
+	st := p.Status(t)
+	for _, d := range ds {
+		if s, ok := st.Driver(d.Name); !ok || s.Phase != "Registered" {
+			return false
+		}
+	}
+	return true
+}
+
+// handoverFleet starts n drivers of every type and a first multireg that registers them.
+func handoverFleet(t *testing.T, n int, opts mrproc.Options) (*env, []driver, *mrproc.Process) {
+	e := newEnv(t)
+	ds := testenv.Mixed("", n)
+	e.StartEndpoints(ds)
+	first := mrproc.StartWith(t, opts, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "every driver registered", func() bool { return registeredEverywhere(t, e, first, ds) })
+	return e, ds, first
+}
+
+// 1. A second multireg with the same file takes every socket over: kubelet's plugin manager
+// is not called once, every socket keeps its inode, and the first instance is idle, then
+// exits 0 on SIGTERM.
+func TestHandover(t *testing.T) {
+	t.Parallel()
+	e, ds, first := handoverFleet(t, 100, mrproc.Options{})
+	before, events := e.sockets(ds), len(e.K.Events())
+
+	start := time.Now()
+	second := mrproc.Start(t, e.Cfg)
+	wait.For(t, registerTimeout, "the second instance to take over", func() bool { return second.Count(msgServing, "") == 1 })
+	t.Logf("the second instance served every socket %s after it started", time.Since(start).Round(time.Millisecond))
+	wait.For(t, registerTimeout, "the first instance to say it handed over", func() bool { return first.Count(msgHanded, "") == 1 })
+	if !e.answering(ds) {
+		t.Error("a registration socket does not answer after the hand-over")
+	}
+	st := second.Status(t)
+	if st.Instance.Role != "serving" || st.Instance.Inherited != len(ds) {
+		t.Errorf("second instance: %+v, want serving with %d sockets taken over", st.Instance, len(ds))
+	}
+	for _, d := range ds {
+		if s, _ := st.Driver(d.Name); s.Phase != "Registered" {
+			t.Errorf("%s: %s in the second instance, want Registered", d.Name, s.Phase)
+		}
+	}
+	if st := first.Status(t); st.Instance.Role != "idle" || len(st.Drivers) != 0 {
+		t.Errorf("first instance: %+v with %d drivers, want idle with none", st.Instance, len(st.Drivers))
+	}
+	if code, body, err := first.Get(t, "/readyz"); err != nil || code != 200 {
+		t.Errorf("the idle instance's /readyz: %d %s %v", code, body, err)
+	}
+	// Whatever kubelet's reconciler would do, it has done within a few passes.
+	wait.Never(t, 3*time.Second, "kubelet to see the hand-over", func() bool { return len(e.K.Events()) != events })
+
+	first.Signal(t, syscall.SIGTERM)
+	if code := first.Wait(t, exitTimeout); code != 0 {
+		t.Errorf("the idle instance exited %d on SIGTERM, want 0", code)
+	}
+	e.quiet(t, events)
+	if m := moved(before, e.sockets(ds)); len(m) > 0 {
+		t.Errorf("sockets replaced by the hand-over: %v", m)
+	}
+	if !e.answering(ds) {
+		t.Error("a registration socket does not answer once the idle instance exited")
+	}
+}
+
+// 2. With one driver registered differently in the new instance's file, only that driver is
+// registered again.
+func TestHandoverOneDriverChanged(t *testing.T) {
+	t.Parallel()
+	e, ds, _ := handoverFleet(t, 30, mrproc.Options{})
+	before := e.Registrations(ds)
+	changed := ds[0] // a CSI driver: its versions are its registration
+	ds2 := append([]driver{}, ds...)
+	ds2[0].Extra = "    supportedVersions: [\"1.0.0\", \"1.1.0\"]\n"
+	cfg2 := e.Dir + "/cfg2.yaml"
+	if err := os.WriteFile(cfg2, []byte(e.ConfigContent(ds2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	second := mrproc.Start(t, cfg2)
+	wait.For(t, registerTimeout, "the changed driver registered again", func() bool {
+		return e.K.Counts(changed.Name).Registrations == before[changed.Name]+1 && e.K.Registered(changed.Name) && registeredEverywhere(t, e, second, ds)
+	})
+	wait.Never(t, 3*time.Second, "another driver to be registered again", func() bool {
+		for _, d := range ds[1:] {
+			if c := e.K.Counts(d.Name); c.Registrations != before[d.Name] || c.Deregistrations != 0 {
+				return true
+			}
+		}
+		return false
+	})
+	if n := second.Status(t).Instance.Inherited; n != len(ds)-1 {
+		t.Errorf("%d sockets taken over, want %d", n, len(ds)-1)
+	}
+}
+
+// 3. Either side killed at each step of the hand-over: the survivor ends with every driver
+// registered and every socket listening, and only what had to move moved: the sockets the new
+// instance never received, when the holder died before it sent them.
+func TestHandoverKilledAtEachStep(t *testing.T) {
+	t.Parallel()
+	const n = 70 // two batches: the first carries 64 drivers
+	for _, tt := range []struct {
+		side, step string
+		// moved: how many drivers end on a new socket, registered once more.
+		moved int
+	}{
+		{"holder", "detached", n}, // the new instance received nothing: it publishes every socket
+		{"holder", "batch", n - 64},
+		{"holder", "released", 0},
+		{"new", "hello", 0},
+		{"new", "batch", 0},
+		{"new", "received", 0},
+		{"new", "acked", 0}, // the idle holder takes its sockets back
+	} {
+		t.Run(tt.side+"-"+tt.step, func(t *testing.T) {
+			t.Parallel()
+			halt := mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_HALT=" + tt.side + ":" + tt.step}}
+			var holderOpts, newOpts mrproc.Options
+			if tt.side == "holder" {
+				holderOpts = halt
+			} else {
+				newOpts = halt
+			}
+			e, ds, holder := handoverFleet(t, n, holderOpts)
+			before, counts := e.sockets(ds), e.Registrations(ds)
+			next := mrproc.StartWith(t, newOpts, e.Cfg)
+			halted, survivor := holder, next
+			if tt.side == "new" {
+				halted, survivor = next, holder
+			}
+			wait.For(t, registerTimeout, "the hand-over to halt at "+tt.step, func() bool { return halted.Count(msgHalted, "") == 1 })
+			halted.Signal(t, syscall.SIGKILL)
+			halted.Wait(t, exitTimeout)
+
+			wait.For(t, registerTimeout, "the survivor to serve every driver, registered", func() bool {
+				return registeredEverywhere(t, e, survivor, ds) && e.answering(ds)
+			})
+			m := moved(before, e.sockets(ds))
+			if len(m) != tt.moved {
+				t.Errorf("%d sockets replaced, want %d: %v", len(m), tt.moved, m)
+			}
+			wait.Never(t, 3*time.Second, "a driver registered more than once more", func() bool {
+				again := 0
+				for _, d := range ds {
+					switch e.K.Counts(d.Name).Registrations - counts[d.Name] {
+					case 0:
+					case 1:
+						again++
+					default:
+						return true
+					}
+				}
+				return again != tt.moved
+			})
+			if survivor.Exited() {
+				t.Error("the survivor exited")
+			}
+		})
+	}
+}
+
+// 4. A chain of hand-overs, A → B → C → D: kubelet sees none of them; each earlier instance is
+// idle and exits 0 on SIGTERM.
+func TestHandoverChain(t *testing.T) {
+	t.Parallel()
+	e, ds, a := handoverFleet(t, 30, mrproc.Options{})
+	before, events := e.sockets(ds), len(e.K.Events())
+	chain := []*mrproc.Process{a}
+	for range 3 {
+		p := mrproc.Start(t, e.Cfg)
+		wait.For(t, registerTimeout, "the next instance to take over", func() bool { return p.Count(msgServing, "") == 1 })
+		prev := chain[len(chain)-1]
+		wait.For(t, registerTimeout, "the previous one to be idle", func() bool { return prev.Count(msgHanded, "") == 1 })
+		chain = append(chain, p)
+	}
+	last := chain[len(chain)-1]
+	wait.For(t, registerTimeout, "every driver Registered in the last instance", func() bool { return registeredEverywhere(t, e, last, ds) })
+	for _, p := range chain[:len(chain)-1] {
+		p.Signal(t, syscall.SIGTERM)
+		if code := p.Wait(t, exitTimeout); code != 0 {
+			t.Errorf("an idle instance exited %d on SIGTERM, want 0", code)
+		}
+	}
+	wait.Never(t, 3*time.Second, "kubelet to see a hand-over", func() bool { return len(e.K.Events()) != events })
+	if m := moved(before, e.sockets(ds)); len(m) > 0 {
+		t.Errorf("sockets replaced by the hand-overs: %v", m)
+	}
+	if !e.answering(ds) {
+		t.Error("a registration socket does not answer after the chain")
+	}
+}
+
+// 5. A holder that speaks another hand-over protocol version refuses: the new instance stands
+// by, ready, and takes over when the holder exits, registering every driver once more.
+func TestHandoverVersionMismatchFallsBack(t *testing.T) {
+	t.Parallel()
+	e, ds, first := handoverFleet(t, 6, mrproc.Options{})
+	counts := e.Registrations(ds)
+	second := mrproc.StartWith(t, mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_PROTOCOL=2"}}, e.Cfg)
+	wait.For(t, registerTimeout, "the new instance to stand by", func() bool { return second.Count(msgStandby, "") == 1 })
+	if first.Count("hand-over refused; the new instance waits for this one to exit", "") != 1 {
+		t.Error("the holder did not say it refused")
+	}
+	if st := second.Status(t); st.Instance.Role != "standby" || !strings.Contains(st.Instance.Detail, "versions") {
+		t.Errorf("the new instance: %+v, want standby saying why", st.Instance)
+	}
+	wait.Never(t, 2*time.Second, "kubelet to see anything while the new instance stands by", func() bool {
+		return fmt.Sprint(e.Registrations(ds)) != fmt.Sprint(counts)
+	})
+	first.Signal(t, syscall.SIGTERM)
+	if code := first.Wait(t, exitTimeout); code != 0 {
+		t.Errorf("the holder exited %d", code)
+	}
+	wait.For(t, registerTimeout, "the standby to take over and register every driver once more", func() bool {
+		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, second, ds)
+	})
+}
+
+// 6. A verdict kubelet owes when the hand-over happens reaches the new instance: kubelet is
+// still registering the driver (GetInfo answered by the old instance), and the new one counts
+// its verdict, on a connection of kubelet's own. No second registration, no timeout.
+func TestHandoverPendingVerdict(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := driver{Name: "slow.csi.example.com", Type: "CSIPlugin"}
+	e.StartEndpoint(d)
+	e.K.SetRegisterDelay(d.Name, 3*time.Second)
+	cfg := e.WriteConfig([]driver{d})
+	first := mrproc.Start(t, cfg)
+	wait.For(t, registerTimeout, "kubelet to ask GetInfo", func() bool { return first.Count("kubelet called GetInfo", d.Name) == 1 })
+	second := mrproc.Start(t, cfg)
+	wait.For(t, registerTimeout, "the hand-over", func() bool { return second.Count(msgServing, "") == 1 })
+	if first.Count("phase changed", d.Name) > 1 {
+		t.Fatal("the first instance had its verdict before the hand-over: the delay was too short to test anything")
+	}
+	wait.For(t, registerTimeout, "the new instance to count kubelet's verdict", func() bool { return registeredEverywhere(t, e, second, []driver{d}) })
+	if c := e.K.Counts(d.Name); c.Registrations != 1 || c.Deregistrations != 0 {
+		t.Errorf("kubelet: %+v, want one registration", c)
+	}
+	if st, _ := second.Status(t).Driver(d.Name); st.Attempts != 1 || st.Failures != 0 {
+		t.Errorf("the new instance: %+v, want the one attempt, no failure", st)
+	}
+}

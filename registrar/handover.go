@@ -1,0 +1,384 @@
+package registrar
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A hand-over passes the registration directory from the instance that holds it to a new one
+// (a DaemonSet's next pod, during a rolling update) without kubelet seeing any change: the
+// registration sockets stay the same files, listening all along, and only the process that
+// accepts on them changes — what Envoy, HAProxy and nginx do for binary upgrades, across pods
+// instead of fork and exec.
+//
+// The holder listens on HandoverName in the directory (0600; a leading dot, which kubelet
+// ignores). A new instance that finds the lock held connects there; the exchange is a few
+// messages on a SOCK_SEQPACKET connection, each one JSON document with its descriptors
+// (SCM_RIGHTS):
+//
+//	new → holder   hello     {version range}
+//	holder → new   refuse    {reason}                    (the new instance waits for the lock)
+//	holder → new   batch …   {drivers}, their listening sockets; the last batch also carries
+//	                         the lock file's descriptor
+//	new → holder   ack       (or abort {reason})
+//	holder → new   released  the holder has closed its lock descriptor and serves nothing
+//
+// A flock belongs to the open file, not to a process: once the lock's descriptor is passed,
+// both hold the directory until the holder closes its copy, so that it is never free for a
+// third instance in between. Between hello and released the holder's loops are stopped (the
+// kernel queues kubelet's connections on the sockets meanwhile) and its reloader waits.
+//
+// When anything goes wrong before released, the holder keeps or takes back the directory and
+// resumes its loops from what it would have handed over; the new instance waits for the lock
+// as a standby, keeping the sockets it received, which it serves if it gets the lock while
+// they are still the files at their paths (the holder died). After the lock's descriptor was
+// passed, neither side can tell whether the other still holds it: each closes its copy and
+// takes the lock anew, and the one that gets it serves.
+
+// HandoverName is the socket a holder listens on for a new instance, in the registration
+// directory.
+const HandoverName = ".multireg.handover"
+
+// The hand-over protocol versions this build speaks. A new version is added when the message
+// changes in a way an older peer would misread; each side says the range it speaks, and the
+// holder picks the highest both speak or refuses.
+const (
+	handoverMinVersion = 1
+	handoverMaxVersion = 1
+)
+
+// Bounds of a hand-over.
+var (
+	// handoverStep bounds each read of a hand-over: a peer that does not answer within it has
+	// failed (variable, so that tests can shorten it).
+	handoverStep = 5 * time.Second
+	// handoverBatch is how many drivers one batch carries: at most two descriptors each, well
+	// under the kernel's 253 per message, and a few hundred bytes of JSON each.
+	handoverBatch = 64
+)
+
+// maxHandoverMessage bounds one message: a batch of handoverBatch drivers is far smaller.
+const maxHandoverMessage = 1 << 20
+
+// handoverMsg is one message of a hand-over.
+type handoverMsg struct {
+	Type string `json:"type"` // hello, refuse, batch, ack, abort, released
+	// MinVersion and Version: the range the new instance speaks (hello); the version picked
+	// (batch), which every later message keeps.
+	MinVersion int    `json:"minVersion,omitempty"`
+	Version    int    `json:"version,omitempty"`
+	Reason     string `json:"reason,omitempty"` // refuse, abort
+	// Drivers are the batch's drivers; the descriptors of their sockets come with the
+	// message, in order, then the lock's when Lock is set (the last batch).
+	Drivers []*handedDriver `json:"drivers,omitempty"`
+	Lock    bool            `json:"lock,omitempty"`
+	Last    bool            `json:"last,omitempty"`
+	// Sockets: how many socket descriptors the message carries besides the lock's.
+	Sockets int `json:"sockets,omitempty"`
+}
+
+// wireID is a fileID in a message.
+type wireID struct {
+	Dev   uint64 `json:"dev"`
+	Ino   uint64 `json:"ino"`
+	CSec  int64  `json:"ctimeSec"`
+	CNsec int64  `json:"ctimeNsec"`
+}
+
+func toWire(id fileID) wireID {
+	return wireID{Dev: id.dev, Ino: id.ino, CSec: id.ctime.Sec, CNsec: id.ctime.Nsec}
+}
+
+func (w wireID) fileID() fileID {
+	return fileID{dev: w.Dev, ino: w.Ino, ctime: syscall.Timespec{Sec: w.CSec, Nsec: w.CNsec}}
+}
+
+// handoverConn is one end of a hand-over connection.
+type handoverConn struct {
+	c *net.UnixConn
+}
+
+// send writes m with the descriptors fs, in one message.
+func (h handoverConn) send(m *handoverMsg, files ...*os.File) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxHandoverMessage {
+		return fmt.Errorf("hand-over message of %d bytes is too large", len(b))
+	}
+	fds := make([]int, 0, len(files))
+	for _, f := range files {
+		fd, err := rawFD(f)
+		if err != nil {
+			return err
+		}
+		fds = append(fds, fd)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	h.c.SetWriteDeadline(time.Now().Add(handoverStep))
+	n, oobn, err := h.c.WriteMsgUnix(b, oob, nil)
+	if err != nil {
+		return fmt.Errorf("send %s: %w", m.Type, err)
+	}
+	if n != len(b) || oobn != len(oob) {
+		return fmt.Errorf("send %s: short write", m.Type)
+	}
+	return nil
+}
+
+// recv reads one message and its descriptors, which the caller owns. It fails on a message
+// or descriptors cut short, on the end of the connection (io.EOF) and when nothing comes
+// within handoverStep.
+func (h handoverConn) recv() (*handoverMsg, []*os.File, error) {
+	b := make([]byte, maxHandoverMessage)
+	oob := make([]byte, unix.CmsgSpace(4*(2*handoverBatch+1)))
+	h.c.SetReadDeadline(time.Now().Add(handoverStep))
+	n, oobn, flags, _, err := h.c.ReadMsgUnix(b, oob)
+	files, ferr := receivedFiles(oob[:oobn])
+	switch {
+	case err != nil:
+		closeAll(files)
+		return nil, nil, err
+	case ferr != nil:
+		closeAll(files)
+		return nil, nil, ferr
+	case n == 0 && oobn == 0:
+		return nil, nil, errPeerGone
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
+		closeAll(files)
+		return nil, nil, errors.New("hand-over message or its descriptors cut short")
+	}
+	var m handoverMsg
+	if err := json.Unmarshal(b[:n], &m); err != nil {
+		closeAll(files)
+		return nil, nil, fmt.Errorf("hand-over message: %w", err)
+	}
+	return &m, files, nil
+}
+
+// errPeerGone: the other end closed the connection, or its process ended.
+var errPeerGone = errors.New("the other instance closed the hand-over connection")
+
+// receivedFiles wraps the descriptors of SCM_RIGHTS control messages (close-on-exec: Go
+// receives with MSG_CMSG_CLOEXEC).
+func receivedFiles(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("hand-over descriptors: %w", err)
+	}
+	var files []*os.File
+	for i := range msgs {
+		fds, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			return files, fmt.Errorf("hand-over descriptors: %w", err)
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "handed"))
+		}
+	}
+	return files, nil
+}
+
+// rawFD returns f's descriptor without os.File.Fd, which would make a socket blocking: the
+// mode is the open file's, shared with every process that holds it.
+func rawFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// sameUser checks that the process at the other end of c runs as this process's user: the
+// sockets and the directory are this user's, and nobody else's process may take them or hand
+// some over.
+func sameUser(c *net.UnixConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	if uid := uint32(os.Getuid()); cred.Uid != uid {
+		return fmt.Errorf("the other process runs as uid %d, not %d", cred.Uid, uid)
+	}
+	return nil
+}
+
+// listenHandover listens for hand-over requests at dir's HandoverName, replacing what an
+// earlier holder left there: only the holder of the directory's lock calls it. The socket is
+// created under a hidden temporary name, restricted to 0600 and renamed into place, so that it
+// never accepts connections with a wider mode. It is not unlinked when closed: by then a new
+// holder may have put its own there.
+func listenHandover(dir string) (*net.UnixListener, error) {
+	tmp := filepath.Join(dir, tempSocketName())
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("listen for hand-overs: %w", err)
+	}
+	l.SetUnlinkOnClose(false)
+	path := filepath.Join(dir, HandoverName)
+	if err := os.Chmod(tmp, 0o600); err == nil {
+		err = renameOverSocket(tmp, path)
+		if err == nil {
+			return l, nil
+		}
+	}
+	l.Close()
+	os.Remove(tmp)
+	return nil, fmt.Errorf("listen for hand-overs at %s: %w", path, err)
+}
+
+// renameOverSocket renames tmp onto path, replacing a socket there but nothing else.
+func renameOverSocket(tmp, path string) error {
+	exists, err := checkSocketOrMissing(path)
+	if err != nil {
+		return err
+	}
+	return renameOnto(tmp, path, exists)
+}
+
+// dialHandover connects to the holder of dir. It fails at once when no holder listens (an
+// older multireg, or one that stopped): the caller then waits for the lock.
+func dialHandover(dir string) (handoverConn, error) {
+	path := filepath.Join(dir, HandoverName)
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return handoverConn{}, err
+	}
+	if err := sameUser(c); err != nil {
+		c.Close()
+		return handoverConn{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return handoverConn{c: c}, nil
+}
+
+// protocolRange is the range of hand-over versions this process speaks. The environment
+// variable MULTIREG_TEST_HANDOVER_PROTOCOL, for tests only, makes it speak one version
+// (0: none, like a release without hand-over: it neither listens nor asks).
+func protocolRange() (lo, hi int) {
+	if v, err := strconv.Atoi(os.Getenv("MULTIREG_TEST_HANDOVER_PROTOCOL")); err == nil {
+		return v, v
+	}
+	return handoverMinVersion, handoverMaxVersion
+}
+
+// handoverEnabled reports whether this process takes part in hand-overs at all.
+func handoverEnabled() bool {
+	_, hi := protocolRange()
+	return hi > 0
+}
+
+// pickVersion is the highest version both sides speak, or 0.
+func pickVersion(peerLo, peerHi int) int {
+	lo, hi := protocolRange()
+	v := min(hi, peerHi)
+	if v < max(lo, peerLo) {
+		return 0
+	}
+	return v
+}
+
+// halt stops a hand-over at a named step for tests that kill a side there: the environment
+// variable MULTIREG_TEST_HANDOVER_HALT names "<side>:<step>" (side holder or new). The process
+// logs it and blocks until killed. Nothing else reads the variable.
+func halt(log *slog.Logger, side, step string) {
+	if os.Getenv("MULTIREG_TEST_HANDOVER_HALT") != side+":"+step {
+		return
+	}
+	log.Warn("hand-over halted for a test", "side", side, "step", step)
+	select {}
+}
+
+// lockFileOf checks that f, received as the directory's lock, is the lock file at dir's path.
+func lockFileOf(f *os.File, dir string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("the lock descriptor is not a regular file")
+	}
+	cur, err := keyAt(filepath.Join(dir, LockName))
+	if err != nil {
+		return err
+	}
+	if cur != keyOf(fi) {
+		return fmt.Errorf("the lock descriptor is not the file at %s", filepath.Join(dir, LockName))
+	}
+	return nil
+}
+
+// isListeningUnixStream checks that f is a listening unix stream socket.
+func isListeningUnixStream(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var typ, acc, dom int
+	var e1, e2, e3 error
+	if err := rc.Control(func(fd uintptr) {
+		typ, e1 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
+		acc, e2 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+		dom, e3 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}); err != nil {
+		return err
+	}
+	if err := errors.Join(e1, e2, e3); err != nil {
+		return fmt.Errorf("not a socket: %w", err)
+	}
+	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc != 1 {
+		return errors.New("not a listening unix stream socket")
+	}
+	return nil
+}
+
+// socketAt checks that the file at path is the socket with identity id.
+func socketAt(path string, id fileID) error {
+	cur, mode, err := statID(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s is gone", path)
+	case err != nil:
+		return err
+	case mode != fs.ModeSocket || cur != id:
+		return fmt.Errorf("%s is no longer the socket handed over", path)
+	}
+	return nil
+}

@@ -1,0 +1,178 @@
+package registrar
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// How a loop hands its sockets and state to another instance, and how a loop goes on from
+// what it was handed (handover.go carries them between processes).
+
+// adoption is what a loop starts from after a hand-over.
+type adoption struct {
+	cur      *generation // the socket handed over, served already; nil when there was none
+	epID     fileID      // the endpoint's socket as the other instance last probed it
+	resumeAt time.Time   // a backing-off driver's next attempt
+}
+
+// detach stops the loop's generations for a hand-over and returns what the next instance
+// needs: a copy of each listening socket, and the loop's state. The sockets stay, listening:
+// the kernel queues kubelet's connections until the next instance accepts them. A socket that
+// cannot be copied is left as it is, and the next instance publishes its own over it.
+func (d *driver) detach(cur *generation) *handedDriver {
+	h := &handedDriver{
+		Spec:          d.spec,
+		Endpoint:      d.at.endpoint,
+		LocalEndpoint: d.at.local,
+		EndpointID:    toWire(d.probed),
+		Status:        d.status(),
+		Timeout:       d.p.timeout,
+		Failures:      d.p.failures,
+	}
+	if d.nodeInfo != nil {
+		h.NodeInfo, _ = proto.Marshal(d.nodeInfo)
+	}
+	for _, g := range []*generation{d.prev, cur} {
+		if g == nil {
+			continue
+		}
+		f, err := g.l.File() // a copy: it keeps the socket open when the server closes its own
+		g.stop()
+		if err != nil {
+			d.log.Warn("cannot hand over the registration socket; the next instance publishes its own", "socket", g.path, "err", err)
+			continue
+		}
+		h.Sockets = append(h.Sockets, &handedSocket{
+			Prev:          g == d.prev,
+			Path:          g.path,
+			ID:            toWire(g.id),
+			Generation:    g.gen,
+			Registered:    g.registered,
+			AwaitsVerdict: !g.registered && g.rs.awaiting.Load(),
+			Endpoint:      g.at.endpoint,
+			LocalEndpoint: g.at.local,
+			f:             f,
+		})
+	}
+	d.prev = nil
+	return h
+}
+
+// inherit makes the loop, before it runs, go on from h: it serves h's sockets at once, and
+// takes the status, the target, the recorded NodeGetInfo and the pacing. A socket that is no
+// longer the file at its path, or not a listening socket, is closed: the loop publishes anew.
+// It returns how many sockets it serves.
+func (d *driver) inherit(h *handedDriver) int {
+	n := 0
+	a := &adoption{epID: h.EndpointID.fileID()}
+	if d.spec.EndpointIsPattern() {
+		d.at = target{endpoint: h.Endpoint, local: h.LocalEndpoint}
+	}
+	d.nodeInfo = h.nodeInfo()
+	d.probed = a.epID
+	d.p.resume(h.Timeout, h.Failures)
+
+	st := h.Status
+	st.Name, st.Type, st.Required = d.spec.Name, d.spec.Type, d.spec.Required
+	st.Endpoint = d.spec.Endpoint
+	if st.Results == nil {
+		st.Results = map[string]int{}
+	}
+	if st.Recreations == nil {
+		st.Recreations = map[string]int{}
+	}
+	for _, hs := range h.Sockets {
+		g, err := d.adoptSocket(hs)
+		if err != nil {
+			d.log.Warn("a handed-over registration socket cannot be served; publishing anew", "socket", hs.Path, "err", err)
+			continue
+		}
+		n++
+		d.gen = max(d.gen, g.gen)
+		if hs.Prev {
+			d.prev = g
+		} else {
+			a.cur = g
+		}
+	}
+	switch {
+	case a.cur == nil && d.prev == nil && st.Phase != BackingOff:
+		st.Phase, st.Since = WaitingForEndpoint, time.Now()
+	case a.cur == nil && st.Phase == BackingOff && st.NextAttempt.After(time.Now()):
+		a.resumeAt = st.NextAttempt
+	}
+	d.mu.Lock()
+	d.st = st
+	d.mu.Unlock()
+	d.adopted = a
+	return n
+}
+
+// adoptSocket serves a handed-over socket as a generation of this loop.
+func (d *driver) adoptSocket(hs *handedSocket) (*generation, error) {
+	f := hs.f
+	hs.f = nil
+	if f == nil {
+		return nil, fmt.Errorf("no descriptor")
+	}
+	defer f.Close() // FileListener keeps a copy
+	if hs.Path != d.spec.SocketPath && hs.Path != d.spec.AltSocketPath {
+		return nil, fmt.Errorf("not a registration socket path of this configuration")
+	}
+	if err := isListeningUnixStream(f); err != nil {
+		return nil, err
+	}
+	id := hs.ID.fileID()
+	if err := socketAt(hs.Path, id); err != nil {
+		return nil, err
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, err
+	}
+	l, ok := ln.(*net.UnixListener)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("not a unix socket")
+	}
+	l.SetUnlinkOnClose(false)
+	t := target{endpoint: hs.Endpoint, local: hs.LocalEndpoint}
+	g := d.serveOn(l, hs.Path, id, hs.Generation, t, hs.AwaitsVerdict)
+	g.registered = hs.Registered
+	return g, nil
+}
+
+// adoptFlags decides, once the endpoint is ready, what the loop does with the socket a
+// hand-over gave it (cur; a.cur): keep a registered one (resume) unless the driver restarted
+// meanwhile (restarted, as after any restart: restart.go), or wait for the verdict kubelet
+// owes an unregistered one (pending). Otherwise the loop publishes anew.
+func (d *driver) adoptFlags(a *adoption, cur *generation, epID fileID) (resume, restarted, pending bool) {
+	switch {
+	case cur == nil || cur != a.cur:
+		return false, false, false
+	case !cur.registered:
+		return false, false, true
+	case cur.at != d.at:
+		return d.spec.Handover(), false, false // a newer instance of the endpoint answers
+	case !d.spec.WaitForEndpoint || a.epID == (fileID{}) || epID == a.epID:
+		return true, false, false
+	case d.keepsOnRestart(cur):
+		return false, true, false
+	}
+	d.reregister("why", "the driver restarted during the hand-over")
+	return false, false, false
+}
+
+// sleepUntilResume waits, as a backing-off loop, until the next attempt the other instance
+// had planned. It reports false when ctx ends first.
+func (d *driver) sleepUntilResume(ctx context.Context, at time.Time, ws watches) bool {
+	_, ok := sleepUntil(ctx, time.Until(at), ws.ep, func(change) bool {
+		d.lookPresence()
+		return false
+	})
+	return ok
+}
