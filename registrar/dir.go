@@ -102,6 +102,7 @@ func takeDir(ctx context.Context, dir string, log *slog.Logger, opts OpenOptions
 	why := "another instance holds the registration directory"
 	if opts.Ask && handoverEnabled() {
 		got, hl, err := askHandover(dir, log)
+		drivers, sockets := got.Len(), got.Sockets()
 		if got != nil {
 			if snap == nil {
 				snap = &Snapshot{}
@@ -109,7 +110,7 @@ func takeDir(ctx context.Context, dir string, log *slog.Logger, opts OpenOptions
 			snap.merge(got)
 		}
 		if err == nil {
-			log.Info("took over the registration directory from the previous instance", "drivers", got.Len(), "sockets", got.Sockets())
+			log.Info("took over the registration directory from the previous instance", "drivers", drivers, "sockets", sockets)
 			return snap, hl, nil
 		}
 		why = err.Error()

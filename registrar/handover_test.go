@@ -1,0 +1,245 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/testkit"
+)
+
+// multiregInstance is one multireg of a hand-over test: its directory, its supervisor, and Run's
+// result once it has returned.
+type multiregInstance struct {
+	dir  *Dir
+	sup *Supervisor
+	// handed is how many drivers OpenDir brought from a hand-over.
+	handed int
+	ran    chan error // Dir.Run's result
+}
+
+// handoverDrivers are a CSI driver, a device plugin and a DRA driver with their endpoints
+// served, registering into dir/reg.
+func handoverDrivers(t *testing.T, dir string) []config.Driver {
+	var ds []config.Driver
+	for _, typ := range []string{config.CSIPlugin, config.DevicePlugin, config.DRAPlugin} {
+		n := fixtureDrivers[typ]
+		d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", n.socket))
+		csiName := ""
+		if typ == config.CSIPlugin {
+			csiName = d.Name
+		}
+		startEndpoint(t, d.LocalEndpoint, csiName)
+		ds = append(ds, d)
+	}
+	return ds
+}
+
+// startMultireg takes the registration directory of ds as `multireg run` does, asking its
+// holder for a hand-over, and starts ds on a supervisor that serves what it brought. Its
+// Dir.Run serves hand-over requests until the test ends.
+func startMultireg(t *testing.T, reg string, ds []config.Driver) *multiregInstance {
+	t.Helper()
+	log := testkit.Logger(t)
+	cfg := &config.RegistrarConfig{RegistrationDir: reg, Drivers: ds}
+	d, snap, err := OpenDir(context.Background(), cfg, log, OpenOptions{Ask: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &multiregInstance{dir: d, handed: snap.Len(), ran: make(chan error, 1)}
+	in.sup = runSupervisor(t, Options{Log: log, Guard: d.Check})
+	in.sup.Inherit(snap)
+	for _, dr := range ds {
+		in.sup.Start(dr)
+	}
+	in.sup.DropInherited()
+	runUntilEnd(t, func(ctx context.Context) { in.ran <- d.Run(ctx, in.sup) })
+	t.Cleanup(func() { d.Close() })
+	return in
+}
+
+// ids returns the identity of each driver's registration socket.
+func ids(t *testing.T, ds []config.Driver) []fileID {
+	var out []fileID
+	for _, d := range ds {
+		out = append(out, mustID(t, d.SocketPath))
+	}
+	return out
+}
+
+// TestHandOverKeepsEverySocket: a second instance takes every registered socket over: the
+// same files, served by it, each driver Registered at once; the first hands over and runs
+// nothing.
+func TestHandOverKeepsEverySocket(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)
+	a := startMultireg(t, reg, ds)
+	for _, d := range ds {
+		awaitSocket(t, d)
+		registerAndWait(t, a.sup, d)
+	}
+	before := ids(t, ds)
+
+	b := startMultireg(t, reg, ds)
+	if b.handed != len(ds) {
+		t.Fatalf("%d drivers handed over, want %d", b.handed, len(ds))
+	}
+	var ho *HandedOver
+	select {
+	case err := <-a.ran:
+		if !errors.As(err, &ho) {
+			t.Fatalf("the holder's Run returned %v, want a hand-over", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's Run did not return after the hand-over")
+	}
+	defer ho.Snapshot.Close()
+	if n := ho.Snapshot.Sockets(); n != len(ds) {
+		t.Errorf("the holder kept %d sockets, want %d", n, len(ds))
+	}
+	if n := len(a.sup.Status()); n != 0 {
+		t.Errorf("the holder still runs %d loops", n)
+	}
+	if n := b.sup.Adopted(); n != len(ds) {
+		t.Errorf("%d sockets taken over, want %d", n, len(ds))
+	}
+	for _, d := range ds {
+		testkit.Eventually(t, 5*time.Second, d.Name+" Registered in the new instance", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
+		if st := statusOf(b.sup, d.Name); st.Attempts != 1 {
+			t.Errorf("%s: %d attempts in the new instance, want the first instance's 1", d.Name, st.Attempts)
+		}
+		if info := dialKubelet(t, d.SocketPath).getInfo(t); info.Name != d.Name {
+			t.Errorf("%s: GetInfo says %q", d.Name, info.Name)
+		}
+	}
+	if now := ids(t, ds); !slices.Equal(now, before) {
+		t.Errorf("sockets replaced: %v, were %v", now, before)
+	}
+}
+
+// TestHandOverPendingVerdict: kubelet asked GetInfo of the first instance; its verdict, sent
+// after the hand-over on a new connection, counts in the second.
+func TestHandOverPendingVerdict(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)[:1]
+	d := ds[0]
+	a := startMultireg(t, reg, ds)
+	awaitSocket(t, d)
+	dialKubelet(t, d.SocketPath).getInfo(t) // kubelet registers the plugin meanwhile
+
+	b := startMultireg(t, reg, ds)
+	if b.sup.Adopted() != 1 {
+		t.Fatal("the socket was not taken over")
+	}
+	if st := statusOf(b.sup, d.Name); st.Phase != Serving {
+		t.Fatalf("new instance: %s, want Serving: the verdict is pending", st.Phase)
+	}
+	dialKubelet(t, d.SocketPath).notify(t, true, "") // a connection of its own
+	testkit.Eventually(t, 5*time.Second, "the verdict counted", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
+	if st := statusOf(b.sup, d.Name); st.Attempts != 1 || st.Results[ResultRegistered] != 1 {
+		t.Errorf("%+v, want the one attempt, registered", st)
+	}
+	<-a.ran
+}
+
+// TestHandOverChangedAndRemovedDrivers: a driver registered differently in the new instance
+// gets a new socket; one the new instance no longer runs loses its socket; the others are
+// kept.
+func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)
+	a := startMultireg(t, reg, ds)
+	for _, d := range ds {
+		awaitSocket(t, d)
+		registerAndWait(t, a.sup, d)
+	}
+	before := ids(t, ds)
+	changed := ds[0]
+	changed.SupportedVersions = []string{"1.0.0", "1.1.0"}
+	removed := ds[2]
+
+	b := startMultireg(t, reg, []config.Driver{changed, ds[1]})
+	<-a.ran
+	testkit.Eventually(t, 5*time.Second, "the changed driver's new socket", func() bool {
+		id, _, err := statID(changed.SocketPath)
+		return err == nil && id != before[0]
+	})
+	if isSocket(removed.SocketPath) {
+		t.Error("the socket of the driver no longer configured is still there")
+	}
+	if id := mustID(t, ds[1].SocketPath); id != before[1] {
+		t.Error("the unchanged driver's socket was replaced")
+	}
+	if n := b.sup.Adopted(); n != 1 {
+		t.Errorf("%d sockets taken over, want 1", n)
+	}
+}
+
+// TestHandOverAbandonedResumes: a new instance that receives everything and goes without its
+// ack leaves the holder serving every socket again, registered, from where it stood.
+func TestHandOverAbandonedResumes(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)
+	a := startMultireg(t, reg, ds)
+	for _, d := range ds {
+		awaitSocket(t, d)
+		registerAndWait(t, a.sup, d)
+	}
+	before := ids(t, ds)
+
+	hc, err := dialHandover(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hc.send(&handoverMsg{Type: msgHello, MinVersion: 1, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	for {
+		m, files, err := hc.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += len(files)
+		closeAll(files) // gone without a word: our copies of the sockets and of the lock with us
+		if m.Last {
+			break
+		}
+	}
+	hc.c.Close()
+	if got != len(ds)+1 {
+		t.Errorf("%d descriptors received, want %d sockets and the lock", got, len(ds))
+	}
+	testkit.Eventually(t, 10*time.Second, "the holder to serve every driver again", func() bool {
+		for _, d := range ds {
+			if statusOf(a.sup, d.Name).Phase != Registered {
+				return false
+			}
+		}
+		return true
+	})
+	if err := a.dir.Check(); err != nil {
+		t.Errorf("the holder lost the directory: %v", err)
+	}
+	for _, d := range ds {
+		if info := dialKubelet(t, d.SocketPath).getInfo(t); info.Name != d.Name {
+			t.Errorf("%s: GetInfo says %q", d.Name, info.Name)
+		}
+	}
+	if now := ids(t, ds); !slices.Equal(now, before) {
+		t.Errorf("sockets replaced: %v, were %v", now, before)
+	}
+	select {
+	case err := <-a.ran:
+		t.Errorf("the holder's Run returned %v", err)
+	default:
+	}
+}
