@@ -15,7 +15,7 @@ import (
 // multiregInstance is one multireg of a hand-over test: its directory, its supervisor, and Run's
 // result once it has returned.
 type multiregInstance struct {
-	dir  *Dir
+	dir *Dir
 	sup *Supervisor
 	// handed is how many drivers OpenDir brought from a hand-over.
 	handed int
