@@ -517,3 +517,63 @@ next:
 	}
 	return 0, false
 }
+
+// TestRoles: a process that does not serve the directory is healthy, ready in standby and
+// idle (a surge rollout must proceed), not ready while it takes the directory, and its status
+// names its role with no driver.
+func TestRoles(t *testing.T) {
+	for _, tt := range []struct {
+		role      string
+		readyCode int
+	}{
+		{roleStarting, 503},
+		{roleStandby, 200},
+		{roleIdle, 200},
+	} {
+		t.Run(tt.role, func(t *testing.T) {
+			in := newInstance()
+			in.set(tt.role, "because of a test")
+			h := newHandler(in)
+			if code, body := get(t, h, "/healthz"); code != 200 {
+				t.Errorf("/healthz: %d %s", code, body)
+			}
+			code, body := get(t, h, "/readyz")
+			if code != tt.readyCode || !strings.Contains(body, tt.role) || !strings.Contains(body, "because of a test") {
+				t.Errorf("/readyz: %d %q, want %d naming the role and why", code, body, tt.readyCode)
+			}
+			if code, _ := get(t, h, "/readyz/a.csi.example.com"); code != tt.readyCode {
+				t.Errorf("/readyz/<driver>: %d, want %d", code, tt.readyCode)
+			}
+			_, body = get(t, h, "/status")
+			var doc statusDoc
+			if err := json.Unmarshal([]byte(body), &doc); err != nil {
+				t.Fatal(err)
+			}
+			if doc.Instance.Role != tt.role || doc.Instance.Detail != "because of a test" || len(doc.Drivers) != 0 {
+				t.Errorf("/status: %+v", doc)
+			}
+			var out bytes.Buffer
+			printStatus(&out, doc, doc.Instance.Since.Add(3*time.Second))
+			if want := "instance " + tt.role + " for 3s: because of a test\n"; out.String() != want {
+				t.Errorf("table %q, want %q", out.String(), want)
+			}
+			if code, body := get(t, h, "/metrics"); code != 200 || !strings.Contains(body, "multireg_build_info") || strings.Contains(body, "multireg_driver_phase") {
+				t.Errorf("/metrics: %d, want build info and no driver metric:\n%s", code, body)
+			}
+		})
+	}
+}
+
+// TestStatusTableTakenOver: a serving instance that took sockets over says so first.
+func TestStatusTableTakenOver(t *testing.T) {
+	st := testState(knownStates[:1], 2)
+	st.adopted = func() int { return 1 }
+	in := newInstance()
+	in.serve(st, prometheus.NewRegistry(), "took the registration directory /reg over from the previous instance")
+	var out bytes.Buffer
+	printStatus(&out, newStatusDoc(in.view()), t0.Add(time.Second))
+	want := "instance serving: took the registration directory /reg over from the previous instance, 1 sockets taken over\n"
+	if !strings.HasPrefix(out.String(), want) {
+		t.Errorf("table:\n%s\nwant it to begin with:\n%s", out.String(), want)
+	}
+}

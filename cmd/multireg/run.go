@@ -134,6 +134,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			return err
 		}
 		kept = ho.Snapshot
+		r.served = false // the sockets are the successor's: an exit from idle removes none
 		r.in.set(roleIdle, fmt.Sprintf("handed %d drivers (%d sockets) over to a new instance in %s; serving nothing, exiting on SIGTERM",
 			kept.Len(), kept.Sockets(), ho.Took.Round(time.Millisecond)))
 		// Another round is taken only if the successor ends: read the file again by then.

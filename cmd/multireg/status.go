@@ -173,7 +173,7 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 		return
 	}
 	if doc.Instance.Inherited > 0 {
-		fmt.Fprintf(w, "instance serving: %s\n", doc.Instance.Detail)
+		fmt.Fprintf(w, "instance serving: %s, %d sockets taken over\n", doc.Instance.Detail, doc.Instance.Inherited)
 	}
 	c := doc.Config
 	state := "applied"
