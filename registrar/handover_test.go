@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -242,4 +243,44 @@ func TestHandOverAbandonedResumes(t *testing.T) {
 		t.Errorf("the holder's Run returned %v", err)
 	default:
 	}
+}
+
+// TestInheritRefusesAReplacedSocket: a handed-over descriptor whose socket is no longer the
+// file at its path is not served; the loop publishes its own socket there.
+func TestInheritRefusesAReplacedSocket(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	ds := handoverDrivers(t, dir)
+	d := ds[1] // the device plugin
+	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	l, id, err := publish(d.SocketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := l.File()
+	l.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone replaces the socket after it was handed over.
+	l2, id2, err := publish(d.SocketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	snap := &Snapshot{}
+	snap.add(&handedDriver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: DriverStatus{Phase: Registered},
+		Sockets: []*handedSocket{{Path: d.SocketPath, ID: toWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, f: f}}})
+	s := runSupervisor(t, Options{})
+	s.Inherit(snap)
+	s.Start(d)
+	if n := s.Adopted(); n != 0 {
+		t.Fatalf("%d sockets taken over, want none", n)
+	}
+	testkit.Eventually(t, 5*time.Second, "a socket of the loop's own", func() bool {
+		now, _, err := statID(d.SocketPath)
+		return err == nil && now != id && now != id2
+	})
+	registerAndWait(t, s, d)
 }
