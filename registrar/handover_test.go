@@ -63,6 +63,21 @@ func startMultireg(t *testing.T, reg string, ds []config.Driver) *multiregInstan
 	return in
 }
 
+// registeredMultireg starts the drivers of handoverDrivers on a first multireg, registered,
+// and returns the registration directory, the drivers, the instance and its sockets' identities.
+func registeredMultireg(t *testing.T) (string, []config.Driver, *multiregInstance, []fileID) {
+	t.Helper()
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)
+	a := startMultireg(t, reg, ds)
+	for _, d := range ds {
+		awaitSocket(t, d)
+		registerAndWait(t, a.sup, d)
+	}
+	return reg, ds, a, ids(t, ds)
+}
+
 // ids returns the identity of each driver's registration socket.
 func ids(t *testing.T, ds []config.Driver) []fileID {
 	var out []fileID
@@ -76,15 +91,7 @@ func ids(t *testing.T, ds []config.Driver) []fileID {
 // same files, served by it, each driver Registered at once; the first hands over and runs
 // nothing.
 func TestHandOverKeepsEverySocket(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	reg := filepath.Join(dir, "reg")
-	ds := handoverDrivers(t, dir)
-	a := startMultireg(t, reg, ds)
-	for _, d := range ds {
-		awaitSocket(t, d)
-		registerAndWait(t, a.sup, d)
-	}
-	before := ids(t, ds)
+	reg, ds, a, before := registeredMultireg(t)
 
 	b := startMultireg(t, reg, ds)
 	if b.handed != len(ds) {
@@ -153,15 +160,7 @@ func TestHandOverPendingVerdict(t *testing.T) {
 // gets a new socket; one the new instance no longer runs loses its socket; the others are
 // kept.
 func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	reg := filepath.Join(dir, "reg")
-	ds := handoverDrivers(t, dir)
-	a := startMultireg(t, reg, ds)
-	for _, d := range ds {
-		awaitSocket(t, d)
-		registerAndWait(t, a.sup, d)
-	}
-	before := ids(t, ds)
+	reg, ds, a, before := registeredMultireg(t)
 	changed := ds[0]
 	changed.SupportedVersions = []string{"1.0.0", "1.1.0"}
 	removed := ds[2]
@@ -186,15 +185,7 @@ func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
 // TestHandOverAbandonedResumes: a new instance that receives everything and goes without its
 // ack leaves the holder serving every socket again, registered, from where it stood.
 func TestHandOverAbandonedResumes(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	reg := filepath.Join(dir, "reg")
-	ds := handoverDrivers(t, dir)
-	a := startMultireg(t, reg, ds)
-	for _, d := range ds {
-		awaitSocket(t, d)
-		registerAndWait(t, a.sup, d)
-	}
-	before := ids(t, ds)
+	reg, ds, a, before := registeredMultireg(t)
 
 	hc, err := dialHandover(reg)
 	if err != nil {

@@ -70,29 +70,23 @@ func (s *Snapshot) Len() int {
 
 // Sockets is the number of sockets s holds.
 func (s *Snapshot) Sockets() int {
-	n := 0
-	if s == nil {
-		return 0
-	}
-	for _, h := range s.drivers {
-		for _, hs := range h.Sockets {
-			if hs.f != nil {
-				n++
-			}
-		}
-	}
-	return n
+	return s.count(func(*handedSocket) bool { return true })
 }
 
 // Alive is the number of sockets of s that are still the files at their paths.
 func (s *Snapshot) Alive() int {
-	n := 0
+	return s.count(func(hs *handedSocket) bool { return socketAt(hs.Path, hs.ID.fileID()) == nil })
+}
+
+// count is the number of sockets s holds for which ok holds.
+func (s *Snapshot) count(ok func(*handedSocket) bool) int {
 	if s == nil {
 		return 0
 	}
+	n := 0
 	for _, h := range s.drivers {
 		for _, hs := range h.Sockets {
-			if hs.f != nil && socketAt(hs.Path, hs.ID.fileID()) == nil {
+			if hs.f != nil && ok(hs) {
 				n++
 			}
 		}

@@ -91,11 +91,31 @@ func getInfo(path string) string {
 	return info.Name
 }
 
-// quiet checks that kubelet saw no handler call since events (its count then).
-func (e *env) quiet(t *testing.T, events int) {
+// stopIdle stops idle instances with SIGTERM: each exits 0.
+func stopIdle(t *testing.T, ps ...*mrproc.Process) {
 	t.Helper()
+	for _, p := range ps {
+		p.Signal(t, syscall.SIGTERM)
+		if code := p.Wait(t, exitTimeout); code != 0 {
+			t.Errorf("an idle instance exited %d on SIGTERM, want 0", code)
+		}
+	}
+}
+
+// untouched checks, a few of kubelet's reconcile passes after a hand-over, that kubelet's
+// plugin manager was not called since it had been events times, and that every socket of ds
+// is still the file it was in before, and answers.
+func (e *env) untouched(t *testing.T, ds []driver, before sockets, events int) {
+	t.Helper()
+	wait.Never(t, 3*time.Second, "kubelet to see a hand-over", func() bool { return len(e.K.Events()) != events })
 	if es := e.K.Events(); len(es) != events {
 		t.Errorf("kubelet's plugin manager was called %d times during the hand-over:%s", len(es)-events, kubelet.FormatEvents(es[events:]))
+	}
+	if m := moved(before, e.sockets(ds)); len(m) > 0 {
+		t.Errorf("sockets replaced by the hand-over: %v", m)
+	}
+	if !e.answering(ds) {
+		t.Error("a registration socket does not answer after the hand-over")
 	}
 }
 
@@ -158,17 +178,8 @@ func TestHandover(t *testing.T) {
 	// Whatever kubelet's reconciler would do, it has done within a few passes.
 	wait.Never(t, 3*time.Second, "kubelet to see the hand-over", func() bool { return len(e.K.Events()) != events })
 
-	first.Signal(t, syscall.SIGTERM)
-	if code := first.Wait(t, exitTimeout); code != 0 {
-		t.Errorf("the idle instance exited %d on SIGTERM, want 0", code)
-	}
-	e.quiet(t, events)
-	if m := moved(before, e.sockets(ds)); len(m) > 0 {
-		t.Errorf("sockets replaced by the hand-over: %v", m)
-	}
-	if !e.answering(ds) {
-		t.Error("a registration socket does not answer once the idle instance exited")
-	}
+	stopIdle(t, first)
+	e.untouched(t, ds, before, events)
 }
 
 // 2. With one driver registered differently in the new instance's file, only that driver is
@@ -283,45 +294,59 @@ func TestHandoverChain(t *testing.T) {
 	}
 	last := chain[len(chain)-1]
 	wait.For(t, registerTimeout, "every driver Registered in the last instance", func() bool { return registeredEverywhere(t, e, last, ds) })
-	for _, p := range chain[:len(chain)-1] {
-		p.Signal(t, syscall.SIGTERM)
-		if code := p.Wait(t, exitTimeout); code != 0 {
-			t.Errorf("an idle instance exited %d on SIGTERM, want 0", code)
-		}
-	}
-	wait.Never(t, 3*time.Second, "kubelet to see a hand-over", func() bool { return len(e.K.Events()) != events })
-	if m := moved(before, e.sockets(ds)); len(m) > 0 {
-		t.Errorf("sockets replaced by the hand-overs: %v", m)
-	}
-	if !e.answering(ds) {
-		t.Error("a registration socket does not answer after the chain")
-	}
+	stopIdle(t, chain[:len(chain)-1]...)
+	e.untouched(t, ds, before, events)
 }
 
-// 5. A holder that speaks another hand-over protocol version refuses: the new instance stands
-// by, ready, and takes over when the holder exits, registering every driver once more.
-func TestHandoverVersionMismatchFallsBack(t *testing.T) {
+// 5. No hand-over: the holder is the last release, which neither serves nor asks for one, or
+// speaks another hand-over protocol version and refuses. The new instance says why and stands
+// by — ready, serving no socket — and takes over when the holder exits, registering every
+// driver once more: the cost of an upgrade before hand-overs.
+func TestHandoverFallsBack(t *testing.T) {
 	t.Parallel()
-	e, ds, first := handoverFleet(t, 6, mrproc.Options{})
-	counts := e.Registrations(ds)
-	second := mrproc.StartWith(t, mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_PROTOCOL=2"}}, e.Cfg)
-	wait.For(t, registerTimeout, "the new instance to stand by", func() bool { return second.Count(msgStandby, "") == 1 })
-	if first.Count("hand-over refused; the new instance waits for this one to exit", "") != 1 {
-		t.Error("the holder did not say it refused")
+	old, err := mrproc.BinaryAt(lastRelease)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if st := second.Status(t); st.Instance.Role != "standby" || !strings.Contains(st.Instance.Detail, "versions") {
-		t.Errorf("the new instance: %+v, want standby saying why", st.Instance)
+	for _, tt := range []struct {
+		name             string
+		holder, newcomer mrproc.Options
+		why              string // in the standby's status
+	}{
+		{"last release", mrproc.Options{Bin: old}, mrproc.Options{}, "no instance answers hand-over requests"},
+		{"another protocol version", mrproc.Options{}, mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_PROTOCOL=2"}}, "versions"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e, ds, first := handoverFleet(t, 6, tt.holder)
+			counts := e.Registrations(ds)
+			second := mrproc.StartWith(t, tt.newcomer, e.Cfg)
+			wait.For(t, registerTimeout, "the new instance to stand by", func() bool {
+				return second.Count(msgNoHandover, "") == 1 && second.Count(msgStandby, "") == 1 &&
+					second.Count("another multireg holds the registration directory; waiting for it to exit", "") == 1
+			})
+			if st := second.Status(t); st.Instance.Role != "standby" || !strings.Contains(st.Instance.Detail, tt.why) {
+				t.Errorf("the new instance: %+v, want standby saying %q", st.Instance, tt.why)
+			}
+			if code, body, err := second.Get(t, "/readyz"); err != nil || code != 200 || !strings.Contains(body, "standby") {
+				t.Errorf("the standby's /readyz: %d %q %v, want 200 and standby", code, body, err)
+			}
+			wait.Never(t, 2*time.Second, "kubelet to see anything while the new instance stands by", func() bool {
+				return fmt.Sprint(e.Registrations(ds)) != fmt.Sprint(counts)
+			})
+			first.Signal(t, syscall.SIGTERM)
+			if code := first.Wait(t, exitTimeout); code != 0 {
+				t.Errorf("the holder exited %d", code)
+			}
+			wait.For(t, registerTimeout, "the standby to take over and register every driver once more", func() bool {
+				return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, second, ds) &&
+					second.Count("took over the registration directory", "") == 1
+			})
+			if second.Exited() {
+				t.Error("the new instance exited")
+			}
+		})
 	}
-	wait.Never(t, 2*time.Second, "kubelet to see anything while the new instance stands by", func() bool {
-		return fmt.Sprint(e.Registrations(ds)) != fmt.Sprint(counts)
-	})
-	first.Signal(t, syscall.SIGTERM)
-	if code := first.Wait(t, exitTimeout); code != 0 {
-		t.Errorf("the holder exited %d", code)
-	}
-	wait.For(t, registerTimeout, "the standby to take over and register every driver once more", func() bool {
-		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, second, ds)
-	})
 }
 
 // 6. A verdict kubelet owes when the hand-over happens reaches the new instance: kubelet is

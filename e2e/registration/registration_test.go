@@ -1,9 +1,7 @@
 package registration
 
 import (
-	"fmt"
 	"os"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -230,51 +228,5 @@ func TestFileInTheWayIsUntouched(t *testing.T) {
 	}
 	if e.K.Registered(blocked.Name) {
 		t.Error("the blocked driver is registered")
-	}
-}
-
-// 8. Two multireg on one directory, the first a release without hand-overs (an upgrade to
-// this one): the second stands by, ready, and takes over when the first exits, registering
-// every driver once more — the cost of an upgrade before hand-overs.
-func TestSecondInstanceWaitsAndTakesOver(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	ds := testenv.Mixed("", 3)
-	e.StartEndpoints(ds)
-	cfg := e.WriteConfig(ds)
-	old, err := mrproc.BinaryAt(lastRelease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := mrproc.StartWith(t, mrproc.Options{Bin: old}, cfg)
-	wait.For(t, registerTimeout, "registered", func() bool { return e.AllRegistered(ds) })
-
-	second := mrproc.Start(t, cfg)
-	wait.For(t, registerTimeout, "the second instance to say it waits", func() bool {
-		return second.Count("another multireg holds the registration directory; waiting for it to exit", "") == 1 &&
-			second.Count(msgNoHandover, "") == 1 && second.Count(msgStandby, "") == 1
-	})
-	if code, body, err := second.Get(t, "/readyz"); err != nil || code != 200 || !strings.Contains(body, "standby") {
-		t.Errorf("the standby's /readyz: %d %q %v, want 200 and standby", code, body, err)
-	}
-	before := e.Registrations(ds)
-	wait.Never(t, 2*time.Second, "the waiting instance touched a socket", func() bool {
-		return fmt.Sprint(e.Registrations(ds)) != fmt.Sprint(before)
-	})
-
-	first.Signal(t, syscall.SIGTERM)
-	if code := first.Wait(t, exitTimeout); code != 0 {
-		t.Fatalf("first instance exit code %d", code)
-	}
-	wait.For(t, registerTimeout, "the second instance to take over and register every driver", func() bool {
-		for _, d := range ds {
-			if e.K.Counts(d.Name).Registrations != before[d.Name]+1 || !e.K.Registered(d.Name) {
-				return false
-			}
-		}
-		return second.Count("took over the registration directory", "") == 1
-	})
-	if second.Exited() {
-		t.Error("the second instance exited")
 	}
 }
