@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,7 +26,7 @@ type multiregInstance struct {
 
 // handoverDrivers are a CSI driver, a device plugin and a DRA driver with their endpoints
 // served, registering into dir/reg.
-func handoverDrivers(t *testing.T, dir string) []config.Driver {
+func handoverDrivers(t testing.TB, dir string) []config.Driver {
 	var ds []config.Driver
 	for _, typ := range []string{config.CSIPlugin, config.DevicePlugin, config.DRAPlugin} {
 		n := fixtureDrivers[typ]
@@ -43,9 +44,14 @@ func handoverDrivers(t *testing.T, dir string) []config.Driver {
 // startMultireg takes the registration directory of ds as `multireg run` does, asking its
 // holder for a hand-over, and starts ds on a supervisor that serves what it brought. Its
 // Dir.Run serves hand-over requests until the test ends.
-func startMultireg(t *testing.T, reg string, ds []config.Driver) *multiregInstance {
+func startMultireg(t testing.TB, reg string, ds []config.Driver) *multiregInstance {
 	t.Helper()
-	log := testkit.Logger(t)
+	return startMultiregLog(t, reg, ds, testkit.Logger(t))
+}
+
+// startMultiregLog is startMultireg logging to log.
+func startMultiregLog(t testing.TB, reg string, ds []config.Driver, log *slog.Logger) *multiregInstance {
+	t.Helper()
 	cfg := &config.RegistrarConfig{RegistrationDir: reg, Drivers: ds}
 	d, snap, err := OpenDir(context.Background(), cfg, log, OpenOptions{Ask: true})
 	if err != nil {
@@ -61,6 +67,24 @@ func startMultireg(t *testing.T, reg string, ds []config.Driver) *multiregInstan
 	runUntilEnd(t, func(ctx context.Context) { in.ran <- d.Run(ctx, in.sup) })
 	t.Cleanup(func() { d.Close() })
 	return in
+}
+
+// handedOver waits for the instance's Run to return after a hand-over, and returns how many
+// sockets it kept copies of (which it closes).
+func (in *multiregInstance) handedOver(t testing.TB) int {
+	t.Helper()
+	select {
+	case err := <-in.ran:
+		ho, ok := errors.AsType[*HandedOver](err)
+		if !ok {
+			t.Fatalf("the holder's Run returned %v, want a hand-over", err)
+		}
+		defer ho.Snapshot.Close()
+		return ho.Snapshot.Sockets()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's Run did not return after the hand-over")
+	}
+	return 0
 }
 
 // registeredMultireg starts the drivers of handoverDrivers on a first multireg, registered,
@@ -79,7 +103,7 @@ func registeredMultireg(t *testing.T) (string, []config.Driver, *multiregInstanc
 }
 
 // ids returns the identity of each driver's registration socket.
-func ids(t *testing.T, ds []config.Driver) []fileID {
+func ids(t testing.TB, ds []config.Driver) []fileID {
 	var out []fileID
 	for _, d := range ds {
 		out = append(out, mustID(t, d.SocketPath))
@@ -97,17 +121,7 @@ func TestHandOverKeepsEverySocket(t *testing.T) {
 	if b.handed != len(ds) {
 		t.Fatalf("%d drivers handed over, want %d", b.handed, len(ds))
 	}
-	var ho *HandedOver
-	select {
-	case err := <-a.ran:
-		if !errors.As(err, &ho) {
-			t.Fatalf("the holder's Run returned %v, want a hand-over", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the holder's Run did not return after the hand-over")
-	}
-	defer ho.Snapshot.Close()
-	if n := ho.Snapshot.Sockets(); n != len(ds) {
+	if n := a.handedOver(t); n != len(ds) {
 		t.Errorf("the holder kept %d sockets, want %d", n, len(ds))
 	}
 	if n := len(a.sup.Status()); n != 0 {
@@ -153,7 +167,7 @@ func TestHandOverPendingVerdict(t *testing.T) {
 	if st := statusOf(b.sup, d.Name); st.Attempts != 1 || st.Results[ResultRegistered] != 1 {
 		t.Errorf("%+v, want the one attempt, registered", st)
 	}
-	<-a.ran
+	a.handedOver(t)
 }
 
 // TestHandOverChangedAndRemovedDrivers: a driver registered differently in the new instance
@@ -166,7 +180,7 @@ func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
 	removed := ds[2]
 
 	b := startMultireg(t, reg, []config.Driver{changed, ds[1]})
-	<-a.ran
+	a.handedOver(t)
 	testkit.Eventually(t, 5*time.Second, "the changed driver's new socket", func() bool {
 		id, _, err := statID(changed.SocketPath)
 		return err == nil && id != before[0]

@@ -90,7 +90,7 @@ func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Drive
 }
 
 // runSupervisor starts a supervisor and stops it, waiting for every loop, when the test ends.
-func runSupervisor(t *testing.T, opts Options) *Supervisor {
+func runSupervisor(t testing.TB, opts Options) *Supervisor {
 	t.Helper()
 	if opts.Log == nil {
 		opts.Log = testkit.Logger(t)
@@ -105,7 +105,7 @@ func runSupervisor(t *testing.T, opts Options) *Supervisor {
 
 // runUntilEnd runs run in a goroutine until the test ends: then its context is cancelled and
 // the test waits for it to return.
-func runUntilEnd(t *testing.T, run func(context.Context)) {
+func runUntilEnd(t testing.TB, run func(context.Context)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -158,7 +158,7 @@ func isSocket(path string) bool {
 	return err == nil && fi.Mode().Type() == fs.ModeSocket
 }
 
-func mustID(t *testing.T, path string) fileID {
+func mustID(t testing.TB, path string) fileID {
 	t.Helper()
 	id, _, err := statID(path)
 	if err != nil {
@@ -173,7 +173,7 @@ type kubelet struct {
 	c    registerapi.RegistrationClient
 }
 
-func dialKubelet(t *testing.T, socket string) *kubelet {
+func dialKubelet(t testing.TB, socket string) *kubelet {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -183,7 +183,7 @@ func dialKubelet(t *testing.T, socket string) *kubelet {
 	return &kubelet{conn: conn, c: registerapi.NewRegistrationClient(conn)}
 }
 
-func (k *kubelet) getInfo(t *testing.T) *registerapi.PluginInfo {
+func (k *kubelet) getInfo(t testing.TB) *registerapi.PluginInfo {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -194,7 +194,7 @@ func (k *kubelet) getInfo(t *testing.T) *registerapi.PluginInfo {
 	return info
 }
 
-func (k *kubelet) notify(t *testing.T, registered bool, msg string) {
+func (k *kubelet) notify(t testing.TB, registered bool, msg string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -204,21 +204,21 @@ func (k *kubelet) notify(t *testing.T, registered bool, msg string) {
 }
 
 // awaitSocket waits for the driver's registration socket to be published.
-func awaitSocket(t *testing.T, d config.Driver) {
+func awaitSocket(t testing.TB, d config.Driver) {
 	t.Helper()
 	testkit.Eventually(t, 5*time.Second, d.Name+"'s socket published", func() bool { return isSocket(d.SocketPath) })
 }
 
 // registerAndWait plays kubelet accepting the driver's current socket and waits until the
 // loop says Registered.
-func registerAndWait(t *testing.T, s *Supervisor, d config.Driver) {
+func registerAndWait(t testing.TB, s *Supervisor, d config.Driver) {
 	t.Helper()
 	register(t, d.SocketPath, true, "")
 	testkit.Eventually(t, 5*time.Second, d.Name+" Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
 }
 
 // register plays kubelet's part for the socket now at path: GetInfo, then the verdict.
-func register(t *testing.T, socket string, ok bool, msg string) *registerapi.PluginInfo {
+func register(t testing.TB, socket string, ok bool, msg string) *registerapi.PluginInfo {
 	t.Helper()
 	k := dialKubelet(t, socket)
 	info := k.getInfo(t)
@@ -262,7 +262,7 @@ func (n node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGe
 
 // startEndpoint serves a driver endpoint at path (creating its directory) until stopped or
 // the test ends. A non-empty csiName serves the CSI Identity service under that name.
-func startEndpoint(t *testing.T, path, csiName string) *endpoint {
+func startEndpoint(t testing.TB, path, csiName string) *endpoint {
 	t.Helper()
 	return serveEndpoint(t, path, func(srv *grpc.Server) {
 		if csiName != "" {
@@ -284,7 +284,7 @@ func startCSINode(t *testing.T, path, name, nodeID string) (e *endpoint, calls *
 }
 
 // serveEndpoint serves, at path, the services that register registers.
-func serveEndpoint(t *testing.T, path string, register func(*grpc.Server)) *endpoint {
+func serveEndpoint(t testing.TB, path string, register func(*grpc.Server)) *endpoint {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
