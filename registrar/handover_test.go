@@ -289,3 +289,49 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 	})
 	registerAndWait(t, s, d)
 }
+
+// TestHandOverHostileRequests: requests that are not a hand-over — garbage, a hello that
+// never comes, a version nobody speaks, a connection that goes at once — change nothing: the
+// holder serves every driver, its sockets untouched, and a real hand-over still works after.
+func TestHandOverHostileRequests(t *testing.T) {
+	step := handoverStep
+	handoverStep = time.Second // the silent request's wait
+	t.Cleanup(func() { handoverStep = step })
+	reg, ds, a, before := registeredMultireg(t)
+	for _, req := range []struct {
+		name string
+		send func(handoverConn) error
+	}{
+		{"garbage", func(hc handoverConn) error { _, err := hc.c.Write([]byte("GET / HTTP/1.1\r\n\r\n")); return err }},
+		{"silence", func(handoverConn) error { return nil }},
+		{"unknown version", func(hc handoverConn) error { return hc.send(&handoverMsg{Type: msgHello, MinVersion: 7, Version: 9}) }},
+		{"an ack out of turn", func(hc handoverConn) error { return hc.send(&handoverMsg{Type: msgAck, Version: 1}) }},
+	} {
+		hc, err := dialHandover(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := req.send(hc); err != nil {
+			t.Fatalf("%s: %v", req.name, err)
+		}
+		// Whatever the holder answers (a refusal, or nothing), it hands nothing over.
+		m, files, _ := hc.recv()
+		closeAll(files)
+		if len(files) > 0 || m != nil && m.Type != msgRefuse {
+			t.Errorf("%s: the holder answered %+v with %d descriptors", req.name, m, len(files))
+		}
+		hc.c.Close()
+	}
+	for _, d := range ds {
+		if st := statusOf(a.sup, d.Name); st.Phase != Registered {
+			t.Errorf("%s: %s after the hostile requests", d.Name, st.Phase)
+		}
+	}
+	if now := ids(t, ds); !slices.Equal(now, before) {
+		t.Errorf("sockets replaced: %v, were %v", now, before)
+	}
+	b := startMultireg(t, reg, ds)
+	if n := a.handedOver(t); n != len(ds) || b.sup.Adopted() != len(ds) {
+		t.Errorf("the hand-over after them: %d sockets kept, %d taken over, want %d", n, b.sup.Adopted(), len(ds))
+	}
+}
