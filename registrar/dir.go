@@ -38,7 +38,11 @@ type Dir struct {
 	// requests carries hand-over requests from the accepting goroutines to Run; wg waits for
 	// those goroutines, which end when their listener is closed (Close, or a move).
 	requests chan *net.UnixConn
-	hl       *net.UnixListener // nil when hand-overs are off or could not be listened for
+	// applied is closed once a configuration is applied (Record): only then does Run serve
+	// hand-over requests, so that a snapshot holds every driver of the file.
+	applied     chan struct{}
+	appliedOnce sync.Once
+	hl          *net.UnixListener // nil when hand-overs are off or could not be listened for
 	wg       sync.WaitGroup
 	closed   chan struct{}
 	once     sync.Once
@@ -85,7 +89,7 @@ func OpenDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger,
 	if _, err := removeOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
-	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), closed: make(chan struct{})}
+	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), applied: make(chan struct{}), closed: make(chan struct{})}
 	d.rec.log = log
 	d.listen(cfg.RegistrationDir)
 	return d, snap, nil
@@ -231,6 +235,11 @@ func (d *Dir) Move(dir string) (done func(), err error) {
 	removeTempSockets(dir, d.log)
 	return func() {
 		d.mu.Lock()
+		if d.released { // handed over meanwhile: the new directory is nobody's to keep
+			d.mu.Unlock()
+			next.release()
+			return
+		}
 		d.lock.release()
 		d.lock = next
 		d.closeListener()
@@ -243,6 +252,7 @@ func (d *Dir) Move(dir string) (done func(), err error) {
 // the directory; a write that fails is retried by Run until it succeeds. It is the reloader's
 // Options.Applied.
 func (d *Dir) Record(cfg *config.RegistrarConfig) {
+	d.appliedOnce.Do(func() { close(d.applied) })
 	d.rec.set(cfg, d.writeRecord)
 }
 
@@ -266,11 +276,16 @@ func (d *Dir) Run(ctx context.Context, h Handoff) error {
 	check := time.NewTicker(lockCheck)
 	defer check.Stop()
 	lastErr := "" // the last failure to check the lock, logged once
+	applied := d.applied
+	var requests <-chan *net.UnixConn // once a configuration is applied
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case c := <-d.requests:
+		case <-applied:
+			applied, requests = nil, d.requests
+			continue
+		case c := <-requests:
 			if h == nil {
 				c.Close()
 				continue

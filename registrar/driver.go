@@ -179,6 +179,9 @@ func (d *driver) run(ctx context.Context) {
 		kept := cur != nil && cur.at == d.at && (resume || restarted && d.keepsRegistration(ctx))
 		awaiting := !kept && pending && cur != nil && cur.at == d.at
 		restarted, resume, pending = false, false, false
+		if ctx.Err() != nil {
+			return // a look cut short by the end (a hand-over) decides nothing
+		}
 		switch {
 		case kept:
 			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
@@ -201,6 +204,9 @@ func (d *driver) run(ctx context.Context) {
 		}
 
 		end, err := d.await(ctx, p, cur, kept, ws)
+		if ctx.Err() != nil {
+			end = endStopped // a look cut short by the end decides nothing
+		}
 		if end != endEndpointRestarted && end != endEndpointMoved {
 			d.record(end)
 		}
@@ -272,6 +278,10 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 	recheck.Stop()
 	defer recheck.Stop()
 	var recheckIn time.Duration
+	// The endpoint's socket as this look knows it; d.probed stays the one the registration was
+	// made or kept with until the loop probes the endpoint again, so that a hand-over in
+	// between tells the next instance of a restart.
+	epID := d.probed
 	look := func(ev change) ending {
 		if d.spec.EndpointIsPattern() {
 			move, others := d.moved(ctx)
@@ -287,7 +297,7 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 				recheck.Reset(recheckIn)
 			}
 		}
-		if d.endpointRestarted(ev, &d.probed) {
+		if d.endpointRestarted(ev, &epID) {
 			return endEndpointRestarted
 		}
 		return endStopped

@@ -1,6 +1,9 @@
 package registrar
 
 import (
+	"encoding/json"
+	"errors"
+	"slices"
 	"fmt"
 	"log/slog"
 	"net"
@@ -116,9 +119,9 @@ func (d *Dir) sendSnapshot(hc handoverConn, snap *Snapshot, v int) (lockSent boo
 		drivers = append(drivers, hd)
 	}
 	lockF := d.lockFile()
-	for i := 0; i == 0 || i < len(drivers); i += handoverBatch {
-		batch := drivers[i:min(i+handoverBatch, len(drivers))]
-		last := i+handoverBatch >= len(drivers)
+	bs := batches(drivers)
+	for i, batch := range bs {
+		last := i == len(bs)-1
 		m := &handoverMsg{Type: msgBatch, Version: v, Drivers: batch, Last: last, Lock: last}
 		var files []*os.File
 		for _, hd := range batch {
@@ -134,10 +137,29 @@ func (d *Dir) sendSnapshot(hc handoverConn, snap *Snapshot, v int) (lockSent boo
 			return last, err
 		}
 		if !last {
-			halt(d.log, "holder", "batch")
+			halt(d.log, "holder", "batch", "drivers", len(batch))
 		}
 	}
 	return true, nil
+}
+
+// batches cuts drivers into the batches of a hand-over: at most handoverBatch drivers and about
+// maxBatchBytes of JSON each (a message on a SOCK_SEQPACKET socket must fit the socket's send
+// buffer whole), and at least one batch, which may be empty.
+func batches(drivers []*handedDriver) [][]*handedDriver {
+	var out [][]*handedDriver
+	var cur []*handedDriver
+	size := 0
+	for _, hd := range drivers {
+		b, _ := json.Marshal(hd)
+		if len(cur) > 0 && (len(cur) == handoverBatch || size+len(b) > maxBatchBytes) {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, hd)
+		size += len(b)
+	}
+	return append(out, cur)
 }
 
 // askHandover asks the holder of dir for a hand-over. On success it returns what the holder
@@ -176,6 +198,13 @@ func askHandover(dir string, log *slog.Logger) (snap *Snapshot, lock *dirLock, e
 			return nil, nil, fmt.Errorf("hand-over: unexpected %q", m.Type)
 		}
 		v = m.Version
+		if m.Last != m.Lock {
+			closeAll(files)
+			err := fmt.Errorf("hand-over batch: the lock comes with the last batch, and only then")
+			hc.send(&handoverMsg{Type: msgAbort, Reason: err.Error()})
+			snap.Close()
+			return nil, nil, err
+		}
 		if err := fill(m, files); err != nil {
 			hc.send(&handoverMsg{Type: msgAbort, Reason: err.Error()})
 			snap.Close()
@@ -185,7 +214,7 @@ func askHandover(dir string, log *slog.Logger) (snap *Snapshot, lock *dirLock, e
 			snap.add(hd)
 		}
 		if !m.Last {
-			halt(log, "new", "batch")
+			halt(log, "new", "batch", "drivers", len(m.Drivers))
 			continue
 		}
 		lockF = files[len(files)-1]
@@ -224,6 +253,10 @@ func fill(m *handoverMsg, files []*os.File) error {
 	}
 	n := 0
 	for _, hd := range m.Drivers {
+		if hd == nil || slices.Contains(hd.Sockets, nil) {
+			closeAll(files)
+			return errors.New("hand-over batch: an empty driver or socket")
+		}
 		n += len(hd.Sockets)
 	}
 	if len(files) != want || n != m.Sockets {

@@ -63,13 +63,21 @@ var (
 	// handoverStep bounds each read of a hand-over: a peer that does not answer within it has
 	// failed (variable, so that tests can shorten it).
 	handoverStep = 5 * time.Second
-	// handoverBatch is how many drivers one batch carries: at most two descriptors each, well
-	// under the kernel's 253 per message, and a few hundred bytes of JSON each.
+	// handoverBatch is how many drivers one batch carries at most: two descriptors each, well
+	// under the kernel's 253 per message.
 	handoverBatch = 64
 )
 
-// maxHandoverMessage bounds one message: a batch of handoverBatch drivers is far smaller.
-const maxHandoverMessage = 1 << 20
+const (
+	// maxBatchBytes bounds a batch's JSON, far below the default send buffer of a unix socket
+	// (net.core.wmem_default, 208 KiB), which a SOCK_SEQPACKET message must fit whole. A
+	// driver's part is a few KiB at most (maxHandedError).
+	maxBatchBytes = 64 << 10
+	// maxHandoverMessage bounds what a reader accepts.
+	maxHandoverMessage = 1 << 20
+	// maxHandedError bounds the last error a driver's status carries over.
+	maxHandedError = 4 << 10
+)
 
 // handoverMsg is one message of a hand-over.
 type handoverMsg struct {
@@ -318,11 +326,11 @@ func pickVersion(peerLo, peerHi int) int {
 // halt stops a hand-over at a named step for tests that kill a side there: the environment
 // variable MULTIREG_TEST_HANDOVER_HALT names "<side>:<step>" (side holder or new). The process
 // logs it and blocks until killed. Nothing else reads the variable.
-func halt(log *slog.Logger, side, step string) {
+func halt(log *slog.Logger, side, step string, args ...any) {
 	if os.Getenv("MULTIREG_TEST_HANDOVER_HALT") != side+":"+step {
 		return
 	}
-	log.Warn("hand-over halted for a test", "side", side, "step", step)
+	log.Warn("hand-over halted for a test", append([]any{"side", side, "step", step}, args...)...)
 	select {}
 }
 

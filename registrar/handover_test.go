@@ -2,13 +2,17 @@ package registrar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/testkit"
@@ -64,6 +68,7 @@ func startMultiregLog(t testing.TB, reg string, ds []config.Driver, log *slog.Lo
 		in.sup.Start(dr)
 	}
 	in.sup.DropInherited()
+	d.Record(cfg) // applied: hand-over requests are served from now on
 	runUntilEnd(t, func(ctx context.Context) { in.ran <- d.Run(ctx, in.sup) })
 	t.Cleanup(func() { d.Close() })
 	return in
@@ -333,5 +338,70 @@ func TestHandOverHostileRequests(t *testing.T) {
 	b := startMultireg(t, reg, ds)
 	if n := a.handedOver(t); n != len(ds) || b.sup.Adopted() != len(ds) {
 		t.Errorf("the hand-over after them: %d sockets kept, %d taken over, want %d", n, b.sup.Adopted(), len(ds))
+	}
+}
+
+// TestDetachTakesALateVerdict: a verdict that reaches the loop as it stops for a hand-over is
+// not lost: a registration is handed over as such, and a rejection retires the socket and
+// hands over the backoff, as the loop would have.
+func TestDetachTakesALateVerdict(t *testing.T) {
+	for _, registered := range []bool{true, false} {
+		t.Run(fmt.Sprint("registered=", registered), func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			spec := handoverDrivers(t, dir)[1] // the device plugin
+			d := newDriver(spec, testkit.Logger(t), nil, false)
+			g, err := d.publish(spec.SocketPath, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.notify(verdict{gen: g.gen, registered: registered, msg: "no"})
+			h := d.detach(g)
+			defer h.close()
+			st := h.Status
+			if registered {
+				if len(h.Sockets) != 1 || !h.Sockets[0].Registered || st.Phase != Registered || st.Results[ResultRegistered] != 1 {
+					t.Errorf("handed %+v with %+v, want the socket registered", st, h.Sockets)
+				}
+				return
+			}
+			if len(h.Sockets) != 0 || isSocket(spec.SocketPath) {
+				t.Errorf("the rejected socket is handed over or still there: %+v", h.Sockets)
+			}
+			if st.Phase != BackingOff || st.Failures != 1 || st.NextAttempt.IsZero() || h.Failures != 1 {
+				t.Errorf("handed %+v (backoff failures %d), want BackingOff after one failure", st, h.Failures)
+			}
+		})
+	}
+}
+
+// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and handoverBatch drivers,
+// whatever the drivers' last errors, so that each fits one SOCK_SEQPACKET message.
+func TestBatchesFitAMessage(t *testing.T) {
+	long := strings.Repeat("kubelet rejected the registration: é ", 2000) // 76 KB
+	var ds []*handedDriver
+	for i := range 300 {
+		d := testDriver("/r", fmt.Sprintf("d%d.example.com", i), config.CSIPlugin, "/e/csi.sock")
+		st := handedStatus(DriverStatus{Name: d.Name, LastError: long[:i*250]})
+		ds = append(ds, &handedDriver{Spec: d, Status: st})
+	}
+	n := 0
+	for _, b := range batches(ds) {
+		raw, err := json.Marshal(&handoverMsg{Type: msgBatch, Version: 1, Drivers: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) == 0 || len(b) > handoverBatch || len(raw) > maxBatchBytes+1024 {
+			t.Errorf("a batch of %d drivers, %d bytes", len(b), len(raw))
+		}
+		n += len(b)
+	}
+	if n != len(ds) {
+		t.Errorf("%d drivers in the batches, want %d", n, len(ds))
+	}
+	if got := handedStatus(DriverStatus{LastError: long}).LastError; len(got) > maxHandedError+len("…") || !utf8.ValidString(got) {
+		t.Errorf("a last error of %d bytes handed over as %d bytes (valid UTF-8: %v)", len(long), len(got), utf8.ValidString(got))
+	}
+	if b := batches(nil); len(b) != 1 || len(b[0]) != 0 {
+		t.Errorf("no driver: %d batches, want one empty batch (it carries the lock)", len(b))
 	}
 }

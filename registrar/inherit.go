@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -24,12 +26,35 @@ type adoption struct {
 // the kernel queues kubelet's connections until the next instance accepts them. A socket that
 // cannot be copied is left as it is, and the next instance publishes its own over it.
 func (d *driver) detach(cur *generation) *handedDriver {
+	// A copy of each listening socket first: it keeps the socket open when the server closes
+	// its own. Then the servers stop: no verdict comes after that.
+	files := map[*generation]*os.File{}
+	for _, g := range []*generation{d.prev, cur} {
+		if g == nil {
+			continue
+		}
+		f, err := g.l.File()
+		g.stop()
+		if err != nil {
+			d.log.Warn("cannot hand over the registration socket; the next instance publishes its own", "socket", g.path, "err", err)
+			continue
+		}
+		files[g] = f
+	}
+	if cur != nil {
+		if v := d.takeVerdict(); v != nil && v.gen == cur.gen && d.lateVerdict(cur, v) == nil {
+			if f := files[cur]; f != nil {
+				f.Close()
+			}
+			delete(files, cur)
+		}
+	}
 	h := &handedDriver{
 		Spec:          d.spec,
 		Endpoint:      d.at.endpoint,
 		LocalEndpoint: d.at.local,
 		EndpointID:    toWire(d.probed),
-		Status:        d.status(),
+		Status:        handedStatus(d.status()),
 		Timeout:       d.p.timeout,
 		Failures:      d.p.failures,
 	}
@@ -37,13 +62,8 @@ func (d *driver) detach(cur *generation) *handedDriver {
 		h.NodeInfo, _ = proto.Marshal(d.nodeInfo)
 	}
 	for _, g := range []*generation{d.prev, cur} {
-		if g == nil {
-			continue
-		}
-		f, err := g.l.File() // a copy: it keeps the socket open when the server closes its own
-		g.stop()
-		if err != nil {
-			d.log.Warn("cannot hand over the registration socket; the next instance publishes its own", "socket", g.path, "err", err)
+		f := files[g]
+		if g == nil || f == nil {
 			continue
 		}
 		h.Sockets = append(h.Sockets, &handedSocket{
@@ -60,6 +80,39 @@ func (d *driver) detach(cur *generation) *handedDriver {
 	}
 	d.prev = nil
 	return h
+}
+
+// handedStatus is st as a hand-over carries it: its last error cut to maxHandedError bytes.
+func handedStatus(st DriverStatus) DriverStatus {
+	if len(st.LastError) > maxHandedError {
+		st.LastError = strings.ToValidUTF8(st.LastError[:maxHandedError], "") + "…"
+	}
+	return st
+}
+
+// lateVerdict takes a verdict on g that came as the loop stopped for a hand-over, as the loop
+// would have: a registration is recorded (and a CSI driver's NodeGetInfo with it); a rejection
+// retires g and plans the next attempt after the backoff. It returns what is left to hand
+// over: g, or nil.
+func (d *driver) lateVerdict(g *generation, v *verdict) *generation {
+	if v.registered {
+		g.registered = true
+		d.p.registered()
+		d.record(endRegistered)
+		d.update(Registered, "", time.Time{})
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		defer cancel()
+		d.nodeInfo = d.recordNodeInfo(ctx)
+		return g
+	}
+	d.record(endRejected)
+	d.retire(g)
+	wait := d.p.wait()
+	d.mu.Lock()
+	d.st.Failures++
+	d.mu.Unlock()
+	d.update(BackingOff, "kubelet rejected the registration: "+v.msg, time.Now().Add(wait))
+	return nil
 }
 
 // inherit makes the loop, before it runs, go on from h: it serves h's sockets at once, and
@@ -154,8 +207,11 @@ func (d *driver) adoptFlags(a *adoption, cur *generation, epID fileID) (resume, 
 	switch {
 	case cur == nil || cur != a.cur:
 		return false, false, false
-	case !cur.registered:
+	case !cur.registered && (!d.spec.WaitForEndpoint || a.epID == (fileID{}) || epID == a.epID):
 		return false, false, true
+	case !cur.registered:
+		d.reregister("why", "the driver restarted during the hand-over")
+		return false, false, false
 	case cur.at != d.at:
 		return d.spec.Handover(), false, false // a newer instance of the endpoint answers
 	case !d.spec.WaitForEndpoint || a.epID == (fileID{}) || epID == a.epID:

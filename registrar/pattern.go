@@ -91,6 +91,10 @@ func (d *driver) lookTarget(ctx context.Context) (fileID, error, error) {
 	if len(ms) == 0 {
 		return fileID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
 	}
+	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.spec.Handover() {
+		// Stay with the target while it answers: a move costs a re-registration.
+		ms[0], ms[i] = ms[i], ms[0]
+	}
 	var errs []error
 	for _, m := range ms {
 		err := d.probeAt(ctx, m.target)
@@ -241,6 +245,9 @@ func (d *driver) other(path string) string {
 // has registered g: the previous generation when its endpoint is gone, and a socket an earlier
 // run left in the other path that no one serves.
 func (d *driver) settleHandover(ctx context.Context, g *generation) {
+	if ctx.Err() != nil {
+		return // no look can tell whether the old instance is gone
+	}
 	if d.prev == nil {
 		if d.spec.AltSocketPath != "" {
 			d.removeStale(d.other(g.path))

@@ -107,6 +107,8 @@ func (d *driver) keepsRegistration(ctx context.Context) bool {
 	}
 	info, err := nodeInfo(ctx, d.at.local)
 	switch {
+	case ctx.Err() != nil:
+		return true // the loop ends (a hand-over): the next instance decides
 	case err != nil:
 		d.reregister("err", err)
 	case !sameNodeInfo(d.nodeInfo, info):

@@ -205,8 +205,13 @@ func (s *Supervisor) DropInherited() {
 	s.mu.Lock()
 	snap := s.inherited
 	s.inherited = nil
+	done := s.ctx.Err() != nil
 	s.mu.Unlock()
 	if snap == nil {
+		return
+	}
+	if done { // handed over or stopped: the sockets are not this supervisor's to remove
+		snap.Close()
 		return
 	}
 	for _, h := range snap.drivers {
