@@ -43,9 +43,9 @@ type Dir struct {
 	applied     chan struct{}
 	appliedOnce sync.Once
 	hl          *net.UnixListener // nil when hand-overs are off or could not be listened for
-	wg       sync.WaitGroup
-	closed   chan struct{}
-	once     sync.Once
+	wg          sync.WaitGroup
+	closed      chan struct{}
+	once        sync.Once
 }
 
 // OpenOptions say how OpenDir takes the directory.

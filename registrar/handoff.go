@@ -3,11 +3,11 @@ package registrar
 import (
 	"encoding/json"
 	"errors"
-	"slices"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"time"
 )
 
