@@ -326,6 +326,8 @@ func rolloutRestart(t *testing.T, env *dsEnv, pod corev1.Pod) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("  the old pod's log:\n%s\n  the new pod's log:\n%s",
+		strings.Join(linesWith(r.oldLog, "hand", msgStopped), "\n"), strings.Join(linesWith(newLog, "took over", "serving the registration directory"), "\n"))
 	if !strings.Contains(newLog, msgTookOver) || strings.Contains(newLog, msgStandby) {
 		t.Errorf("the new pod %s's log does not say it took over (%q) without standing by:\n%s", r.pod.Name, msgTookOver, newLog)
 	}

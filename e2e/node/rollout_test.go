@@ -248,6 +248,17 @@ func pluginManagerEvents(t *testing.T, offset int64, names ...string) map[string
 	return out
 }
 
+// linesWith returns the lines of a log that hold any of msgs.
+func linesWith(log string, msgs ...string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if slices.ContainsFunc(msgs, func(m string) bool { return strings.Contains(l, m) }) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // count returns how many lines hold msg.
 func count(lines []string, msg string) int {
 	n := 0

@@ -82,6 +82,8 @@ func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 	figures = append(figures, line, fmt.Sprintf("upgrade from %s (standby): longest CSINode absence %s; %s allocatable short for %s; kubelet's plugin manager deregistrations/registrations: %s",
 		version, longest.Round(time.Millisecond), gadget, r.short.total.Round(time.Millisecond), strings.Join(registered, ", ")))
 
+	t.Logf("  the new pod's log:\n%s", strings.Join(linesWith(newLog, "hand-over", "standing by", "took over", "serving the registration directory"), "\n"))
+
 	// Today's cost, once: each driver registered once more on a fresh socket, each CSI driver
 	// out of CSINode once, for kubelet's re-registration of a recreated socket (a reconcile
 	// pass or two).
