@@ -85,6 +85,7 @@ var chartCases = []struct {
 	{"the examples' drivers", "values-drivers.yaml", expectations{root: kubeletRoot}},
 	{"k3s", "values-k3s.yaml", expectations{root: k3sKubeletDir}},
 	{"roll on config change", "values-roll.yaml", expectations{root: kubeletRoot, rollOnConfigChange: true}},
+	{"old pod first", "values-old-pod-first.yaml", expectations{root: kubeletRoot, noSurge: true}},
 }
 
 // TestChartRender renders the chart with each set of values and checks every document: strict
@@ -188,6 +189,10 @@ func TestChartRejects(t *testing.T) {
 		{"bad pull policy", "image: {repository: x, pullPolicy: Sometimes}\n", "at '/image/pullPolicy'"},
 		{"port out of range", "httpPort: 70000\n", "at '/httpPort'"},
 		{"drivers not a list", "drivers: {name: x}\n", "at '/drivers': got object, want array"},
+		{"misspelt maxSurge", "updateStrategy: {type: RollingUpdate, rollingUpdate: {maxsurge: 0}}\n", "additional properties 'maxsurge' not allowed"},
+		{"negative maxSurge", "updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: -1}}\n", "at '/updateStrategy/rollingUpdate/maxSurge'"},
+		{"maxUnavailable not a percentage", "updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: half}}\n", "at '/updateStrategy/rollingUpdate/maxUnavailable'"},
+		{"surge in percent", "updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 10%}}\n", ""},
 		{
 			"endpoint outside the k3s root",
 			"kubeletDir: " + k3sKubeletDir + "\n" + driver(""),

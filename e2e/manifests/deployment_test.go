@@ -97,6 +97,10 @@ func under(p, dir string) bool {
 type expectations struct {
 	root               string // every host path lies under it
 	rollOnConfigChange bool   // the pod template carries checksum/config
+	// noSurge: the documented alternative update strategy, old pod first (maxUnavailable 1,
+	// maxSurge 0). Otherwise the shipped one: new pod first (maxSurge 1, maxUnavailable 0),
+	// which hands the sockets over.
+	noSurge bool
 }
 
 // problems checks the deployment against the contract of DESIGN.md and the issue that shipped
@@ -260,7 +264,7 @@ func (d *deployment) problems(want expectations) []string {
 		}
 	}
 	if spec.HostNetwork {
-		add("hostNetwork: multireg needs only host-path sockets, and its port would collide with node agents")
+		add("hostNetwork: multireg needs only host-path sockets, and its port would collide with node agents (and, during a surge, with the other multireg pod of the node)")
 	}
 	if spec.PriorityClassName != criticalPriority {
 		add("priorityClassName %q; want %s", spec.PriorityClassName, criticalPriority)
@@ -275,10 +279,26 @@ func (d *deployment) problems(want expectations) []string {
 		add("resources %+v: want cpu and memory requests and a memory limit", r)
 	}
 
-	// Rolling update: no surge (the new pod would wait for the old one's lock, never Ready).
-	if s := d.ds.Spec.UpdateStrategy; s.Type == appsv1.RollingUpdateDaemonSetStrategyType && s.RollingUpdate != nil &&
-		s.RollingUpdate.MaxSurge != nil && s.RollingUpdate.MaxSurge.String() != "0" && s.RollingUpdate.MaxSurge.String() != "0%" {
-		add("updateStrategy maxSurge %s: the new pod waits for the old one's lock and never gets Ready, so the old one is never removed", s.RollingUpdate.MaxSurge.String())
+	// Rolling update: new pod first, so that the old one hands its sockets over (or, the
+	// documented alternative, old pod first). During a surge two pods of the DaemonSet run on
+	// a node: nothing of theirs but the host directories may collide.
+	surge, unavailable := rollingUpdate(d.ds.Spec.UpdateStrategy)
+	wantSurge, wantUnavailable := "1", "0"
+	if want.noSurge {
+		wantSurge, wantUnavailable = "0", "1"
+	}
+	if s := d.ds.Spec.UpdateStrategy; s.Type != appsv1.RollingUpdateDaemonSetStrategyType || surge != wantSurge || unavailable != wantUnavailable {
+		add("updateStrategy %s maxSurge %s maxUnavailable %s; want RollingUpdate maxSurge %s maxUnavailable %s (new pod first: the old one hands its sockets over)",
+			s.Type, surge, unavailable, wantSurge, wantUnavailable)
+	}
+	if surge != "0" && surge != "0%" {
+		for _, c := range spec.Containers {
+			for _, p := range c.Ports {
+				if p.HostPort != 0 {
+					add("container %s port %d: hostPort %d with maxSurge %s: the new pod cannot be scheduled beside the old one, which holds the host port, and the rollout stops", c.Name, p.ContainerPort, p.HostPort, surge)
+				}
+			}
+		}
 	}
 	if _, ok := d.ds.Spec.Template.Annotations[checksumConfig]; ok != want.rollOnConfigChange {
 		add("pod annotation %s present: %v; want %v (a ConfigMap edit must not restart multireg unless asked)", checksumConfig, ok, want.rollOnConfigChange)
@@ -290,6 +310,21 @@ func (d *deployment) problems(want expectations) []string {
 		add("selector %v does not select the pod labels %v", d.ds.Spec.Selector, d.ds.Spec.Template.Labels)
 	}
 	return probs
+}
+
+// rollingUpdate returns a DaemonSet's maxSurge and maxUnavailable, with the API server's
+// defaults for those not set (0 and 1).
+func rollingUpdate(s appsv1.DaemonSetUpdateStrategy) (maxSurge, maxUnavailable string) {
+	maxSurge, maxUnavailable = "0", "1"
+	if r := s.RollingUpdate; r != nil {
+		if r.MaxSurge != nil {
+			maxSurge = r.MaxSurge.String()
+		}
+		if r.MaxUnavailable != nil {
+			maxUnavailable = r.MaxUnavailable.String()
+		}
+	}
+	return maxSurge, maxUnavailable
 }
 
 // containerPort resolves a probe's port (a number or a port name) to a port number.

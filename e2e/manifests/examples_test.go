@@ -195,6 +195,11 @@ func TestDeploymentChecksFail(t *testing.T) {
 		}
 		t.Fatalf("no argument %s…", prefix)
 	}
+	// The documented alternative to the surge: old pod first.
+	oldPodFirst := func(ds *appsv1.DaemonSet, _ *corev1.Container) {
+		zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
+		ds.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateDaemonSet{MaxSurge: &zero, MaxUnavailable: &one}
+	}
 	tests := []struct {
 		name   string
 		break_ func(ds *appsv1.DaemonSet, c *corev1.Container)
@@ -210,10 +215,17 @@ func TestDeploymentChecksFail(t *testing.T) {
 		{"plugins at another path", func(_ *appsv1.DaemonSet, c *corev1.Container) { mount(c, "plugins-dir").MountPath = "/host/plugins" }, expectations{}, "endpoint /var/lib/kubelet/plugins/csi-nfsplugin/csi.sock: not under any host directory"},
 		{"registry read-only", func(_ *appsv1.DaemonSet, c *corev1.Container) { mount(c, "registration-dir").ReadOnly = true }, expectations{}, "read-only"},
 		{"another kubelet root", func(*appsv1.DaemonSet, *corev1.Container) {}, expectations{root: "/var/lib/rancher/k3s/agent/kubelet"}, "not under the kubelet root"},
-		{"surge", func(ds *appsv1.DaemonSet, _ *corev1.Container) {
+		{"old pod first, not asked for", oldPodFirst, expectations{}, "maxSurge 0 maxUnavailable 1; want RollingUpdate maxSurge 1 maxUnavailable 0"},
+		{"old pod first, as documented", oldPodFirst, expectations{noSurge: true}, ""},
+		{"surge and unavailable", func(ds *appsv1.DaemonSet, _ *corev1.Container) {
 			one := intstr.FromInt32(1)
-			ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge = &one
-		}, expectations{}, "maxSurge 1"},
+			ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable = &one
+		}, expectations{}, "maxSurge 1 maxUnavailable 1; want"},
+		{"API server's defaults", func(ds *appsv1.DaemonSet, _ *corev1.Container) { ds.Spec.UpdateStrategy.RollingUpdate = nil }, expectations{}, "maxSurge 0 maxUnavailable 1; want"},
+		{"on delete", func(ds *appsv1.DaemonSet, _ *corev1.Container) {
+			ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+		}, expectations{}, "updateStrategy OnDelete"},
+		{"host port with surge", func(_ *appsv1.DaemonSet, c *corev1.Container) { c.Ports[0].HostPort = 9809 }, expectations{}, "hostPort 9809 with maxSurge 1"},
 		{"loopback endpoint", func(_ *appsv1.DaemonSet, c *corev1.Container) {
 			setArg(c, "--http-endpoint", "--http-endpoint=127.0.0.1:9809")
 		}, expectations{}, "pod IP"},

@@ -72,24 +72,40 @@ func (m *hostMultireg) status(ctx context.Context) (map[string]driverStatus, err
 	return statusAt(ctx, "http://"+m.addr+"/status")
 }
 
+// instanceStatus is the "instance" of multireg's /status: its role (starting, serving,
+// standby, idle) and, serving, how many sockets its predecessor handed over.
+type instanceStatus struct {
+	Role      string `json:"role"`
+	Detail    string `json:"detail"`
+	Inherited int    `json:"inherited"`
+}
+
 func statusAt(ctx context.Context, url string) (map[string]driverStatus, error) {
+	_, drivers, err := statusDocAt(ctx, url)
+	return drivers, err
+}
+
+// statusDocAt returns the instance and the drivers of the /status at url. (A release before
+// hand-overs has no instance: its role is "".)
+func statusDocAt(ctx context.Context, url string) (instanceStatus, map[string]driverStatus, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return instanceStatus{}, nil, err
 	}
 	defer resp.Body.Close()
 	var doc struct {
-		Drivers []driverStatus `json:"drivers"`
+		Instance instanceStatus `json:"instance"`
+		Drivers  []driverStatus `json:"drivers"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", url, err)
+		return instanceStatus{}, nil, fmt.Errorf("%s: %w", url, err)
 	}
 	out := map[string]driverStatus{}
 	for _, d := range doc.Drivers {
 		out[d.Name] = d
 	}
-	return out, nil
+	return doc.Instance, out, nil
 }
 
 // registrations returns multireg's count of registrations kubelet accepted, per driver

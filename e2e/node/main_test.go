@@ -28,13 +28,18 @@ var (
 	kubeBin     = flag.String("kube-bin", "", "directory of the Kubernetes binaries (build-kube.sh)")
 	thirdparty  = flag.String("thirdparty-bin", "", "directory of the third-party plugins (build-thirdparty.sh)")
 	multiregBin = flag.String("multireg", "", "the multireg binary users get (hack/build-binary.sh): run on the host and put in the image")
+	releaseBin  = flag.String("release-multireg", "", "the multireg binary of a release without hand-overs (build-release.sh): the upgrade scenario starts from its image")
 	examplesDir = flag.String("examples", "../../examples", "the shipped examples/ directory (DaemonSet and kustomization)")
 	workDir     = flag.String("dir", "", "the cluster's directory: short, empty (default: a new one in /tmp)")
 )
 
-// The multireg image's reference, as containerd's CRI plugin knows it after `ctr images
-// import` (the pause image's is images.PauseRef).
-const multiregRef = "docker.io/multireg/multireg:e2e"
+// The multireg images' references, as containerd's CRI plugin knows them after `ctr images
+// import` (the pause image's is images.PauseRef): the binary under test, and the release
+// without hand-overs that the upgrade scenario starts from.
+const (
+	multiregRef = "docker.io/multireg/multireg:e2e"
+	releaseRef  = "docker.io/multireg/multireg:e2e-release"
+)
 
 // The cluster every scenario runs on, brought up once by TestMain.
 var cl *cluster.Cluster
@@ -45,8 +50,8 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) (code int) {
-	if *kubeBin == "" || *thirdparty == "" || *multiregBin == "" {
-		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin, -thirdparty-bin and -multireg are required; run it with `make e2e-node` from the repository root")
+	if *kubeBin == "" || *thirdparty == "" || *multiregBin == "" || *releaseBin == "" {
+		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin, -thirdparty-bin, -multireg and -release-multireg are required; run it with `make e2e-node` from the repository root")
 		return 2
 	}
 	if os.Geteuid() != 0 {
@@ -79,7 +84,7 @@ func runMain(m *testing.M) (code int) {
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 	var tarballs []string
-	if err := timed("images (pause, multireg)", func() error {
+	if err := timed("images (pause, multireg, release)", func() error {
 		var err error
 		tarballs, err = buildImages(ctx, filepath.Join(dir, "images"))
 		return err
@@ -148,13 +153,16 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 		return nil, err
 	}
 	// The binary users get, as the Dockerfile installs it (there on a distroless base, here
-	// alone: multireg needs no file of the base image).
-	mr := images.Image{Ref: multiregRef, Files: []images.File{{Path: "/multireg", Source: *multiregBin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"}
-	tar := filepath.Join(dir, "multireg.tar")
-	if err := mr.WriteTarball(tar); err != nil {
-		return nil, err
+	// alone: multireg needs no file of the base image); and the release, alike.
+	tars := []string{pause}
+	for _, im := range []struct{ ref, bin, file string }{{multiregRef, *multiregBin, "multireg.tar"}, {releaseRef, *releaseBin, "release.tar"}} {
+		mr := images.Image{Ref: im.ref, Files: []images.File{{Path: "/multireg", Source: im.bin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"}
+		tar := filepath.Join(dir, im.file)
+		if err := mr.WriteTarball(tar); err != nil {
+			return nil, err
+		}
+		tars = append(tars, tar)
 	}
-	tars := []string{pause, tar}
 	return tars, nil
 }
 

@@ -67,7 +67,8 @@ var (
 
 // TestNode runs the scenarios in order on the one cluster: multireg on the host registering
 // every kind of plugin (1), a rejection by kubelet's CSI handler (2), a kubelet restart (3), a
-// driver removed and put back (4); then the shipped DaemonSet (5).
+// driver removed and put back (4); then the shipped DaemonSet (5) and an upgrade to this build
+// from a release without hand-overs (5b).
 func TestNode(t *testing.T) {
 	dir := tempDir(t)
 	config := filepath.Join(dir, "config.yaml")
@@ -131,7 +132,9 @@ func TestNode(t *testing.T) {
 		}
 		return len(drivers) == 0, fmt.Sprint(drivers)
 	})
-	scenario(t, "5-daemonset-as-shipped", scenarioDaemonSet)
+	env := newDSEnv(t)
+	_ = scenario(t, "5-daemonset-as-shipped", func(t *testing.T) { scenarioDaemonSet(t, env) }) &&
+		scenario(t, "5b-upgrade-from-a-release-without-hand-over", func(t *testing.T) { scenarioUpgradeFromRelease(t, env) })
 }
 
 // 1. Every kind of plugin registered by multireg reaches kubelet's real handler: CSINode
