@@ -97,7 +97,7 @@ func (d *Dir) handOver(c *net.UnixConn, h Handoff) error {
 		h.Release()
 		took := time.Since(start)
 		log.Info("handed over the registration directory; this instance serves nothing now and exits on SIGTERM",
-			"drivers", snap.Len(), "sockets", snap.Sockets(), "took", took.Round(time.Millisecond))
+			"drivers", snap.Len(), "sockets", snap.Sockets(), "took", took.Round(time.Millisecond).String())
 		return &HandedOver{Snapshot: snap, Took: took}
 	}
 	log.Warn("hand-over failed", "err", err)
