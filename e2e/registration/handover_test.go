@@ -370,7 +370,7 @@ func TestHandoverPendingVerdict(t *testing.T) {
 	e := newEnv(t)
 	d := driver{Name: "slow.csi.example.com", Type: "CSIPlugin"}
 	e.StartEndpoint(d)
-	e.K.SetRegisterDelay(d.Name, 3*time.Second)
+	e.K.SetRegisterDelay(d.Name, 8*time.Second) // ample for a second process to start on a loaded machine
 	cfg := e.WriteConfig([]driver{d})
 	first := mrproc.Start(t, cfg)
 	wait.For(t, registerTimeout, "kubelet to ask GetInfo", func() bool { return first.Count("kubelet called GetInfo", d.Name) == 1 })
