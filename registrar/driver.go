@@ -38,6 +38,8 @@ type driver struct {
 	// guard, if set, must pass before a socket is published: the process still holds the
 	// registration directory.
 	guard func() error
+	// slots bound the calls to endpoints in flight across the supervisor's loops.
+	slots probeSlots
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 

@@ -118,7 +118,7 @@ func (d *driver) lookTarget(ctx context.Context) (fileID, error, error) {
 func (d *driver) probeAt(ctx context.Context, t target) error {
 	spec := d.spec
 	spec.Endpoint, spec.LocalEndpoint = t.endpoint, t.local
-	return d.probe(ctx, spec)
+	return d.slots.do(ctx, func() error { return d.probe(ctx, spec) })
 }
 
 // setTarget makes t the endpoint the loop registers, and the one its status shows.

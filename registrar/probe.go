@@ -18,6 +18,34 @@ import (
 // probeTimeout bounds one endpoint probe: a hung endpoint is not ready.
 const probeTimeout = 2 * time.Second
 
+// maxProbes bounds the calls to drivers' endpoints in flight at once, across every loop of a
+// supervisor: each holds a gRPC client, its connection and its buffers, and 1000 drivers
+// probed at once at start-up cost tens of MiB for a moment that the runtime gives back only
+// slowly. A call's own timeout starts once it has its slot, so that a hung endpoint holds one
+// slot for at most probeTimeout and delays no other driver for longer.
+const maxProbes = 32
+
+// probeSlots are the slots of a supervisor's endpoint calls (maxProbes); nil: no bound.
+type probeSlots chan struct{}
+
+// do runs call once a slot is free, or returns ctx's error when ctx ends first.
+func (s probeSlots) do(ctx context.Context, call func() error) error {
+	if s == nil {
+		return call()
+	}
+	select {
+	case s <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s }()
+	// On a goroutine of its own, which ends with it: a call's deep stack (gRPC's client) would
+	// otherwise stay with the loop's goroutine, which lives as long as its driver.
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	return <-done
+}
+
 // nameMismatchError is a CSI driver that answers under another name than the configured one.
 type nameMismatchError struct {
 	endpoint, got, want string

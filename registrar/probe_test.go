@@ -6,6 +6,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,5 +100,37 @@ func TestHungEndpointProbedConcurrently(t *testing.T) {
 			t.Fatalf("the hung probe ended before the other driver published: %v", err)
 		}
 		break
+	}
+}
+
+// TestProbeSlotsBound: no more calls run at once than there are slots; a call waiting for one
+// gives up when its context ends; each call runs whole once it has its slot.
+func TestProbeSlotsBound(t *testing.T) {
+	slots := make(probeSlots, 2)
+	release := make(chan struct{})
+	var running, most atomic.Int32
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			slots.do(context.Background(), func() error {
+				n := running.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				<-release
+				running.Add(-1)
+				return nil
+			})
+		})
+	}
+	testkit.Eventually(t, 5*time.Second, "two calls running", func() bool { return running.Load() == 2 })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := slots.do(ctx, func() error { t.Error("a call ran without a slot"); return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("a call waiting for a slot when its context ended: %v", err)
+	}
+	close(release)
+	wg.Wait()
+	if m := most.Load(); m != 2 {
+		t.Errorf("%d calls ran at once, want 2", m)
 	}
 }

@@ -65,6 +65,15 @@ func nodeInfo(ctx context.Context, endpoint string) (*csi.NodeGetInfoResponse, e
 	return info, nil
 }
 
+// askNodeInfo asks the driver NodeGetInfo, in one of the supervisor's probe slots.
+func (d *driver) askNodeInfo(ctx context.Context) (info *csi.NodeGetInfoResponse, err error) {
+	err = d.slots.do(ctx, func() error {
+		info, err = nodeInfo(ctx, d.at.local)
+		return err
+	})
+	return info, err
+}
+
 // sameNodeInfo reports whether two NodeGetInfo answers tell kubelet the same: node ID, max
 // volumes per node and accessible topology.
 func sameNodeInfo(a, b *csi.NodeGetInfoResponse) bool {
@@ -87,7 +96,7 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 	if !nodeInfoTracked(d.spec) {
 		return nil
 	}
-	info, err := nodeInfo(ctx, d.at.local)
+	info, err := d.askNodeInfo(ctx)
 	if err != nil {
 		d.log.Warn("NodeGetInfo failed; the driver's next restart registers it again", "err", err)
 		return nil
@@ -105,7 +114,7 @@ func (d *driver) keepsRegistration(ctx context.Context) bool {
 		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", d.at.local)
 		return true
 	}
-	info, err := nodeInfo(ctx, d.at.local)
+	info, err := d.askNodeInfo(ctx)
 	switch {
 	case ctx.Err() != nil:
 		return true // the loop ends (a hand-over): the next instance decides

@@ -33,6 +33,7 @@ type Supervisor struct {
 	cleanup bool
 	guard   func() error
 	w       *watcher
+	slots   probeSlots
 
 	ctx    context.Context // parent of every loop; ends when Run returns
 	cancel context.CancelCauseFunc
@@ -70,7 +71,7 @@ func New(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
+	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, slots: make(probeSlots, maxProbes), ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
@@ -104,7 +105,7 @@ func (s *Supervisor) start(d config.Driver, hd *handedDriver) {
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
-	h.d.guard = s.guard
+	h.d.guard, h.d.slots = s.guard, s.slots
 	s.running[d.Name] = h
 	s.mu.Unlock()
 	switch {
