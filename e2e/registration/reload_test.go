@@ -181,6 +181,8 @@ func TestReloadTouchDoesNothing(t *testing.T) {
 	cm := e.newConfigMap()
 	ds := testenv.Mixed("", 6)
 	p := e.startAll(cm, ds)
+	// multireg's last start-up step: the burst's memory returned, and said so.
+	wait.For(t, registerTimeout, "the start-up to be over", func() bool { return p.Count("start-up over: its memory is returned to the system", "") == 1 })
 	content := e.ConfigContent(ds)
 	events, logs := len(e.K.Events()), len(p.Records())
 	data, err := filepath.EvalSymlinks(cm.path())
