@@ -69,7 +69,7 @@ drivers:
 			old:  diffBase,
 			new: diffBase + `registrationDir: /var/lib/kubelet/plugins_registry
 defaults:
-  backoff: {initialInterval: 1s, maxInterval: 2m, multiplier: 2, randomizationFactor: 0.2}
+  backoff: {initialInterval: 500ms, maxInterval: 2m, multiplier: 2, randomizationFactor: 0.2}
   registrationTimeout: 2m
   waitForEndpoint: true
 `,

@@ -206,7 +206,7 @@ func TestMinimalResolves(t *testing.T) {
 			SocketName:        "nfs.csi.k8s.io-reg.sock",
 			SocketPath:        "/var/lib/kubelet/plugins_registry/nfs.csi.k8s.io-reg.sock",
 			Backoff: Backoff{
-				InitialInterval:     time.Second,
+				InitialInterval:     500 * time.Millisecond,
 				MaxInterval:         2 * time.Minute,
 				Multiplier:          2,
 				RandomizationFactor: 0.2,
