@@ -176,7 +176,9 @@ func (d *Dir) let() {
 
 // retake, after a hand-over that failed once the lock's descriptor was passed, lets go of
 // this process's copy and locks the directory anew: nobody can tell whether the new instance
-// still holds the lock. It reports whether this process holds the directory again.
+// still holds the lock. It reports whether this process holds the directory again. In the
+// moment between, a third instance waiting for the lock may take it: it then serves, with one
+// re-registration of each driver (never two instances serve: this one then stands by).
 func (d *Dir) retake() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
