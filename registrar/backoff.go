@@ -85,20 +85,25 @@ func (p *pacing) wait() time.Duration {
 // timeout in force, within the bounds this policy allows, and the backoff's failures.
 func (p *pacing) resume(timeout time.Duration, failures int) {
 	if p.base > 0 && timeout >= p.base {
-		limit := time.Duration(math.MaxInt64)
-		if p.base <= limit/maxTimeoutFactor {
-			limit = p.base * maxTimeoutFactor
-		}
-		p.timeout = min(timeout, limit)
+		p.timeout = min(timeout, p.maxTimeout())
 	}
 	for range min(failures, 64) {
 		p.wait()
 	}
 }
 
+// maxTimeout is the longest timeout the policy allows: maxTimeoutFactor times the configured
+// one, or centuries.
+func (p *pacing) maxTimeout() time.Duration {
+	if p.base > math.MaxInt64/maxTimeoutFactor {
+		return math.MaxInt64
+	}
+	return p.base * maxTimeoutFactor
+}
+
 // timedOut grows the timeout for the next attempt and returns it.
 func (p *pacing) timedOut() time.Duration {
-	grown := min(float64(p.timeout)*p.factor, float64(p.base)*maxTimeoutFactor)
+	grown := min(float64(p.timeout)*p.factor, float64(p.maxTimeout()))
 	if grown >= math.MaxInt64 {
 		p.timeout = math.MaxInt64 // a configured timeout of centuries
 	} else {

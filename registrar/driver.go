@@ -121,7 +121,6 @@ func (d *driver) run(ctx context.Context) {
 	// registering, reset when kubelet accepts. A long outage of the endpoint must not make
 	// the first registration failure after it wait the longest interval.
 	probeB := newBackoff(d.spec.Backoff)
-	p := d.p
 	ws := d.subscribe()
 	defer ws.close()
 	ep := ws.ep
@@ -194,7 +193,7 @@ func (d *driver) run(ctx context.Context) {
 			g, err := d.publish(d.slot(cur), cur)
 			if err != nil {
 				d.record(endPublishFailed)
-				if !d.backOff(ctx, p, fmt.Errorf("publish socket: %w", err), ws) {
+				if !d.backOff(ctx, fmt.Errorf("publish socket: %w", err), ws) {
 					return
 				}
 				continue
@@ -205,7 +204,7 @@ func (d *driver) run(ctx context.Context) {
 			cur = g
 		}
 
-		end, err := d.await(ctx, p, cur, kept, ws)
+		end, err := d.await(ctx, cur, kept, ws)
 		if ctx.Err() != nil {
 			end = endStopped // a look cut short by the end decides nothing
 		}
@@ -218,7 +217,7 @@ func (d *driver) run(ctx context.Context) {
 		case endRejected, endTimeout:
 			d.retire(cur)
 			cur = nil
-			if !d.backOff(ctx, p, err, ws) {
+			if !d.backOff(ctx, err, ws) {
 				return
 			}
 		case endSocketRemoved:
@@ -263,7 +262,8 @@ func (d *driver) run(ctx context.Context) {
 // removed or replaced, or the endpoint, probed as d.probed, restarted or (a pattern) moved. It
 // returns endStopped when ctx ends. A generation kubelet has already registered (registered)
 // has no timeout.
-func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered bool, ws watches) (ending, error) {
+func (d *driver) await(ctx context.Context, g *generation, registered bool, ws watches) (ending, error) {
+	p := d.p
 	var timeout <-chan time.Time
 	if p.timeout > 0 && !registered {
 		t := time.NewTimer(p.timeout)
@@ -315,17 +315,10 @@ func (d *driver) await(ctx context.Context, p *pacing, g *generation, registered
 			switch v := d.takeVerdict(); {
 			case v == nil:
 			case !v.registered:
-				return endRejected, errors.New("kubelet rejected the registration: " + v.msg)
+				return endRejected, v.rejection()
 			default:
 				timeout = nil
-				g.registered = true
-				p.registered()
-				d.record(endRegistered)
-				d.update(Registered, "", time.Time{})
-				// What kubelet has just learnt from the driver, for the comparison after a
-				// restart (restart.go). Asked only now: a call before kubelet's own would be one
-				// more for the driver to answer, and could take a failure meant for kubelet.
-				d.nodeInfo = d.recordNodeInfo(ctx)
+				d.accepted(ctx, g)
 				d.settleHandover(ctx, g)
 			}
 		case <-timeout:
@@ -514,13 +507,8 @@ func (d *driver) takeVerdict() *verdict {
 // backOff records a failure, waits for the next backoff interval and reports whether the
 // loop goes on. When something that is not ours blocks a registration socket's path (err holds
 // a notSocketError or a servedError), the wait also ends once it is gone: ws watches the path.
-func (d *driver) backOff(ctx context.Context, p *pacing, err error, ws watches) bool {
-	wait := p.wait()
-	d.mu.Lock()
-	d.st.Failures++
-	d.mu.Unlock()
-	d.update(BackingOff, err.Error(), time.Now().Add(wait))
-	d.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
+func (d *driver) backOff(ctx context.Context, err error, ws watches) bool {
+	wait := d.failed(err)
 	if ns, blocked := errors.AsType[*notSocketError](err); blocked {
 		return d.sleepBlocked(ctx, wait, ws.of(ns.path), ns.path, func() bool { return pathClear(ns.path) })
 	}
@@ -534,6 +522,30 @@ func (d *driver) backOff(ctx context.Context, p *pacing, err error, ws watches) 
 		return false
 	})
 	return ok
+}
+
+// accepted records that kubelet registered g.
+func (d *driver) accepted(ctx context.Context, g *generation) {
+	g.registered = true
+	d.p.registered()
+	d.record(endRegistered)
+	d.update(Registered, "", time.Time{})
+	// What kubelet has just learnt from the driver, for the comparison after a restart
+	// (restart.go). Asked only now: a call before kubelet's own would be one more for the
+	// driver to answer, and could take a failure meant for kubelet.
+	d.nodeInfo = d.recordNodeInfo(ctx)
+}
+
+// failed records a failed attempt, err, and returns the wait before the next one, which the
+// status shows.
+func (d *driver) failed(err error) time.Duration {
+	wait := d.p.wait()
+	d.mu.Lock()
+	d.st.Failures++
+	d.mu.Unlock()
+	d.update(BackingOff, err.Error(), time.Now().Add(wait))
+	d.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
+	return wait
 }
 
 // sleepBlocked waits for wait to pass or, watching a registration socket's path through sock,

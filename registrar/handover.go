@@ -251,35 +251,14 @@ func sameUser(c *net.UnixConn) error {
 
 // listenHandover listens for hand-over requests at dir's HandoverName, replacing what an
 // earlier holder left there: only the holder of the directory's lock calls it. The socket is
-// created under a hidden temporary name, restricted to 0600 and renamed into place, so that it
-// never accepts connections with a wider mode. It is not unlinked when closed: by then a new
-// holder may have put its own there.
+// published as a registration socket is (publish): 0600 from the moment it has its name, and
+// not unlinked when closed, since by then a new holder may have put its own there.
 func listenHandover(dir string) (*net.UnixListener, error) {
-	tmp := filepath.Join(dir, tempSocketName())
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
+	l, _, err := publishAs("unixpacket", filepath.Join(dir, HandoverName))
 	if err != nil {
 		return nil, fmt.Errorf("listen for hand-overs: %w", err)
 	}
-	l.SetUnlinkOnClose(false)
-	path := filepath.Join(dir, HandoverName)
-	if err := os.Chmod(tmp, 0o600); err == nil {
-		err = renameOverSocket(tmp, path)
-		if err == nil {
-			return l, nil
-		}
-	}
-	l.Close()
-	os.Remove(tmp)
-	return nil, fmt.Errorf("listen for hand-overs at %s: %w", path, err)
-}
-
-// renameOverSocket renames tmp onto path, replacing a socket there but nothing else.
-func renameOverSocket(tmp, path string) error {
-	exists, err := checkSocketOrMissing(path)
-	if err != nil {
-		return err
-	}
-	return renameOnto(tmp, path, exists)
+	return l, nil
 }
 
 // dialHandover connects to the holder of dir. It fails at once when no holder listens (an

@@ -96,22 +96,12 @@ func handedStatus(st DriverStatus) DriverStatus {
 // over: g, or nil.
 func (d *driver) lateVerdict(g *generation, v *verdict) *generation {
 	if v.registered {
-		g.registered = true
-		d.p.registered()
-		d.record(endRegistered)
-		d.update(Registered, "", time.Time{})
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		defer cancel()
-		d.nodeInfo = d.recordNodeInfo(ctx)
+		d.accepted(context.Background(), g) // the loop's context has ended; the call has its own timeout
 		return g
 	}
 	d.record(endRejected)
 	d.retire(g)
-	wait := d.p.wait()
-	d.mu.Lock()
-	d.st.Failures++
-	d.mu.Unlock()
-	d.update(BackingOff, "kubelet rejected the registration: "+v.msg, time.Now().Add(wait))
+	d.failed(v.rejection())
 	return nil
 }
 

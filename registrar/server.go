@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,11 @@ type verdict struct {
 	gen        uint64
 	registered bool
 	msg        string
+}
+
+// rejection is a rejecting verdict as the loop reports it.
+func (v *verdict) rejection() error {
+	return errors.New("kubelet rejected the registration: " + v.msg)
 }
 
 // registrationServer serves kubelet's Registration API on one socket generation. GetInfo is

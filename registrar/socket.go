@@ -170,6 +170,12 @@ func ensureDir(dir string) error {
 // The listener does not unlink its path when closed: another generation's socket may have
 // been renamed over it by then. Sockets are removed explicitly with removeIfOurs.
 func publish(path string) (*net.UnixListener, fileID, error) {
+	return publishAs("unix", path)
+}
+
+// publishAs is publish for a unix socket of network ("unix", or "unixpacket" for the
+// hand-over socket).
+func publishAs(network, path string) (*net.UnixListener, fileID, error) {
 	dir := filepath.Dir(path)
 	if err := ensureDir(dir); err != nil {
 		return nil, fileID{}, err
@@ -179,7 +185,7 @@ func publish(path string) (*net.UnixListener, fileID, error) {
 		return nil, fileID{}, err
 	}
 	tmp := filepath.Join(dir, tempSocketName())
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	l, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
 	if err != nil {
 		return nil, fileID{}, fmt.Errorf("listen: %w", err)
 	}

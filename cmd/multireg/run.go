@@ -123,7 +123,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			got.Close()
 			dir.Close()
 			r.in.set(roleIdle, "the instance this one handed over to has ended, and its sockets are gone: nothing to take back")
-			r.log.Info("the successor ended and removed its sockets; staying idle until SIGTERM")
+			r.log.Info("the successor ended, and none of the sockets handed over is still at its path; staying idle until SIGTERM")
 			<-ctx.Done()
 			return nil
 		}
