@@ -40,6 +40,8 @@ type driver struct {
 	guard func() error
 	// slots bound the calls to endpoints in flight across the supervisor's loops.
 	slots probeSlots
+	// hub serves the loop's sockets, with the supervisor's other loops'.
+	hub *hub
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
@@ -431,6 +433,13 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 	if err == nil {
 		l, id, err = publish(path)
 	}
+	var g *generation
+	if err == nil {
+		if g, err = d.serveOn(l, path, id, gen, d.at, false); err != nil {
+			l.Close()
+			_, _ = removeIfOurs(path, id)
+		}
+	}
 	if err != nil {
 		// An older socket may still serve (a driver restart): its verdicts count again.
 		d.mu.Lock()
@@ -440,7 +449,6 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		d.mu.Unlock()
 		return nil, err
 	}
-	g := d.serveOn(l, path, id, gen, d.at, false)
 	d.setSocket(path)
 	d.update(Serving, "", time.Time{})
 	d.log.Debug("registration socket published", "socket", path, "endpoint", d.at.endpoint, "generation", gen)
@@ -451,7 +459,7 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 // path (identity id), telling kubelet the endpoint of t. With anyConn, the first verdict on
 // any connection counts: kubelet asked GetInfo of another instance (a hand-over), and its
 // verdict comes on a connection of its own.
-func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, anyConn bool) *generation {
+func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, anyConn bool) (*generation, error) {
 	rs := &registrationServer{
 		gen: gen,
 		info: &registerapi.PluginInfo{
@@ -467,9 +475,12 @@ func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64
 		},
 	}
 	rs.anyConn.Store(anyConn)
-	g := serve(l, path, id, rs)
+	g, err := serve(d.hub, l, path, id, rs)
+	if err != nil {
+		return nil, err
+	}
 	g.at = t
-	return g
+	return g, nil
 }
 
 // checkGuard runs the guard, if any.

@@ -350,6 +350,12 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			spec := handoverDrivers(t, dir)[1] // the device plugin
 			d := newDriver(spec, testkit.Logger(t), nil, false)
+			hub, err := newHub(testkit.Logger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hub.close()
+			d.hub = hub
 			g, err := d.publish(spec.SocketPath, nil)
 			if err != nil {
 				t.Fatal(err)

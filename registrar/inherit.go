@@ -184,7 +184,11 @@ func (d *driver) adoptSocket(hs *handedSocket) (*generation, error) {
 	}
 	l.SetUnlinkOnClose(false)
 	t := target{endpoint: hs.Endpoint, local: hs.LocalEndpoint}
-	g := d.serveOn(l, hs.Path, id, hs.Generation, t, hs.AwaitsVerdict)
+	g, err := d.serveOn(l, hs.Path, id, hs.Generation, t, hs.AwaitsVerdict)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
 	g.registered = hs.Registered
 	return g, nil
 }

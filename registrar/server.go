@@ -3,9 +3,11 @@ package registrar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -112,7 +114,9 @@ func (s *registrationServer) HandleRPC(context.Context, stats.RPCStats) {}
 // connIDs numbers connections across every server of the process.
 var connIDs atomic.Uint64
 
-// generation is one published registration socket and the gRPC server on it.
+// generation is one published registration socket and the gRPC server on it. The server has
+// no accept loop of its own: the supervisor's hub accepts the socket's connections and gives
+// each to the server.
 type generation struct {
 	gen  uint64
 	path string
@@ -121,24 +125,28 @@ type generation struct {
 	registered bool
 	id         fileID
 	l          *net.UnixListener
+	raw        syscall.RawConn // l's descriptor, for the hub
 	rs         *registrationServer
 	srv        *grpc.Server
-	done       chan struct{} // closed when Serve has returned
+	hub        *hub
 	once       sync.Once
 }
 
-// serve starts a gRPC server for rs on l. No idle or age limits: kubelet keeps one
-// connection open from GetInfo to NotifyRegistrationStatus, and the plugin's registration in
-// between may take minutes.
-func serve(l *net.UnixListener, path string, id fileID, rs *registrationServer) *generation {
+// serve serves rs on l, the listening socket at path, through h. No idle or age limits:
+// kubelet keeps one connection open from GetInfo to NotifyRegistrationStatus, and the
+// plugin's registration in between may take minutes.
+func serve(h *hub, l *net.UnixListener, path string, id fileID, rs *registrationServer) (*generation, error) {
 	rs.asked = map[uint64]bool{}
-	g := &generation{gen: rs.gen, path: path, id: id, l: l, rs: rs, srv: grpc.NewServer(serverOptions(rs)...), done: make(chan struct{})}
+	raw, err := l.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
+	}
+	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h, srv: grpc.NewServer(serverOptions(rs)...)}
 	registerapi.RegisterRegistrationServer(g.srv, rs)
-	go func() {
-		defer close(g.done)
-		_ = g.srv.Serve(l) // returns when stop closes the listener
-	}()
-	return g
+	if err := h.add(g); err != nil {
+		return nil, err
+	}
+	return g, nil
 }
 
 // serverOptions are a registration server's. kubelet's calls carry a few hundred bytes, so
@@ -157,10 +165,13 @@ func serverOptions(rs *registrationServer) []grpc.ServerOption {
 // the NotifyRegistrationStatus that made the loop stop it must reach kubelet.
 const stopGrace = time.Second
 
-// stop closes the listener, lets calls in flight finish (for at most stopGrace), closes every
-// connection and waits for the server to finish. The socket file stays. It is idempotent.
+// stop stops accepting connections and closes the listener, lets calls in flight finish (for
+// at most stopGrace) and closes every connection: once it has returned, no call of kubelet's
+// reaches rs. The socket file stays. It is idempotent.
 func (g *generation) stop() {
 	g.once.Do(func() {
+		g.hub.remove(g)
+		_ = g.l.Close()
 		graceful := make(chan struct{})
 		go func() {
 			defer close(graceful)
@@ -175,5 +186,4 @@ func (g *generation) stop() {
 			<-graceful
 		}
 	})
-	<-g.done
 }

@@ -33,6 +33,7 @@ type Supervisor struct {
 	cleanup bool
 	guard   func() error
 	w       *watcher
+	hub     *hub
 	slots   probeSlots
 
 	ctx    context.Context // parent of every loop; ends when Run returns
@@ -70,8 +71,13 @@ func New(opts Options) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
+	h, err := newHub(log)
+	if err != nil {
+		w.fs.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, slots: make(probeSlots, maxProbes), ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
+	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probeSlots, maxProbes), ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
@@ -105,7 +111,7 @@ func (s *Supervisor) start(d config.Driver, hd *handedDriver) {
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
-	h.d.guard, h.d.slots = s.guard, s.slots
+	h.d.guard, h.d.slots, h.d.hub = s.guard, s.slots, s.hub
 	s.running[d.Name] = h
 	s.mu.Unlock()
 	switch {
@@ -181,6 +187,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.hub.close()
 	stopWatcher()
 	<-watcherDone
 	return nil

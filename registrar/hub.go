@@ -1,0 +1,244 @@
+package registrar
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// hub accepts the connections of every registration socket of a supervisor in one loop, and
+// gives each to its generation's gRPC server. A server's own accept loop (grpc.Server.Serve)
+// would park a goroutine in Accept for each socket, with its stack, for as long as the socket
+// lives: 1000 drivers, 1000 goroutines doing nothing.
+//
+// The loop waits on an epoll instance that holds every listening socket, itself waited on
+// through Go's poller, so no thread blocks in it. Each connection is served by a call of
+// Serve on a listener that yields just it: the call returns at once, and the server goes on
+// serving the connection until it or the server closes. So a generation's server stops as
+// before (generation.stop), the hub being told first to forget its socket.
+type hub struct {
+	log  *slog.Logger
+	ep   *os.File // the epoll instance
+	epRC syscall.RawConn
+
+	mu      sync.Mutex
+	socks   map[int32]*generation // by listening descriptor
+	started bool
+	closed  bool
+
+	quit   chan struct{}  // closed by close
+	done   chan struct{}  // closed when the loop has returned
+	serves sync.WaitGroup // the Serve calls
+}
+
+// newHub returns a hub that serves nothing yet; its loop starts with the first socket. close
+// stops it.
+func newHub(log *slog.Logger) (*hub, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("epoll_create1", err)
+	}
+	// Non-blocking, so that os.NewFile puts it in Go's poller: an epoll instance is readable
+	// when one of its sockets is.
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, os.NewSyscallError("setnonblock", err)
+	}
+	ep := os.NewFile(uintptr(fd), "epoll")
+	rc, err := ep.SyscallConn()
+	if err != nil {
+		ep.Close()
+		return nil, err
+	}
+	return &hub{log: log, ep: ep, epRC: rc, socks: map[int32]*generation{}, quit: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// add accepts g's connections from now on.
+func (h *hub) add(g *generation) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return fmt.Errorf("serve the registration socket %s: the process is stopping", g.path)
+	}
+	var err error
+	if cerr := g.raw.Control(func(fd uintptr) {
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
+		if err = syscall.EpollCtl(int(h.ep.Fd()), syscall.EPOLL_CTL_ADD, int(fd), &ev); err == nil {
+			h.socks[int32(fd)] = g
+		}
+	}); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("serve the registration socket %s: epoll_ctl: %w", g.path, err)
+	}
+	if !h.started {
+		h.started = true
+		go func() {
+			defer close(h.done)
+			h.run()
+		}()
+	}
+	return nil
+}
+
+// remove stops accepting g's connections; connections already accepted stay its server's.
+// The caller closes the socket after it: the epoll instance must forget it first, because a
+// copy of the socket (a hand-over's) would keep it, and its events, alive in the instance.
+func (h *hub) remove(g *generation) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_ = g.raw.Control(func(fd uintptr) {
+		if h.socks[int32(fd)] == g {
+			delete(h.socks, int32(fd))
+			_ = syscall.EpollCtl(int(h.ep.Fd()), syscall.EPOLL_CTL_DEL, int(fd), nil)
+		}
+	})
+}
+
+// close stops the loop and waits for it and for the Serve calls it made. Every generation
+// should have stopped before: their servers own the connections.
+func (h *hub) close() {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.closed = true
+	started := h.started
+	h.mu.Unlock()
+	close(h.quit)
+	h.ep.Close() // ends the loop's wait
+	if started {
+		<-h.done
+	}
+	h.serves.Wait()
+}
+
+// run accepts connections until the epoll instance is closed. An accept that fails for want
+// of descriptors or memory is retried after a pause, as gRPC's own loop does, instead of
+// spinning on a socket that stays readable.
+func (h *hub) run() {
+	events := make([]syscall.EpollEvent, 64)
+	var pause time.Duration
+	for {
+		var n int
+		var werr error
+		err := h.epRC.Read(func(fd uintptr) bool {
+			n, werr = syscall.EpollWait(int(fd), events, 0)
+			return n > 0 || (werr != nil && werr != syscall.EINTR)
+		})
+		if err != nil {
+			return // closed
+		}
+		if werr != nil {
+			h.log.Error("waiting for kubelet's connections failed; no registration socket answers", "err", os.NewSyscallError("epoll_wait", werr))
+			return
+		}
+		failed := false
+		for _, ev := range events[:n] {
+			if err := h.acceptOn(ev.Fd); err != nil {
+				failed = true
+				if pause == 0 {
+					h.log.Warn("cannot accept kubelet's connection; retrying", "err", err)
+				}
+			}
+		}
+		if !failed {
+			pause = 0
+			continue
+		}
+		pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+		if !h.wait(pause) {
+			return
+		}
+	}
+}
+
+// wait pauses the loop for d; false when the hub closed meanwhile.
+func (h *hub) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-h.quit:
+		return false
+	}
+}
+
+// acceptOn accepts every connection waiting on the listening socket fd and serves each.
+func (h *hub) acceptOn(fd int32) error {
+	h.mu.Lock()
+	g := h.socks[fd]
+	h.mu.Unlock()
+	if g == nil {
+		return nil // removed since epoll_wait
+	}
+	for {
+		var nfd int
+		var err error
+		// Control holds the socket open: a stop closing it meanwhile waits, or makes this fail.
+		if cerr := g.raw.Control(func(fd uintptr) {
+			nfd, _, err = syscall.Accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		}); cerr != nil {
+			return nil
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EINTR):
+			return nil
+		default:
+			return os.NewSyscallError("accept4", err)
+		}
+		f := os.NewFile(uintptr(nfd), g.path)
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		// Serve returns as soon as the listener has no second connection; it blocks longer
+		// only while the server stops, hence a goroutine.
+		h.serves.Go(func() { _ = g.srv.Serve(&oneConn{c: c, addr: c.LocalAddr()}) })
+	}
+}
+
+// oneConn is a listener that yields one connection, then fails: Serve returns, and the server
+// keeps the connection.
+type oneConn struct {
+	addr net.Addr
+	mu   sync.Mutex
+	c    net.Conn // until Accept takes it
+}
+
+// errServed ends a Serve call whose connection was taken.
+var errServed = errors.New("connection handed to the server")
+
+func (o *oneConn) Accept() (net.Conn, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := o.c
+	o.c = nil
+	if c == nil {
+		return nil, errServed
+	}
+	return c, nil
+}
+
+// Close closes the connection if the server never took it (it had stopped).
+func (o *oneConn) Close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.c != nil {
+		o.c.Close()
+		o.c = nil
+	}
+	return nil
+}
+
+func (o *oneConn) Addr() net.Addr { return o.addr }
