@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -118,72 +119,114 @@ const (
 // run is the loop: wait for the endpoint, publish a socket, wait for kubelet's verdict or an
 // event, and on failure back off and start again, until ctx ends. It returns only when
 // everything it started has stopped.
+//
+// Its state is a loop, on the heap, and each step is a call that returns before the next: the
+// loop spends most of its life in await, and the runtime shrinks an idle goroutine's stack to
+// what it holds there. With every step's locals on it, each of 1000 drivers would hold 8 KiB
+// or more instead of 4.
 func (d *driver) run(ctx context.Context) {
-	// Two curves of the same policy: waiting for the endpoint, reset when it answers, and
-	// registering, reset when kubelet accepts. A long outage of the endpoint must not make
-	// the first registration failure after it wait the longest interval.
-	probeB := newBackoff(d.spec.Backoff)
-	ws := d.subscribe()
-	defer ws.close()
-	ep := ws.ep
-
-	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
-	a := d.adopted
-	d.adopted = nil
-	var cur *generation
-	if a != nil {
-		cur = a.cur
-	}
-	defer func() { d.shutdown(context.Cause(ctx), cur) }()
-	if a != nil && !a.resumeAt.IsZero() && !d.sleepUntilResume(ctx, a.resumeAt, ws) {
+	l := d.newLoop(ctx)
+	defer l.end()
+	if !l.begin() {
 		return
 	}
+	for l.prepare() {
+		end, err := d.await(ctx, l.cur, l.kept, l.ws)
+		if !l.after(end, err) {
+			return
+		}
+	}
+}
+
+// loop is the state of a driver's loop between its steps.
+type loop struct {
+	d   *driver
+	ctx context.Context
+	// Two curves of the same policy: waiting for the endpoint (probeB), reset when it answers,
+	// and registering (d.p), reset when kubelet accepts. A long outage of the endpoint must not
+	// make the first registration failure after it wait the longest interval.
+	probeB *backoff.ExponentialBackOff
+	ws     watches
+	a      *adoption // what a hand-over gave the loop, until the endpoint answers
+
+	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
+	cur *generation
 	// restarted: the endpoint of a driver whose cur is registered was created anew, and its
 	// type may keep the registration (restart.go); once it answers, keepsRegistration decides.
-	restarted := false
+	restarted bool
 	// resume: a handover's new instance went before kubelet registered it; cur is again the
 	// generation kubelet holds, and is kept if its endpoint is still the one to register.
 	// Also a registered socket a hand-over gave the loop.
-	resume := false
+	resume bool
 	// pending: a socket a hand-over gave the loop awaits kubelet's verdict: the loop waits for
 	// it, with the registration timeout, rather than publish another.
-	pending := false
+	pending bool
+	// kept: cur is registered already (kept rather than published); await gives it no timeout.
+	kept bool
+}
 
+func (d *driver) newLoop(ctx context.Context) *loop {
+	l := &loop{d: d, ctx: ctx, probeB: newBackoff(d.spec.Backoff), ws: d.subscribe(), a: d.adopted}
+	d.adopted = nil
+	if l.a != nil {
+		l.cur = l.a.cur
+	}
+	return l
+}
+
+// end stops what the loop started (shutdown), then its watches.
+func (l *loop) end() {
+	l.d.shutdown(context.Cause(l.ctx), l.cur)
+	l.ws.close()
+}
+
+// begin waits, for a backing-off driver a hand-over gave the loop, until the next attempt the
+// other instance had planned. It reports false when the loop ends first.
+func (l *loop) begin() bool {
+	a := l.a
+	return a == nil || a.resumeAt.IsZero() || l.d.sleepUntilResume(l.ctx, a.resumeAt, l.ws)
+}
+
+// prepare waits for the endpoint, then keeps cur or publishes a new generation, backing off
+// while publishing fails. It reports false when the loop ends.
+func (l *loop) prepare() bool {
+	d, ctx := l.d, l.ctx
 	for {
-		epID, err := d.readyEndpoint(ctx, probeB, ep, cur)
+		epID, err := d.readyEndpoint(ctx, l.probeB, l.ws.ep, l.cur)
 		if _, mismatch := errors.AsType[*nameMismatchError](err); mismatch {
 			// The driver restarted under another name: kubelet must not keep it.
-			if restarted {
+			if l.restarted {
 				d.reregister()
-				restarted = false
+				l.restarted = false
 			}
 			d.log.Warn("driver reports another name; its registration is withdrawn", "err", err)
-			d.retire(cur)
-			cur = nil
-			epID, err = d.readyEndpoint(ctx, probeB, ep, nil)
+			d.retire(l.cur)
+			l.cur = nil
+			epID, err = d.readyEndpoint(ctx, l.probeB, l.ws.ep, nil)
 		}
 		if err != nil {
-			return // ctx ended
+			return false // ctx ended
 		}
 		d.probed = epID
-		if a != nil {
-			resume, restarted, pending = d.adoptFlags(a, cur, epID)
-			a = nil
+		if l.a != nil {
+			l.resume, l.restarted, l.pending = d.adoptFlags(l.a, l.cur, epID)
+			l.a = nil
 		}
 
-		if cur == nil && d.prev != nil && d.prev.at == d.at {
+		if l.cur == nil && d.prev != nil && d.prev.at == d.at {
 			// The new instance's attempt failed and it went: the old one is the one to register,
 			// and kubelet holds it already (a second socket for it would be refused).
-			cur, resume = d.resume(), true
+			l.cur, l.resume = d.resume(), true
 		}
-		if resume && cur.at != d.at && d.prev == nil {
-			d.prev, cur = cur, nil // a newer instance answers: hand over to it
+		if l.resume && l.cur.at != d.at && d.prev == nil {
+			d.prev, l.cur = l.cur, nil // a newer instance answers: hand over to it
 		}
-		kept := cur != nil && cur.at == d.at && (resume || restarted && d.keepsRegistration(ctx))
-		awaiting := !kept && pending && cur != nil && cur.at == d.at
-		restarted, resume, pending = false, false, false
+		cur := l.cur
+		kept := cur != nil && cur.at == d.at && (l.resume || l.restarted && d.keepsRegistration(ctx))
+		awaiting := !kept && l.pending && cur != nil && cur.at == d.at
+		l.restarted, l.resume, l.pending = false, false, false
 		if ctx.Err() != nil {
-			return // a look cut short by the end (a hand-over) decides nothing
+			return false // a look cut short by the end (a hand-over) decides nothing
 		}
 		switch {
 		case kept:
@@ -195,118 +238,91 @@ func (d *driver) run(ctx context.Context) {
 			g, err := d.publish(d.slot(cur), cur)
 			if err != nil {
 				d.record(endPublishFailed)
-				if !d.backOff(ctx, fmt.Errorf("publish socket: %w", err), ws) {
-					return
+				if !d.backOff(ctx, fmt.Errorf("publish socket: %w", err), l.ws) {
+					return false
 				}
 				continue
 			}
 			if cur != nil {
 				cur.stop() // its file was just replaced by g's
 			}
-			cur = g
+			l.cur = g
 		}
+		l.kept = kept
+		return true
+	}
+}
 
-		end, err := d.await(ctx, cur, kept, ws)
-		if ctx.Err() != nil {
-			end = endStopped // a look cut short by the end decides nothing
+// after acts on how await ended. It reports false when the loop ends.
+func (l *loop) after(end ending, err error) bool {
+	d, ctx := l.d, l.ctx
+	if ctx.Err() != nil {
+		end = endStopped // a look cut short by the end decides nothing
+	}
+	if end != endEndpointRestarted && end != endEndpointMoved {
+		d.record(end)
+	}
+	cur := l.cur
+	switch end {
+	case endStopped:
+		return false
+	case endRejected, endTimeout:
+		d.retire(cur)
+		l.cur = nil
+		if !d.backOff(ctx, err, l.ws) {
+			return false
 		}
-		if end != endEndpointRestarted && end != endEndpointMoved {
-			d.record(end)
+	case endSocketRemoved:
+		// Recreate at once: the socket was removed or replaced by someone else.
+		cur.stop()
+		l.cur = nil
+		d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
+	case endEndpointRestarted:
+		// Keep serving the old socket while the driver comes up again; a new socket, if
+		// the driver needs one, is renamed over it.
+		if l.restarted = d.keepsOnRestart(cur); !l.restarted {
+			d.reregister()
 		}
-		switch end {
-		case endStopped:
-			return
-		case endRejected, endTimeout:
+	case endEndpointMoved:
+		switch {
+		case !d.spec.Handover():
+			d.reregister("why", "the endpoint moved")
+		case d.prev != nil && (!cur.registered || d.gone(ctx, cur.at)):
+			// The instance being registered went, or a newer one came, before kubelet
+			// registered it; or the new instance went while the old one runs: go back to the
+			// old registration, which kubelet holds and whose instance answers.
 			d.retire(cur)
-			cur = nil
-			if !d.backOff(ctx, err, ws) {
-				return
+			l.cur = d.resume()
+			l.resume = true
+		case cur.registered:
+			// kubelet holds cur: the registration stays with it until the new instance's is
+			// made. An older one still kept is no longer needed.
+			if d.prev != nil {
+				d.retire(d.prev)
 			}
-		case endSocketRemoved:
-			// Recreate at once: the socket was removed or replaced by someone else.
-			cur.stop()
-			cur = nil
-			d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
-		case endEndpointRestarted:
-			// Keep serving the old socket while the driver comes up again; a new socket, if
-			// the driver needs one, is renamed over it.
-			if restarted = d.keepsOnRestart(cur); !restarted {
-				d.reregister()
-			}
-		case endEndpointMoved:
-			switch {
-			case !d.spec.Handover():
-				d.reregister("why", "the endpoint moved")
-			case d.prev != nil && (!cur.registered || d.gone(ctx, cur.at)):
-				// The instance being registered went, or a newer one came, before kubelet
-				// registered it; or the new instance went while the old one runs: go back to the
-				// old registration, which kubelet holds and whose instance answers.
-				d.retire(cur)
-				cur = d.resume()
-				resume = true
-			case cur.registered:
-				// kubelet holds cur: the registration stays with it until the new instance's is
-				// made. An older one still kept is no longer needed.
-				if d.prev != nil {
-					d.retire(d.prev)
-				}
-				d.prev, cur = cur, nil
-				d.log.Info("driver endpoint moved; registering the new instance beside the old one")
-			default:
-				d.reregister("why", "the endpoint moved")
-			}
+			d.prev, l.cur = cur, nil
+			d.log.Info("driver endpoint moved; registering the new instance beside the old one")
+		default:
+			d.reregister("why", "the endpoint moved")
 		}
 	}
+	return true
 }
 
 // await serves generation g until something ends it, and says why: kubelet rejected it or no
 // verdict came within the timeout in force (both with an error that says so), the socket was
 // removed or replaced, or the endpoint, probed as d.probed, restarted or (a pattern) moved. It
 // returns endStopped when ctx ends. A generation kubelet has already registered (registered)
-// has no timeout.
+// has no timeout. The loop waits here most of its life: its state is a waiting, on the heap,
+// and the work of each wake-up is done in calls that return (see run).
 func (d *driver) await(ctx context.Context, g *generation, registered bool, ws watches) (ending, error) {
-	p := d.p
-	var timeout <-chan time.Time
-	if p.timeout > 0 && !registered {
-		t := time.NewTimer(p.timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
+	w := d.newWaiting(ctx, g, registered)
+	defer w.stop()
 	var altC <-chan struct{}
 	if ws.alt != nil {
 		altC = ws.alt.c
 	}
-	// Another socket matching the endpoint pattern is looked at again, sooner at first: it
-	// may not answer yet, or the target may stop answering without its file going.
-	recheck := time.NewTimer(time.Hour)
-	recheck.Stop()
-	defer recheck.Stop()
-	var recheckIn time.Duration
-	// The endpoint's socket as this look knows it; d.probed stays the one the registration was
-	// made or kept with until the loop probes the endpoint again, so that a hand-over in
-	// between tells the next instance of a restart.
-	epID := d.probed
-	look := func(ev change) ending {
-		if d.spec.EndpointIsPattern() {
-			move, others := d.moved(ctx)
-			if move {
-				return endEndpointMoved
-			}
-			if d.prev != nil && g.registered {
-				d.settleHandover(ctx, g)
-				others = others || d.prev != nil
-			}
-			recheckIn = nextRecheck(recheckIn, ev != 0, others)
-			if recheckIn > 0 {
-				recheck.Reset(recheckIn)
-			}
-		}
-		if d.endpointRestarted(ev, &epID) {
-			return endEndpointRestarted
-		}
-		return endStopped
-	}
-	if end := look(0); end != endStopped { // a first look: is the endpoint up?
+	if end := w.look(0); end != endStopped { // a first look: is the endpoint up?
 		return end, nil
 	}
 	for {
@@ -314,18 +330,11 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 		case <-ctx.Done():
 			return endStopped, nil
 		case <-d.verdictC:
-			switch v := d.takeVerdict(); {
-			case v == nil:
-			case !v.registered:
-				return endRejected, v.rejection()
-			default:
-				timeout = nil
-				d.accepted(ctx, g)
-				d.settleHandover(ctx, g)
+			if err := w.verdict(); err != nil {
+				return endRejected, err
 			}
-		case <-timeout:
-			allowed := p.timeout
-			return endTimeout, fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, p.timedOut())
+		case <-w.timeoutC:
+			return endTimeout, w.timedOut()
 		case <-ws.sock.c:
 			if d.socketsGone(ws.sock.take(), g) {
 				return endSocketRemoved, nil
@@ -334,16 +343,96 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 			if d.socketsGone(ws.alt.take(), g) {
 				return endSocketRemoved, nil
 			}
-		case <-recheck.C:
-			if end := look(0); end != endStopped {
+		case <-w.recheck.C:
+			if end := w.look(0); end != endStopped {
 				return end, nil
 			}
 		case <-ws.ep.c:
-			if end := look(ws.ep.take()); end != endStopped {
+			if end := w.look(ws.ep.take()); end != endStopped {
 				return end, nil
 			}
 		}
 	}
+}
+
+// waiting is the state of an await.
+type waiting struct {
+	d        *driver
+	ctx      context.Context
+	g        *generation
+	timeout  *time.Timer      // nil without a registration timeout
+	timeoutC <-chan time.Time // nil once kubelet registered g, or without a timeout
+	// Another socket matching the endpoint pattern is looked at again, sooner at first: it
+	// may not answer yet, or the target may stop answering without its file going.
+	recheck   *time.Timer
+	recheckIn time.Duration
+	// The endpoint's socket as this wait knows it; d.probed stays the one the registration
+	// was made or kept with until the loop probes the endpoint again, so that a hand-over in
+	// between tells the next instance of a restart.
+	epID fileID
+}
+
+func (d *driver) newWaiting(ctx context.Context, g *generation, registered bool) *waiting {
+	w := &waiting{d: d, ctx: ctx, g: g, recheck: time.NewTimer(time.Hour), epID: d.probed}
+	w.recheck.Stop()
+	if d.p.timeout > 0 && !registered {
+		w.timeout = time.NewTimer(d.p.timeout)
+		w.timeoutC = w.timeout.C
+	}
+	return w
+}
+
+func (w *waiting) stop() {
+	w.recheck.Stop()
+	if w.timeout != nil {
+		w.timeout.Stop()
+	}
+}
+
+// look looks at the endpoint after a wake-up (ev; 0: none) and says whether it ends the wait
+// (endStopped: it does not).
+func (w *waiting) look(ev change) ending {
+	d, g := w.d, w.g
+	if d.spec.EndpointIsPattern() {
+		move, others := d.moved(w.ctx)
+		if move {
+			return endEndpointMoved
+		}
+		if d.prev != nil && g.registered {
+			d.settleHandover(w.ctx, g)
+			others = others || d.prev != nil
+		}
+		w.recheckIn = nextRecheck(w.recheckIn, ev != 0, others)
+		if w.recheckIn > 0 {
+			w.recheck.Reset(w.recheckIn)
+		}
+	}
+	if d.endpointRestarted(ev, &w.epID) {
+		return endEndpointRestarted
+	}
+	return endStopped
+}
+
+// verdict takes kubelet's verdict, if one is pending: a rejection ends the wait, with the
+// error to report; an acceptance lifts the timeout.
+func (w *waiting) verdict() error {
+	switch v := w.d.takeVerdict(); {
+	case v == nil:
+	case !v.registered:
+		return v.rejection()
+	default:
+		w.timeoutC = nil
+		w.d.accepted(w.ctx, w.g)
+		w.d.settleHandover(w.ctx, w.g)
+	}
+	return nil
+}
+
+// timedOut is the error of a wait whose registration timeout passed.
+func (w *waiting) timedOut() error {
+	p := w.d.p
+	allowed := p.timeout
+	return fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, p.timedOut())
 }
 
 // socketGone looks at g's socket after a wake-up (ev) and reports whether another file, or
