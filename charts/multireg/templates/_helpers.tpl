@@ -92,15 +92,15 @@ registration directory, the plugins directory, the ConfigMap's) or another entry
 unique"), and an upgrade would merge the two mounts into one without a word.
 */}}
 {{- define "multireg.checkExtraHostPaths" -}}
-{{- $mounted := dict (include "multireg.registrationDir" .) "kubelet's plugins-registry directory" (include "multireg.pluginsDir" .) "kubelet's plugins directory, <kubeletDir>/plugins" (include "multireg.configDir" .) "the ConfigMap's directory" }}
+{{- $mounted := dict (include "multireg.registrationDir" .) "kubelet's plugins-registry directory" (include "multireg.pluginsDir" .) "kubelet's plugins directory" (include "multireg.configDir" .) "the drivers file's directory" }}
 {{- $seen := dict }}
 {{- range $i, $p := .Values.extraHostPaths }}
 {{- $c := clean $p }}
 {{- if hasKey $mounted $c }}
-{{- fail (printf "extraHostPaths[%d]: %q is mounted by the chart already (%s, %s): remove it from extraHostPaths" $i $p $c (get $mounted $c)) }}
+{{- fail (printf "extraHostPaths[%d]: %q is mounted by the chart already: %s is %s; remove it from extraHostPaths" $i $p $c (get $mounted $c)) }}
 {{- end }}
 {{- if hasKey $seen $c }}
-{{- fail (printf "extraHostPaths[%d]: %q is extraHostPaths[%s] again (%s): list each directory once" $i $p (get $seen $c) $c) }}
+{{- fail (printf "extraHostPaths[%d]: %q is extraHostPaths[%s] again: list %s once" $i $p (get $seen $c) $c) }}
 {{- end }}
 {{- $_ := set $seen $c (toString $i) }}
 {{- end }}
