@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -86,11 +87,13 @@ var chartCases = []struct {
 	{"k3s", "values-k3s.yaml", expectations{root: k3sKubeletDir}},
 	{"roll on config change", "values-roll.yaml", expectations{root: kubeletRoot, rollOnConfigChange: true}},
 	{"old pod first", "values-old-pod-first.yaml", expectations{root: kubeletRoot, noSurge: true}},
+	{"every field", "values-every-field.yaml", expectations{root: kubeletRoot}},
 }
 
 // TestChartRender renders the chart with each set of values and checks every document: strict
 // decoding into its k8s.io/api type, the deployment contract (for k3s: every path under its
-// kubelet root), multireg's validation of the rendered drivers file, and the standard labels.
+// kubelet root), multireg's validation of the rendered drivers file, that file's drivers and
+// defaults equal to the values', and the standard labels.
 func TestChartRender(t *testing.T) {
 	c := loadChart(t)
 	for _, tc := range chartCases {
@@ -113,6 +116,19 @@ func TestChartRender(t *testing.T) {
 			drivers, _ := values["drivers"].([]any)
 			if len(cfg.Drivers) != len(drivers) {
 				t.Errorf("the drivers file has %d drivers; the values %d", len(cfg.Drivers), len(drivers))
+			}
+			var rendered map[string]any
+			if err := yaml.Unmarshal(d.config, &rendered); err != nil {
+				t.Fatal(err)
+			}
+			for _, key := range []string{"drivers", "defaults"} {
+				got, want := rendered[key], values[key]
+				if key == "drivers" && want == nil {
+					want = []any{}
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("the drivers file's %s:\n%s\nthe values':\n%s", key, toYAML(t, got), toYAML(t, want))
+				}
 			}
 
 			want := map[string]string{
@@ -178,7 +194,9 @@ func TestChartRejects(t *testing.T) {
 	}{
 		{"valid", driver(""), ""},
 		{"relative kubeletDir", "kubeletDir: var/lib/kubelet\n", "at '/kubeletDir'"},
-		{"kubeletDir with trailing slash", "kubeletDir: /var/lib/kubelet/\n", "at '/kubeletDir'"},
+		{"kubeletDir with trailing slash", "kubeletDir: /var/lib/kubelet/\n" + driver(""), ""},
+		{"kubeletDir /", "kubeletDir: /\n", "at '/kubeletDir'"},
+		{"kubeletDir //", "kubeletDir: //\n", "at '/kubeletDir'"},
 		{"unknown value", "kubeletdir: /var/lib/kubelet\n", "additional properties 'kubeletdir' not allowed"},
 		{"unknown driver type", strings.Replace(driver(""), "CSIPlugin", "CSI", 1), "at '/drivers/0/type'"},
 		{"misspelt driver field", driver("    socketname: x.sock\n"), "additional properties 'socketname' not allowed"},
@@ -200,6 +218,21 @@ func TestChartRejects(t *testing.T) {
 		},
 		{"localEndpoint outside", driver("    localEndpoint: /csi/csi.sock\n"), `drivers[0].localEndpoint: "/csi/csi.sock" is not under`},
 		{"endpoint under an extra host path", "extraHostPaths: [/run/csi]\n" + strings.Replace(driver(""), "/var/lib/kubelet/plugins/csi-nfsplugin", "/run/csi", 1), ""},
+		{"endpoint under an extra host path with a trailing slash", "extraHostPaths: [/run/csi/]\n" + strings.Replace(driver(""), "/var/lib/kubelet/plugins/csi-nfsplugin", "/run/csi", 1), ""},
+		{"extra host path /", "extraHostPaths: [/]\n", "at '/extraHostPaths/0'"},
+		{"extra host path relative", "extraHostPaths: [run/csi]\n", "at '/extraHostPaths/0'"},
+		{"extra host path: the plugins directory", "extraHostPaths: [/run/csi, /var/lib/kubelet/plugins]\n",
+			`extraHostPaths[1]: "/var/lib/kubelet/plugins" is mounted by the chart already`},
+		{"extra host path: the plugins directory with a trailing slash", "extraHostPaths: [/var/lib/kubelet/plugins/]\n",
+			`extraHostPaths[0]: "/var/lib/kubelet/plugins/" is mounted by the chart already`},
+		{"extra host path: the registration directory", "extraHostPaths: [/var/lib/kubelet/plugins_registry]\n",
+			`extraHostPaths[0]: "/var/lib/kubelet/plugins_registry" is mounted by the chart already`},
+		{"extra host path: the ConfigMap's directory", "extraHostPaths: [/etc/multireg]\n",
+			`extraHostPaths[0]: "/etc/multireg" is mounted by the chart already`},
+		{"extra host path: the k3s plugins directory", "kubeletDir: " + k3sKubeletDir + "/\nextraHostPaths: [" + k3sKubeletDir + "/plugins]\n",
+			`extraHostPaths[0]: "` + k3sKubeletDir + `/plugins" is mounted by the chart already`},
+		{"extra host path twice", "extraHostPaths: [/run/csi, /opt/dp, /run/csi]\n", `extraHostPaths[2]: "/run/csi" is extraHostPaths[0] again`},
+		{"extra host path twice, once with a trailing slash", "extraHostPaths: [/run/csi, /run/csi/]\n", `extraHostPaths[1]: "/run/csi/" is extraHostPaths[0] again`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,14 +37,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ include "multireg.chart" . }}
 {{- end }}
 
+{{/* kubelet's root directory, cleaned: a trailing "/" (or "//" inside) names the same directory. */}}
+{{- define "multireg.kubeletDir" -}}
+{{ clean .Values.kubeletDir }}
+{{- end }}
+
 {{/* kubelet's plugins-registry directory on the host, mounted at the same path. */}}
 {{- define "multireg.registrationDir" -}}
-{{ .Values.kubeletDir }}/plugins_registry
+{{ include "multireg.kubeletDir" . }}/plugins_registry
 {{- end }}
 
 {{/* Where the drivers' sockets live on the host, mounted read-only at the same path. */}}
 {{- define "multireg.pluginsDir" -}}
-{{ .Values.kubeletDir }}/plugins
+{{ include "multireg.kubeletDir" . }}/plugins
 {{- end }}
 
 {{/* Where the ConfigMap is mounted, and the drivers file in it. */}}
@@ -60,7 +65,7 @@ move too).
 {{- define "multireg.checkEndpoints" -}}
 {{- $dirs := list (include "multireg.pluginsDir" .) }}
 {{- range .Values.extraHostPaths }}
-{{- $dirs = append $dirs . }}
+{{- $dirs = append $dirs (clean .) }}
 {{- end }}
 {{- range $i, $d := .Values.drivers }}
 {{- range $field := list "endpoint" "localEndpoint" }}
@@ -73,8 +78,60 @@ move too).
 {{- end }}
 {{- end }}
 {{- if not $under }}
-{{- fail (printf "drivers[%d].%s: %q is not under %s, the directories mounted into the pod: with kubeletDir %q, drivers' sockets are under %s (or add their directory to extraHostPaths)" $i $field $path (join ", " $dirs) $.Values.kubeletDir (include "multireg.pluginsDir" $)) }}
+{{- fail (printf "drivers[%d].%s: %q is not under %s, the directories mounted into the pod: with kubeletDir %q, drivers' sockets are under %s (or add their directory to extraHostPaths)" $i $field $path (join ", " $dirs) (include "multireg.kubeletDir" $) (include "multireg.pluginsDir" $)) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fails the render when an entry of extraHostPaths is a directory the chart mounts already (the
+registration directory, the plugins directory, the ConfigMap's) or another entry again, trailing
+"/" aside. Kubernetes refuses two mounts at one path: a fresh install would fail ("must be
+unique"), and an upgrade would merge the two mounts into one without a word.
+*/}}
+{{- define "multireg.checkExtraHostPaths" -}}
+{{- $mounted := dict (include "multireg.registrationDir" .) "kubelet's plugins-registry directory" (include "multireg.pluginsDir" .) "kubelet's plugins directory" (include "multireg.configDir" .) "the drivers file's directory" }}
+{{- $seen := dict }}
+{{- range $i, $p := .Values.extraHostPaths }}
+{{- $c := clean $p }}
+{{- if hasKey $mounted $c }}
+{{- fail (printf "extraHostPaths[%d]: %q is mounted by the chart already: %s is %s; remove it from extraHostPaths" $i $p $c (get $mounted $c)) }}
+{{- end }}
+{{- if hasKey $seen $c }}
+{{- fail (printf "extraHostPaths[%d]: %q is extraHostPaths[%s] again: list %s once" $i $p (get $seen $c) $c) }}
+{{- end }}
+{{- $_ := set $seen $c (toString $i) }}
+{{- end }}
+{{- end }}
+
+{{/*
+A mapping of the drivers file with its keys in the drivers file's order (the README's and
+values.schema.json's: name, type, endpoint, …), not toYaml's alphabetical one; a backoff's
+keys likewise. Keys outside the order (values.schema.json refuses them) follow, sorted, so that
+multireg sees and refuses them too. Argument: (list the-map its-key-order).
+*/}}
+{{- define "multireg.ordered" -}}
+{{- $m := index . 0 }}
+{{- $order := index . 1 }}
+{{- $keys := $order }}
+{{- range keys $m | sortAlpha }}
+{{- if not (has . $order) }}
+{{- $keys = append $keys . }}
+{{- end }}
+{{- end }}
+{{- range $k := $keys }}
+{{- if hasKey $m $k }}
+{{- $v := index $m $k }}
+{{- if and (eq $k "backoff") (kindIs "map" $v) $v }}
+{{ $k }}:
+  {{- include "multireg.ordered" (list $v (list "initialInterval" "maxInterval" "multiplier" "randomizationFactor")) | trim | nindent 2 }}
+{{- else if and (or (kindIs "map" $v) (kindIs "slice" $v)) $v }}
+{{ $k }}:
+  {{- toYaml $v | nindent 2 }}
+{{- else }}
+{{ $k }}: {{ toYaml $v }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -82,16 +139,24 @@ move too).
 
 {{/* The drivers file: multireg's RegistrarConfig. */}}
 {{- define "multireg.config" -}}
+{{- $settings := list "backoff" "registrationTimeout" "waitForEndpoint" "required" }}
+{{- $driver := concat (list "name" "type" "endpoint" "localEndpoint" "supportedVersions" "socketName") $settings -}}
 apiVersion: multireg.dev/v1alpha1
 kind: RegistrarConfig
 registrationDir: {{ include "multireg.registrationDir" . }}
 {{- with .Values.defaults }}
 defaults:
-  {{- toYaml . | nindent 2 }}
+  {{- include "multireg.ordered" (list . $settings) | trim | nindent 2 }}
 {{- end }}
 {{- if .Values.drivers }}
 drivers:
-  {{- toYaml .Values.drivers | nindent 2 }}
+{{- range .Values.drivers }}
+  {{- if kindIs "map" . }}
+  - {{ include "multireg.ordered" (list . $driver) | trim | indent 4 | trim }}
+  {{- else }}
+  - {{ toYaml . }}
+  {{- end }}
+{{- end }}
 {{- else }}
 drivers: []
 {{- end }}

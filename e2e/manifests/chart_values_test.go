@@ -1,0 +1,274 @@
+package manifests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// toYAML is v in YAML, for messages.
+func toYAML(t testing.TB, v any) string {
+	t.Helper()
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// mustValues reads values written in YAML.
+func mustValues(t testing.TB, s string) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// fields returns the keys of the mapping at path in the YAML document doc, in the order
+// written; nil when there is none.
+func fields(t testing.TB, doc *kyaml.RNode, path ...string) []string {
+	t.Helper()
+	n, err := doc.Pipe(kyaml.Lookup(path...))
+	if err != nil {
+		t.Fatalf("%s: %v", strings.Join(path, "."), err)
+	}
+	if n == nil {
+		return nil
+	}
+	f, err := n.Fields()
+	if err != nil {
+		t.Fatalf("%s: %v", strings.Join(path, "."), err)
+	}
+	return f
+}
+
+// schemaOrder returns the properties of the mapping at path in values.schema.json, in the order
+// written there.
+func schemaOrder(t testing.TB, path ...string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(chartDir(t), "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := kyaml.Parse(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fields(t, doc, path...)
+	if len(f) == 0 {
+		t.Fatalf("values.schema.json has no %s", strings.Join(path, "."))
+	}
+	return f
+}
+
+// inOrder reports whether keys appear in order, each of them in it.
+func inOrder(keys, order []string) bool {
+	last := -1
+	for _, k := range keys {
+		i := slices.Index(order, k)
+		if i <= last {
+			return false
+		}
+		last = i
+	}
+	return true
+}
+
+// TestChartDriversFileOrder checks that the rendered drivers file writes each driver's keys, the
+// defaults' and every backoff's in the order of values.schema.json (name, type, endpoint, …),
+// whatever the order of the values (toYaml would sort them: backoff, endpoint, name, …), and
+// that this order is the README's.
+func TestChartDriversFileOrder(t *testing.T) {
+	driverOrder := schemaOrder(t, "definitions", "driver", "properties")
+	backoffOrder := schemaOrder(t, "definitions", "backoff", "properties")
+	defaultsOrder := schemaOrder(t, "properties", "defaults", "properties")
+	if want := []string{"name", "type", "endpoint"}; !slices.Equal(driverOrder[:3], want) {
+		t.Errorf("values.schema.json: a driver's properties begin with %q; want %q", driverOrder[:3], want)
+	}
+
+	t.Run("README", func(t *testing.T) {
+		readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, section, ok := strings.Cut(string(readme), "\n## The drivers file\n")
+		_, block, ok2 := strings.Cut(section, "```yaml\n")
+		block, _, ok3 := strings.Cut(block, "```")
+		if !ok || !ok2 || !ok3 {
+			t.Fatal(`README.md: no yaml block under "## The drivers file"`)
+		}
+		doc, err := kyaml.Parse(block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			what  string
+			keys  []string
+			order []string
+		}{
+			{"a driver", fields(t, doc, "drivers", "[name=nfs.csi.k8s.io]"), driverOrder},
+			{"defaults", fields(t, doc, "defaults"), defaultsOrder},
+			{"defaults.backoff", fields(t, doc, "defaults", "backoff"), backoffOrder},
+		} {
+			if len(c.keys) == 0 || !inOrder(c.keys, c.order) {
+				t.Errorf("README's drivers file writes %s as %q; values.schema.json orders them %q", c.what, c.keys, c.order)
+			}
+		}
+	})
+
+	c := loadChart(t)
+	out, err := renderChart(c, readValues(t, "values-every-field.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeManifests([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := deploymentOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := kyaml.Parse(d.cm.Data["config.yaml"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fields(t, doc), []string{"apiVersion", "kind", "registrationDir", "defaults", "drivers"}; !slices.Equal(got, want) {
+		t.Errorf("the drivers file's keys %q; want %q", got, want)
+	}
+	check := func(what string, order []string, n *kyaml.RNode, path ...string) {
+		got := fields(t, n, path...)
+		want := slices.DeleteFunc(slices.Clone(order), func(k string) bool { return !slices.Contains(got, k) })
+		if len(got) == 0 || !slices.Equal(got, want) {
+			t.Errorf("%s: keys %q; want the schema's order %q\n%s", what, got, want, d.cm.Data["config.yaml"])
+		}
+	}
+	check("defaults", defaultsOrder, doc, "defaults")
+	check("defaults.backoff", backoffOrder, doc, "defaults", "backoff")
+	drivers, err := doc.Pipe(kyaml.Lookup("drivers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	elems, err := drivers.Elements()
+	if err != nil || len(elems) != 3 {
+		t.Fatalf("drivers: %d elements, %v; want 3", len(elems), err)
+	}
+	for i, e := range elems {
+		check(fmt.Sprintf("drivers[%d]", i), driverOrder, e)
+		if i == 0 {
+			check("drivers[0].backoff", backoffOrder, e, "backoff")
+		}
+	}
+}
+
+// TestChartNormalisesSlashes renders kubeletDir and extraHostPaths with trailing slashes: the
+// chart renders exactly what it renders without them (a trailing slash is no different
+// directory), instead of refusing them or writing "//" into the paths.
+func TestChartNormalisesSlashes(t *testing.T) {
+	c := loadChart(t)
+	const drivers = `
+drivers:
+  - {name: nfs.csi.k8s.io, type: CSIPlugin, endpoint: %[1]s/plugins/csi-nfsplugin/csi.sock}
+  - {name: smb.csi.k8s.io, type: CSIPlugin, endpoint: /run/csi/smb/csi.sock}
+`
+	for _, root := range []string{kubeletRoot, k3sKubeletDir} {
+		clean := mustValues(t, "kubeletDir: "+root+"\nextraHostPaths: [/run/csi, /opt/dp]"+strings.ReplaceAll(drivers, "%[1]s", root))
+		want, err := renderChart(c, clean)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantNotes := renderNotes(t, c, clean)
+		for _, slashes := range []string{"/", "//"} {
+			t.Run(root+slashes, func(t *testing.T) {
+				values := mustValues(t, "kubeletDir: "+root+slashes+"\nextraHostPaths: [/run/csi"+slashes+", /opt/dp]"+strings.ReplaceAll(drivers, "%[1]s", root))
+				got, err := renderChart(c, values)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != want {
+					t.Errorf("rendered with kubeletDir %q and extraHostPaths %v:\n%s\nwithout the trailing slashes:\n%s", root+slashes, values["extraHostPaths"], got, want)
+				}
+				if notes := renderNotes(t, c, values); notes != wantNotes {
+					t.Errorf("NOTES.txt:\n%s\nwithout the trailing slashes:\n%s", notes, wantNotes)
+				}
+			})
+		}
+	}
+}
+
+// renderNotes renders the chart's NOTES.txt, what `helm install` prints.
+func renderNotes(t testing.TB, c *chart.Chart, values map[string]any) string {
+	t.Helper()
+	opts := chartutil.ReleaseOptions{Name: releaseName, Namespace: releaseNamespace, Revision: 1, IsInstall: true}
+	vals, err := chartutil.ToRenderValues(c, values, opts, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Engine{Strict: true}.Render(c, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes, ok := files[filepath.Join(c.Name(), "templates", "NOTES.txt")]
+	if !ok {
+		t.Fatal("no NOTES.txt rendered")
+	}
+	return notes
+}
+
+// TestChartNotes checks what `helm install` prints: not to trust `helm install --wait`, to wait
+// with `kubectl rollout status`, and to ask `multireg status` in the pod of a given node, with a
+// command line multireg accepts (the HTTP endpoint when httpPort is not the default).
+func TestChartNotes(t *testing.T) {
+	c := loadChart(t)
+	for _, tc := range []struct {
+		name     string
+		values   string
+		endpoint string // --http-endpoint of `multireg status`; "" for none
+	}{
+		{"default values", "", ""},
+		{"another port", "httpPort: 9900\nkubeletDir: /var/lib/k0s/kubelet/\n", "127.0.0.1:9900"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			notes := renderNotes(t, c, mustValues(t, tc.values+"drivers: []\n"))
+			for _, want := range []string{
+				"kubectl -n " + releaseNamespace + " rollout status ds/multireg",
+				"--wait",
+				"--field-selector spec.nodeName=",
+				"names the driver",
+			} {
+				if !strings.Contains(notes, want) {
+					t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
+				}
+			}
+			if strings.Contains(notes, "//") {
+				t.Errorf("NOTES.txt has a path with //:\n%s", notes)
+			}
+			// Every `multireg status` command line: multireg must accept its flags.
+			cmds := regexp.MustCompile(`/multireg (status[^\n]*)`).FindAllStringSubmatch(notes, -1)
+			if len(cmds) == 0 {
+				t.Fatalf("NOTES.txt runs no `/multireg status`:\n%s", notes)
+			}
+			for _, cmd := range cmds {
+				args := strings.Fields(cmd[1])
+				if err := checkArgs(t, args); err != nil {
+					t.Error(err)
+				}
+				if got, _ := flagValue(args, "http-endpoint"); got != tc.endpoint {
+					t.Errorf("%q: --http-endpoint %q; want %q", cmd[0], got, tc.endpoint)
+				}
+			}
+		})
+	}
+}
