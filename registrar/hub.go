@@ -202,9 +202,13 @@ func (h *hub) acceptOn(fd int32) error {
 		if err != nil {
 			return err
 		}
+		srv, gc := g.give(c)
+		if srv == nil {
+			continue // g stopped
+		}
 		// Serve returns as soon as the listener has no second connection; it blocks longer
 		// only while the server stops, hence a goroutine.
-		h.serves.Go(func() { _ = g.srv.Serve(&oneConn{c: c, addr: c.LocalAddr()}) })
+		h.serves.Go(func() { _ = srv.Serve(&oneConn{c: gc, addr: c.LocalAddr()}) })
 	}
 }
 

@@ -116,7 +116,8 @@ var connIDs atomic.Uint64
 
 // generation is one published registration socket and the gRPC server on it. The server has
 // no accept loop of its own: the supervisor's hub accepts the socket's connections and gives
-// each to the server.
+// each to the server (give). It exists only while it has connections: kubelet connects to a
+// socket to register it and is then gone, and 1000 idle servers would hold 2.5 MiB.
 type generation struct {
 	gen  uint64
 	path string
@@ -127,9 +128,13 @@ type generation struct {
 	l          *net.UnixListener
 	raw        syscall.RawConn // l's descriptor, for the hub
 	rs         *registrationServer
-	srv        *grpc.Server
 	hub        *hub
 	once       sync.Once
+
+	mu      sync.Mutex
+	srv     *grpc.Server // nil while no connection is served
+	conns   int          // connections given to srv and not closed
+	stopped bool
 }
 
 // serve serves rs on l, the listening socket at path, through h. No idle or age limits:
@@ -141,12 +146,51 @@ func serve(h *hub, l *net.UnixListener, path string, id fileID, rs *registration
 	if err != nil {
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
-	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h, srv: grpc.NewServer(serverOptions(rs)...)}
-	registerapi.RegisterRegistrationServer(g.srv, rs)
+	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h}
 	if err := h.add(g); err != nil {
 		return nil, err
 	}
 	return g, nil
+}
+
+// give hands a connection accepted on g's socket to g's server, started for it if none runs.
+// It returns the server and the connection to serve, or nil when g has stopped (c is closed).
+func (g *generation) give(c net.Conn) (*grpc.Server, net.Conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		c.Close()
+		return nil, nil
+	}
+	if g.srv == nil {
+		g.srv = grpc.NewServer(serverOptions(g.rs)...)
+		registerapi.RegisterRegistrationServer(g.srv, g.rs)
+	}
+	g.conns++
+	return g.srv, &genConn{Conn: c, g: g}
+}
+
+// closed counts a connection given to the server as closed; the server goes with the last.
+func (g *generation) closed() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.conns--; g.conns == 0 && !g.stopped {
+		g.srv = nil // idle: it holds no goroutine (nor a channelz entry: channelz is off), and the next connection gets a new one
+	}
+}
+
+// genConn is a connection given to a generation's server. gRPC closes every connection it is
+// given, whether its transport ends or never starts.
+type genConn struct {
+	net.Conn
+	g    *generation
+	once sync.Once
+}
+
+func (c *genConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.g.closed)
+	return err
 }
 
 // serverOptions are a registration server's. kubelet's calls carry a few hundred bytes, so
@@ -166,23 +210,29 @@ func serverOptions(rs *registrationServer) []grpc.ServerOption {
 const stopGrace = time.Second
 
 // stop stops accepting connections and closes the listener, lets calls in flight finish (for
-// at most stopGrace) and closes every connection: once it has returned, no call of kubelet's
-// reaches rs. The socket file stays. It is idempotent.
+// at most stopGrace) and closes every connection. The socket file stays. It is idempotent.
 func (g *generation) stop() {
 	g.once.Do(func() {
 		g.hub.remove(g)
 		_ = g.l.Close()
+		g.mu.Lock()
+		g.stopped = true
+		srv := g.srv
+		g.mu.Unlock()
+		if srv == nil {
+			return
+		}
 		graceful := make(chan struct{})
 		go func() {
 			defer close(graceful)
-			g.srv.GracefulStop()
+			srv.GracefulStop()
 		}()
 		t := time.NewTimer(stopGrace)
 		defer t.Stop()
 		select {
 		case <-graceful:
 		case <-t.C:
-			g.srv.Stop()
+			srv.Stop()
 			<-graceful
 		}
 	})
