@@ -367,7 +367,7 @@ func TestMonitoringChart(t *testing.T) {
 					t.Errorf("PodMonitor endpoint port %v path %q; want the pods' port http, /metrics", e.Port, e.Path)
 				}
 				checkScrape(t, "PodMonitor", e.Interval, e.ScrapeTimeout, e.RelabelConfigs, e.MetricRelabelConfigs, mon["podMonitor"])
-				checkSelects(t, "PodMonitor", pm.Spec.Selector, pm.Spec.NamespaceSelector, d.ds.Spec.Template.Labels, d.ds.Namespace)
+				checkSelects(t, "PodMonitor", pm.Spec.Selector, &pm.Spec.NamespaceSelector, d.ds.Spec.Template.Labels, d.ds.Namespace)
 				if job := d.ds.Spec.Template.Labels[pm.Spec.JobLabel]; job != tc.job {
 					t.Errorf("PodMonitor jobLabel %q: the job is %q; want %q", pm.Spec.JobLabel, job, tc.job)
 				}
@@ -382,7 +382,7 @@ func TestMonitoringChart(t *testing.T) {
 					t.Errorf("ServiceMonitor endpoint port %q path %q; want the Service's port http, /metrics", e.Port, e.Path)
 				}
 				checkScrape(t, "ServiceMonitor", e.Interval, e.ScrapeTimeout, e.RelabelConfigs, e.MetricRelabelConfigs, mon["serviceMonitor"])
-				checkSelects(t, "ServiceMonitor", sm.Spec.Selector, sm.Spec.NamespaceSelector, svc.Labels, svc.Namespace)
+				checkSelects(t, "ServiceMonitor", sm.Spec.Selector, &sm.Spec.NamespaceSelector, svc.Labels, svc.Namespace)
 				if job := svc.Labels[sm.Spec.JobLabel]; job != tc.job {
 					t.Errorf("ServiceMonitor jobLabel %q: the job is %q; want %q", sm.Spec.JobLabel, job, tc.job)
 				}
@@ -532,9 +532,9 @@ func checkScrape(t *testing.T, what string, interval, timeout monitoringv1.Durat
 	}
 }
 
-// checkSelects checks that a monitor's selectors pick the objects with these labels in this
-// namespace.
-func checkSelects(t *testing.T, what string, sel metav1.LabelSelector, ns monitoringv1.NamespaceSelector, objLabels map[string]string, objNS string) {
+// checkSelects checks that a monitor's selector picks the objects with these labels, and its
+// namespace selector (when not nil) their namespace alone.
+func checkSelects(t *testing.T, what string, sel metav1.LabelSelector, ns *monitoringv1.NamespaceSelector, objLabels map[string]string, objNS string) {
 	t.Helper()
 	s, err := metav1.LabelSelectorAsSelector(&sel)
 	if err != nil {
@@ -543,7 +543,7 @@ func checkSelects(t *testing.T, what string, sel metav1.LabelSelector, ns monito
 	if s.Empty() || !s.Matches(labels.Set(objLabels)) {
 		t.Errorf("%s: selector %q does not select %v", what, s, objLabels)
 	}
-	if ns.Any || !reflect.DeepEqual(ns.MatchNames, []string{objNS}) {
+	if ns != nil && (ns.Any || !reflect.DeepEqual(ns.MatchNames, []string{objNS})) {
 		t.Errorf("%s: namespaceSelector %+v; want exactly %q", what, ns, objNS)
 	}
 }
