@@ -17,6 +17,8 @@ import (
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -342,6 +344,18 @@ func TestMonitoringChart(t *testing.T) {
 			out, err := renderChart(c, values)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if os.Getenv("MONITORING_RENDER") != "" {
+				t.Logf("helm template with these values:\n%s", out)
+			}
+			var lintValues map[string]any // lint coalesces the chart's defaults into its values
+			if err := yaml.Unmarshal([]byte(tc.values), &lintValues); err != nil {
+				t.Fatal(err)
+			}
+			for _, msg := range lint.All(chartDir(t), lintValues, releaseNamespace, true).Messages {
+				if msg.Severity >= support.WarningSev {
+					t.Errorf("helm lint --strict: %s", msg)
+				}
 			}
 			m, err := decodeMonitoring([]byte(out))
 			if err != nil {

@@ -1,12 +1,12 @@
 {{/* Helpers of the monitoring objects (values under metrics): docs/monitoring.md. */}}
 
 {{/*
-The labels of a monitoring object: the chart's standard labels and the extra ones of its values
-(.extra), which win.
+The labels of a monitoring object: the chart's standard labels, as the component monitoring,
+and the extra ones of its values (.extra), which win.
 */}}
 {{- define "multireg.monitoringLabels" -}}
 {{- $std := include "multireg.labels" .root | fromYaml }}
-{{- toYaml (merge (dict) (.extra | default dict) $std) }}
+{{- toYaml (merge (dict) (.extra | default dict) (dict "app.kubernetes.io/component" "monitoring") $std) }}
 {{- end }}
 
 {{/* The namespace of a monitoring object: its value's, or the release's. */}}
