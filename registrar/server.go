@@ -202,6 +202,7 @@ func serverOptions(rs *registrationServer) []grpc.ServerOption {
 		grpc.StatsHandler(rs),
 		grpc.ReadBufferSize(4 << 10),
 		grpc.WriteBufferSize(4 << 10),
+		grpc.SharedWriteBuffer(true),
 	}
 }
 
