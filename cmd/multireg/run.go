@@ -71,6 +71,13 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		httpDone <- nil
 	}
 	log.Info("multireg started", "version", version, "config", f.path, "drivers", cfg.Summary())
+	procCgroup, _ := os.ReadFile("/proc/self/cgroup")
+	switch limit, from, err := setMemoryLimit("/sys/fs/cgroup", procCgroup); {
+	case err != nil:
+		log.Warn("no memory limit for the Go runtime: the cgroup's cannot be read; set GOMEMLIMIT", "err", err)
+	case limit > 0:
+		log.Info("the Go runtime's memory limit", "bytes", limit, "from", from)
+	}
 	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content}
 	err = r.run(runCtx, hup)
 	stopHTTP()

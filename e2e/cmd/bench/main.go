@@ -4,12 +4,17 @@
 //
 //   - time from starting `multireg run` to all N sockets published, and to all N registered
 //     in kubelet;
-//   - multireg's RSS and PSS, threads, goroutines and open fds, in total and per driver;
+//   - multireg's RSS and PSS, threads, goroutines and open fds, in total and per driver; its
+//     peak RSS (VmHWM), and its RSS a minute after every driver is registered (-rss-at);
 //   - its idle CPU with all N registered;
 //   - reload: one driver's endpoint changed among N, from the write of the file to its new
 //     socket and to its new registration, and how many of the other N-1 stayed untouched;
 //   - recovery: kubelet rejects one driver once; the time from the rejection to the new
-//     socket beyond the configured backoff interval.
+//     socket beyond the configured backoff interval, and, for a driver with multireg's default
+//     backoff, the time from the rejection until kubelet registers it again.
+//
+// The drivers file is multireg's defaults (every endpoint probed: waitForEndpoint), except
+// the fixed backoff of the two drivers whose recovery overhead is measured.
 //
 // Kubelet's plugin manager runs in this process; the plugin endpoints run in another
 // (cmd/endpoints) and multireg in a third, built without the race detector, so that
@@ -55,7 +60,9 @@ func run() int {
 	settle := flag.Duration("settle", 2500*time.Millisecond, "after a reload, how long to watch the other drivers for changes")
 	timeout := flag.Duration("timeout", 5*time.Minute, "bound on each N's run, besides the idle window")
 	bin := flag.String("multireg", os.Getenv("MULTIREG_BIN"), "multireg binary to measure (default: $MULTIREG_BIN, or build one without -race)")
+	rssAt := flag.Duration("rss-at", time.Minute, "read multireg's RSS this long after every driver is registered, before /metrics is scraped (after the idle window, if that is longer); 0 skips it")
 	gcWait := flag.Duration("gc-wait", 0, "after the idle window, wait up to this long for two more GC cycles of multireg (the runtime forces one every 2 min) and measure the settled footprint; 0 skips it")
+	memLimit := flag.String("gomemlimit", "", "GOMEMLIMIT for multireg only, e.g. 57MiB (what it sets itself under a 64Mi container limit)")
 	godebug := flag.String("godebug", "", "GODEBUG for multireg, e.g. gctrace=1 (its output ends in the log tail only)")
 	tmpDir := flag.String("tmpdir", "", "where the registry, endpoint and config directories go (default: $TMPDIR or /tmp); e.g. /dev/shm to take the disk's file system out of the figures")
 	profile := flag.String("profile", "", "measure a copy of multireg built with profiling, and save its profiles in this directory")
@@ -97,7 +104,7 @@ func run() int {
 	}
 	defer os.RemoveAll(tmp)
 
-	o := options{idle: *idle, settle: *settle, gcWait: *gcWait, timeout: *timeout, tmpDir: *tmpDir, progress: progress}
+	o := options{idle: *idle, settle: *settle, gcWait: *gcWait, rssAt: *rssAt, timeout: *timeout, tmpDir: *tmpDir, progress: progress}
 	buildEnv := append(os.Environ(), "CGO_ENABLED=0")
 	o.endpoints = filepath.Join(tmp, "endpoints")
 	if err := buildGo(e2eDir, o.endpoints, buildEnv, "./cmd/endpoints"); err != nil {
@@ -146,6 +153,9 @@ func run() int {
 	}
 	if len(debug) > 0 {
 		o.env = append(o.env, "GODEBUG="+strings.Join(debug, ","))
+	}
+	if *memLimit != "" {
+		o.env = append(o.env, "GOMEMLIMIT="+*memLimit)
 	}
 
 	m := describeMachine(root, o.multireg, built)

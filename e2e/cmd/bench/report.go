@@ -26,6 +26,11 @@ const (
 	published1000    = time.Second
 	reload1000Goal   = 150 * time.Millisecond
 	recoveryOverhead = 5 * time.Millisecond
+	peak1000Goal     = 64 // MiB, VmHWM
+	rssAt1000Goal    = 40 // MiB, a minute after registration
+	// A rejection is retried before kubelet's next reconciler pass, a second later: the driver
+	// registers again at that pass.
+	recoveryDefaultGoal = 1500 * time.Millisecond
 )
 
 func mib(kib int64) string { return fmt.Sprintf("%.1f", float64(kib)/1024) }
@@ -98,7 +103,17 @@ var metrics = []metric{
 		}},
 	{name: "RSS per driver (KiB)", value: measuredFP(func(r result) string { return per(float64(r.FP.RSS), r.N) })},
 	{name: "RSS anonymous / file-backed (MiB)", value: measuredFP(func(r result) string { return mib(r.FP.RSSAnon) + " / " + mib(r.FP.RSSFile) })},
-	{name: "peak RSS, VmHWM (MiB)", value: measuredFP(func(r result) string { return mib(r.FP.HWM) })},
+	{name: "peak RSS, VmHWM (MiB)", goal: fmt.Sprintf("N=1000: < %d", peak1000Goal),
+		value: measuredFP(func(r result) string { return mib(r.FP.HWM) }),
+		check: forN(1000, func(r result) bool { return r.FP.HWM > 0 && r.FP.HWM < peak1000Goal*1024 })},
+	{name: "RSS a minute after all registered, before any scrape (MiB)", goal: fmt.Sprintf("N=1000: < %d", rssAt1000Goal),
+		value: func(r result) string {
+			if r.RSSAt == 0 {
+				return ""
+			}
+			return mib(r.RSSAt)
+		},
+		check: forN(1000, func(r result) bool { return r.RSSAt > 0 && r.RSSAt < rssAt1000Goal*1024 })},
 	{name: "RSS right after the first /metrics scrape (MiB)", value: func(r result) string {
 		if r.RSSAfterScrape == 0 {
 			return ""
@@ -184,6 +199,16 @@ var metrics = []metric{
 		}},
 	{name: "… from multireg's log line (ms)³", value: func(r result) string { return fromLog(r.RecoveryDev) }},
 	{name: "recovery: new socket → registered in kubelet (ms)¹", value: func(r result) string { return millis(r.Recovery.Reregistered) }},
+	{name: "recovery, default backoff (DRA driver): rejection → registered again (ms)¹", goal: fmt.Sprintf("< %d", recoveryDefaultGoal.Milliseconds()),
+		value: func(r result) string {
+			if r.RecoveryDefault.Total == 0 {
+				return ""
+			}
+			return fmt.Sprintf("%s (retryIn %s)", millis(r.RecoveryDefault.Total), r.RecoveryDefault.RetryIn)
+		},
+		check: func(r result) (bool, bool) {
+			return r.RecoveryDefault.Total != 0, r.RecoveryDefault.Total < recoveryDefaultGoal
+		}},
 	{name: "multireg WARN/ERROR log lines⁴", value: func(r result) string {
 		n := 0
 		for _, c := range r.Warnings {

@@ -90,6 +90,7 @@ type recoveryResult struct {
 	FromLog      time.Duration // "registration failed" log → new socket, minus the backoff
 	RetryIn      string        // the wait multireg logged
 	Reregistered time.Duration // new socket → kubelet's Register
+	Total        time.Duration // kubelet's RegisterFailed → kubelet's Register
 }
 
 // result is one N's figures. Durations are zero when not measured.
@@ -101,9 +102,11 @@ type result struct {
 	Validate                           time.Duration // `multireg validate` of the file, median of 5
 	StartCPU                           cpuShare      // CPU time used until all sockets were published
 
-	FP                                       footprint // after the idle window
-	RSSAfterScrape                           int64     // KiB, right after the first /metrics scrape
-	Goroutines, HeapInuse, StackInuse, GoSys float64   // from /metrics (bytes)
+	FP             footprint // after the idle window
+	RSSAfterScrape int64     // KiB, right after the first /metrics scrape
+	// RSSAt: KiB, rssAt after all were registered, before any /metrics scrape (0: not measured).
+	RSSAt                                    int64
+	Goroutines, HeapInuse, StackInuse, GoSys float64 // from /metrics (bytes)
 
 	IdleWindow  time.Duration
 	IdleCPU     float64 // % of one core, from utime+stime
@@ -129,7 +132,10 @@ type result struct {
 
 	Recovery    recoveryResult // a CSI driver: its probe includes a gRPC GetPluginInfo
 	RecoveryDev recoveryResult // a device plugin: its probe is a connect
-	Warnings    map[string]int // multireg's WARN and ERROR log lines, by level and message
+	// RecoveryDefault: a DRA driver with multireg's default backoff, from kubelet's rejection
+	// until it registers the driver again.
+	RecoveryDefault recoveryResult
+	Warnings        map[string]int // multireg's WARN and ERROR log lines, by level and message
 }
 
 type options struct {
@@ -139,6 +145,7 @@ type options struct {
 	tmpDir              string   // where each N's directory goes ("": os.TempDir())
 	idle, settle        time.Duration
 	gcWait              time.Duration // bound on waiting for two more GC cycles (0: skip)
+	rssAt               time.Duration // after all are registered, when to read the RSS (0: skip)
 	timeout             time.Duration // each N, besides the idle window
 	progress            func(format string, args ...any)
 }
@@ -173,12 +180,15 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	ds := mixed(n, epDir)
 	reloadI := 0                  // a CSI driver: its probe (GetPluginInfo) is the slowest
 	recoverI, recoverDev := 0, -1 // the last CSI driver, the last device plugin
+	recoverDefault := -1          // the last DRA driver, with the default backoff
 	for i := range ds {
 		switch ds[i].typ {
 		case "CSIPlugin":
 			recoverI = i
 		case "DevicePlugin":
 			recoverDev = i
+		case "DRAPlugin":
+			recoverDefault = i
 		}
 	}
 	ds[reloadI].alt = filepath.Join(filepath.Dir(ds[reloadI].endpoint), "t.sock")
@@ -346,7 +356,23 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	say("idle CPU %.3f%% of a core over %v (%.1f wake-ups/s); machine busy %.1f%% otherwise",
 		res.IdleCPU, res.IdleWindow.Round(time.Millisecond), res.IdleWakeups, res.SysBusy)
 
-	// 3. Footprint, after the idle window: the steady state.
+	// 3. Footprint, after the idle window: the steady state; and rssAt after registration,
+	// before anything scrapes /metrics.
+	if o.rssAt > 0 {
+		t := time.NewTimer(time.Until(lastReg.Add(o.rssAt)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		fp, err := readFootprint(mr.PID())
+		if err != nil {
+			return err
+		}
+		res.RSSAt = fp.RSS
+		say("RSS %v after all were registered: %d KiB", o.rssAt, res.RSSAt)
+	}
 	if res.FP, err = readFootprint(mr.PID()); err != nil {
 		return err
 	}
@@ -396,6 +422,13 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		}
 		say("recovery overhead of a device plugin %v after kubelet's rejection (%v after multireg's log line)",
 			res.RecoveryDev.Overhead.Round(10*time.Microsecond), res.RecoveryDev.FromLog.Round(time.Millisecond))
+	}
+	if recoverDefault >= 0 {
+		if err := recovery(ctx, mr, k, w, reg, cfg, ds, recoverDefault, prof, &res.RecoveryDefault); err != nil {
+			return fmt.Errorf("recovery with the default backoff: %w", err)
+		}
+		say("recovery of a DRA driver with the default backoff: registered again %v after kubelet's rejection (multireg waited %s)",
+			res.RecoveryDefault.Total.Round(time.Millisecond), res.RecoveryDefault.RetryIn)
 	}
 	return nil
 }
@@ -710,18 +743,22 @@ func recovery(ctx context.Context, mr *multireg, k *kubelet.Kubelet, w *dirWatch
 	if err := w.state(); err != nil {
 		return err
 	}
-	res.Overhead = recreated.Sub(rejected) - recoveryBackoff
 	if r, ok := mr.logs.find("registration failed", d.name, rejected); ok {
-		// multireg stamps milliseconds; the new socket's time is truncated alike.
-		res.FromLog = recreated.Truncate(time.Millisecond).Sub(r.Time) - recoveryBackoff
 		switch v := r.Fields["retryIn"].(type) {
 		case string:
 			res.RetryIn = v
 		case float64: // log/slog's JSON handler writes a duration in nanoseconds
 			res.RetryIn = time.Duration(v).String()
 		}
+		if d.fixed {
+			// multireg stamps milliseconds; the new socket's time is truncated alike.
+			res.FromLog = recreated.Truncate(time.Millisecond).Sub(r.Time) - recoveryBackoff
+		}
 	}
-	if res.RetryIn != recoveryBackoff.String() {
+	if d.fixed {
+		res.Overhead = recreated.Sub(rejected) - recoveryBackoff
+	}
+	if d.fixed && res.RetryIn != recoveryBackoff.String() {
 		return fmt.Errorf("multireg logged a backoff of %q after the rejection, not the configured %v", res.RetryIn, recoveryBackoff)
 	}
 	var again time.Time
@@ -737,6 +774,7 @@ func recovery(ctx context.Context, mr *multireg, k *kubelet.Kubelet, w *dirWatch
 		return err
 	}
 	res.Reregistered = again.Sub(recreated)
+	res.Total = again.Sub(rejected)
 	return nil
 }
 
