@@ -509,7 +509,6 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 	d.st.Attempts++
 	d.mu.Unlock()
 
-	var l *net.UnixListener
 	var id fileID
 	err := d.checkGuard()
 	if err == nil {
@@ -519,15 +518,17 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		}
 		err = checkNotServed(path, ours)
 	}
-	if err == nil {
-		l, id, err = publish(path)
-	}
 	var g *generation
 	if err == nil {
-		if g, err = d.serveOn(l, path, id, gen, d.at, false); err != nil {
-			l.Close()
-			_, _ = removeIfOurs(path, id)
-		}
+		// Served before it is renamed onto path: a failure to serve must not replace cur.
+		_, id, err = publish(path, func(l *net.UnixListener) (func(), error) {
+			var err error
+			g, err = d.serveOn(l, path, fileID{}, gen, d.at, false)
+			if err != nil {
+				return nil, err
+			}
+			return g.stop, nil
+		})
 	}
 	if err != nil {
 		// An older socket may still serve (a driver restart): its verdicts count again.
@@ -538,6 +539,7 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		d.mu.Unlock()
 		return nil, err
 	}
+	g.id = id
 	d.setSocket(path)
 	d.update(Serving, "", time.Time{})
 	d.log.Debug("registration socket published", "socket", path, "endpoint", d.at.endpoint, "generation", gen)

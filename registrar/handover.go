@@ -254,7 +254,7 @@ func sameUser(c *net.UnixConn) error {
 // published as a registration socket is (publish): 0600 from the moment it has its name, and
 // not unlinked when closed, since by then a new holder may have put its own there.
 func listenHandover(dir string) (*net.UnixListener, error) {
-	l, _, err := publishAs("unixpacket", filepath.Join(dir, HandoverName))
+	l, _, err := publishAs("unixpacket", filepath.Join(dir, HandoverName), nil)
 	if err != nil {
 		return nil, fmt.Errorf("listen for hand-overs: %w", err)
 	}

@@ -264,7 +264,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	l, id, err := publish(d.SocketPath)
+	l, id, err := publish(d.SocketPath, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Someone replaces the socket after it was handed over.
-	l2, id2, err := publish(d.SocketPath)
+	l2, id2, err := publish(d.SocketPath, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,7 @@ type hub struct {
 	socks   map[int32]*generation // by listening descriptor
 	started bool
 	closed  bool
+	dead    bool // the loop ended on an error
 
 	quit   chan struct{}  // closed by close
 	done   chan struct{}  // closed when the loop has returned
@@ -65,10 +66,13 @@ func (h *hub) add(g *generation) error {
 	if h.closed {
 		return fmt.Errorf("serve the registration socket %s: the process is stopping", g.path)
 	}
+	if h.dead {
+		return fmt.Errorf("serve the registration socket %s: kubelet's connections can no longer be waited for (see the error logged before)", g.path)
+	}
 	var err error
-	if cerr := g.raw.Control(func(fd uintptr) {
+	if cerr := h.ctl(g, func(ep, fd int) {
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
-		if err = syscall.EpollCtl(int(h.ep.Fd()), syscall.EPOLL_CTL_ADD, int(fd), &ev); err == nil {
+		if err = syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err == nil {
 			h.socks[int32(fd)] = g
 		}
 	}); cerr != nil {
@@ -93,12 +97,26 @@ func (h *hub) add(g *generation) error {
 func (h *hub) remove(g *generation) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	_ = g.raw.Control(func(fd uintptr) {
+	if h.closed {
+		return // the epoll instance is closed, or going
+	}
+	_ = h.ctl(g, func(ep, fd int) {
 		if h.socks[int32(fd)] == g {
 			delete(h.socks, int32(fd))
-			_ = syscall.EpollCtl(int(h.ep.Fd()), syscall.EPOLL_CTL_DEL, int(fd), nil)
+			_ = syscall.EpollCtl(ep, syscall.EPOLL_CTL_DEL, fd, nil)
 		}
 	})
+}
+
+// ctl runs f with the epoll instance's descriptor and g's listening one, both held open.
+func (h *hub) ctl(g *generation, f func(ep, fd int)) error {
+	var err error
+	if cerr := h.epRC.Control(func(ep uintptr) {
+		err = g.raw.Control(func(fd uintptr) { f(int(ep), int(fd)) })
+	}); cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 // close stops the loop and waits for it and for the Serve calls it made. Every generation
@@ -137,7 +155,12 @@ func (h *hub) run() {
 			return // closed
 		}
 		if werr != nil {
-			h.log.Error("waiting for kubelet's connections failed; no registration socket answers", "err", os.NewSyscallError("epoll_wait", werr))
+			// Unreachable in practice; should it happen, publishing fails from now on (add), and
+			// each loop says so, rather than sockets that queue connections nobody accepts.
+			h.log.Error("waiting for kubelet's connections failed; no registration socket is served", "err", os.NewSyscallError("epoll_wait", werr))
+			h.mu.Lock()
+			h.dead = true
+			h.mu.Unlock()
 			return
 		}
 		failed := false

@@ -2,8 +2,10 @@ package registrar
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +31,7 @@ func serveTest(t *testing.T, n int) (*hub, []*generation) {
 	})
 	for i := range n {
 		path := filepath.Join(dir, fmt.Sprintf("d%d.sock", i))
-		l, id, err := publish(path)
+		l, id, err := publish(path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,5 +97,40 @@ func TestGenerationServesAgainAfterIdle(t *testing.T) {
 	g.stop()
 	if answersGetInfo(g.path) {
 		t.Error("a stopped generation still answers")
+	}
+}
+
+// TestPublishThatCannotServeKeepsTheSocket: a new generation that cannot be served (here the
+// hub has stopped) fails before its socket is renamed onto the path: the socket kubelet holds
+// stays, and nothing else is left behind.
+func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	spec := handoverDrivers(t, dir)[1] // the device plugin
+	d := newDriver(spec, testkit.Logger(t), nil, false)
+	h, err := newHub(testkit.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.hub = h
+	cur, err := d.publish(spec.SocketPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.stop()
+	h.close()
+	if _, err := d.publish(d.slot(cur), cur); err == nil || !strings.Contains(err.Error(), "stopping") {
+		t.Fatalf("publish with the hub stopped: %v, want the error that says so", err)
+	}
+	if id, _, err := statID(cur.path); err != nil || id != cur.id {
+		t.Errorf("the registered socket was replaced or removed: %v, %v (was %v)", id, err, cur.id)
+	}
+	entries, err := os.ReadDir(filepath.Dir(cur.path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if isTempSocketName(e.Name()) {
+			t.Errorf("a temporary socket is left: %s", e.Name())
+		}
 	}
 }

@@ -167,15 +167,19 @@ func ensureDir(dir string) error {
 // step, so kubelet sees exactly one Create for a socket that already accepts connections.
 // Anything at path that is not a socket is never touched.
 //
+// serve, if not nil, starts serving the listener while it still has its temporary name, so
+// that a failure to serve leaves whatever was at path untouched (the loop's registered socket,
+// when it publishes anew over it); its undo runs when the publication fails after it.
+//
 // The listener does not unlink its path when closed: another generation's socket may have
 // been renamed over it by then. Sockets are removed explicitly with removeIfOurs.
-func publish(path string) (*net.UnixListener, fileID, error) {
-	return publishAs("unix", path)
+func publish(path string, serve func(*net.UnixListener) (undo func(), err error)) (*net.UnixListener, fileID, error) {
+	return publishAs("unix", path, serve)
 }
 
 // publishAs is publish for a unix socket of network ("unix", or "unixpacket" for the
 // hand-over socket).
-func publishAs(network, path string) (*net.UnixListener, fileID, error) {
+func publishAs(network, path string, serve func(*net.UnixListener) (undo func(), err error)) (*net.UnixListener, fileID, error) {
 	dir := filepath.Dir(path)
 	if err := ensureDir(dir); err != nil {
 		return nil, fileID{}, err
@@ -190,7 +194,9 @@ func publishAs(network, path string) (*net.UnixListener, fileID, error) {
 		return nil, fileID{}, fmt.Errorf("listen: %w", err)
 	}
 	l.SetUnlinkOnClose(false)
+	undo := func() {}
 	fail := func(err error) (*net.UnixListener, fileID, error) {
+		undo()
 		l.Close()
 		os.Remove(tmp)
 		return nil, fileID{}, err
@@ -205,6 +211,13 @@ func publishAs(network, path string) (*net.UnixListener, fileID, error) {
 	if err != nil {
 		return fail(fmt.Errorf("publish %s: %w", path, err))
 	}
+	if serve != nil {
+		u, err := serve(l)
+		if err != nil {
+			return fail(err)
+		}
+		undo = u
+	}
 	if err := renameOnto(tmp, path, exists); err != nil {
 		return fail(err)
 	}
@@ -213,6 +226,7 @@ func publishAs(network, path string) (*net.UnixListener, fileID, error) {
 		return fail(fmt.Errorf("publish %s: %w", path, err))
 	}
 	if id.key() != mine.key() {
+		undo()
 		l.Close()
 		return nil, fileID{}, fmt.Errorf("publish %s: another socket replaced ours as it was published; it is left in place", path)
 	}

@@ -40,6 +40,8 @@ func TestCgroupMemoryMax(t *testing.T) {
 		{"v1 in a container: the hierarchy's root", map[string]string{"memory/memory.limit_in_bytes": "134217728\n"}, "4:memory:/kubepods/pod1/c1\n", 134217728, ""},
 		{"v1 without a limit", map[string]string{"memory/memory.limit_in_bytes": "9223372036854771712\n"}, "4:memory:/\n", 0, ""},
 		{"hybrid: v1's memory controller, no v2 file", map[string]string{"memory/x/memory.limit_in_bytes": "268435456"}, "4:memory:/x\n0::/\n", 268435456, ""},
+		{"v2: a parent's lower limit", map[string]string{"memory.max": "max\n", "s.slice/memory.max": "50000000\n", "s.slice/m.service/memory.max": "67108864\n"}, "0::/s.slice/m.service\n", 50000000, ""},
+		{"v1: the hierarchy's limit", map[string]string{"memory/a/memory.limit_in_bytes": "9223372036854771712\n", "memory/a/memory.stat": "cache 0\nhierarchical_memory_limit 33554432\n"}, "4:memory:/a\n", 33554432, ""},
 		{"no cgroup file system", nil, "0::/\n", 0, ""},
 		{"not a number", map[string]string{"memory.max": "lots\n"}, "0::/\n", 0, `memory.max: "lots" is not a number of bytes`},
 	} {

@@ -77,6 +77,8 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Warn("no memory limit for the Go runtime: the cgroup's cannot be read; set GOMEMLIMIT", "err", err)
 	case limit > 0:
 		log.Info("the Go runtime's memory limit", "bytes", limit, "from", from)
+	default:
+		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
 	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content}
 	err = r.run(runCtx, hup)
