@@ -397,10 +397,11 @@ func writeReport(path, report string) error {
 	if err != nil {
 		return err
 	}
+	// Markers on lines of their own: the file may quote them in its text.
 	s := string(old)
-	i, j := strings.Index(s, beginMarker), strings.Index(s, endMarker)
+	i, j := strings.Index(s, "\n"+beginMarker+"\n"), strings.Index(s, "\n"+endMarker+"\n")
 	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %s … %s section: not overwriting it", path, beginMarker, endMarker)
+		return fmt.Errorf("%s has no %s … %s section, each marker on a line of its own: not overwriting it", path, beginMarker, endMarker)
 	}
-	return os.WriteFile(path, []byte(s[:i]+section+s[j+len(endMarker):]), 0o644)
+	return os.WriteFile(path, []byte(s[:i+1]+section+s[j+1+len(endMarker):]), 0o644)
 }
