@@ -187,11 +187,7 @@ func TestChartRejects(t *testing.T) {
 	driver := func(extra string) string {
 		return "drivers:\n  - name: nfs.csi.k8s.io\n    type: CSIPlugin\n    endpoint: /var/lib/kubelet/plugins/csi-nfsplugin/csi.sock\n" + extra
 	}
-	tests := []struct {
-		name   string
-		values string
-		want   string
-	}{
+	tests := []renderCase{
 		{"valid", driver(""), ""},
 		{"relative kubeletDir", "kubeletDir: var/lib/kubelet\n", "at '/kubeletDir'"},
 		{"kubeletDir with trailing slash", "kubeletDir: /var/lib/kubelet/\n" + driver(""), ""},
@@ -234,6 +230,17 @@ func TestChartRejects(t *testing.T) {
 		{"extra host path twice", "extraHostPaths: [/run/csi, /opt/dp, /run/csi]\n", `extraHostPaths[2]: "/run/csi" is extraHostPaths[0] again`},
 		{"extra host path twice, once with a trailing slash", "extraHostPaths: [/run/csi, /run/csi/]\n", `extraHostPaths[1]: "/run/csi/" is extraHostPaths[0] again`},
 	}
+	checkRenders(t, c, tests)
+}
+
+// renderCase is a render of the chart with values (YAML) that must fail with an error
+// containing want, or succeed when want is empty.
+type renderCase struct {
+	name, values, want string
+}
+
+func checkRenders(t *testing.T, c *chart.Chart, tests []renderCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var values map[string]any

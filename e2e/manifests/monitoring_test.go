@@ -581,9 +581,7 @@ func TestMonitoringOffByDefault(t *testing.T) {
 // TestMonitoringChartRejects feeds the chart monitoring values it must refuse.
 func TestMonitoringChartRejects(t *testing.T) {
 	c := loadChart(t)
-	tests := []struct {
-		name, values, want string
-	}{
+	tests := []renderCase{
 		{"both monitors", "metrics: {podMonitor: {enabled: true}, serviceMonitor: {enabled: true}}", "enable one of them"},
 		{"misspelt monitor", "metrics: {podmonitor: {enabled: true}}", "additional properties 'podmonitor' not allowed"},
 		{"misspelt knob", "metrics: {prometheusRule: {enabled: true, runbookURL: x}}", "additional properties 'runbookURL' not allowed"},
@@ -594,16 +592,7 @@ func TestMonitoringChartRejects(t *testing.T) {
 		{"enabled not a boolean", "metrics: {dashboard: {enabled: yes please}}", "at '/metrics/dashboard/enabled'"},
 		{"everything but two monitors", "metrics: {podMonitor: {enabled: true}, prometheusRule: {enabled: true}, dashboard: {enabled: true}}", ""},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var values map[string]any
-			if err := yaml.Unmarshal([]byte(tt.values), &values); err != nil {
-				t.Fatal(err)
-			}
-			_, err := renderChart(c, values)
-			checkErr(t, err, tt.want)
-		})
-	}
+	checkRenders(t, c, tests)
 }
 
 // TestPrometheusRules runs promtool on the rules file: `check rules`, and the unit tests of
