@@ -125,5 +125,11 @@ func (d *driver) endpointRestarted(ev change, probed *fileID) bool {
 		*probed = id // not there when the socket was published (waitForEndpoint: false)
 		return false
 	}
-	return ev&(evCreated|evLost|evDirGone) != 0 && id != *probed
+	if ev&(evCreated|evLost|evDirGone) == 0 || id == *probed {
+		return false
+	}
+	d.mu.Lock()
+	d.st.EndpointRestarts++
+	d.mu.Unlock()
+	return true
 }

@@ -11,7 +11,7 @@ import (
 type Collector struct {
 	s *Supervisor
 
-	registered, phase, endpointUp, absent, required, attempts, recreations *prometheus.Desc
+	registered, phase, endpointUp, absent, required, attempts, recreations, restarts *prometheus.Desc
 }
 
 // NewCollector returns the collector of s's drivers; register it on a registry.
@@ -39,12 +39,15 @@ func NewCollector(s *Supervisor) *Collector {
 		recreations: prometheus.NewDesc("multireg_socket_recreations_total",
 			"Registration sockets recreated, by reason: rejected, timeout, socket_removed, endpoint_restarted.",
 			[]string{"driver", "reason"}, nil),
+		restarts: prometheus.NewDesc("multireg_endpoint_restarts_total",
+			"Times the driver's endpoint socket was created anew while its registration socket was served (the driver restarted), whether its registration was kept or made again.",
+			[]string{"driver"}, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.attempts, c.recreations} {
+	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.attempts, c.recreations, c.restarts} {
 		ch <- d
 	}
 }
@@ -70,6 +73,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range reasons {
 			ch <- prometheus.MustNewConstMetric(c.recreations, prometheus.CounterValue, float64(d.Recreations[r]), d.Name, r)
 		}
+		ch <- prometheus.MustNewConstMetric(c.restarts, prometheus.CounterValue, float64(d.EndpointRestarts), d.Name)
 	}
 }
 

@@ -55,8 +55,8 @@ func TestCSIRestartSameNodeInfoKeepsRegistration(t *testing.T) {
 		return err != nil || id != first
 	})
 	st := statusOf(s, d.Name)
-	if st.Phase != Registered || !st.EndpointUp || st.Attempts != 1 || st.Results[ResultRegistered] != 1 || st.Recreations[ReasonEndpointRestarted] != 0 {
-		t.Errorf("status after a restart with the same NodeGetInfo: %+v, want Registered, endpoint up, 1 attempt, 1 registration (kubelet asked GetInfo once), no recreation", st)
+	if st.Phase != Registered || !st.EndpointUp || st.Attempts != 1 || st.Results[ResultRegistered] != 1 || st.Recreations[ReasonEndpointRestarted] != 0 || st.EndpointRestarts != 1 {
+		t.Errorf("status after a restart with the same NodeGetInfo: %+v, want Registered, endpoint up, 1 attempt, 1 registration (kubelet asked GetInfo once), no recreation, 1 endpoint restart", st)
 	}
 	if n := calls.Load(); n != 1 {
 		t.Errorf("the restarted driver was asked NodeGetInfo %d times, want 1", n)
@@ -104,8 +104,8 @@ func TestCSIRestartNodeGetInfoFailsReregisters(t *testing.T) {
 		id, _, err := statID(d.SocketPath)
 		return err == nil && id != first && st.Phase == Registered && st.Results[ResultRegistered] == 2
 	})
-	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 {
-		t.Errorf("recreations %v, want 1 for endpoint_restarted", st.Recreations)
+	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 || st.EndpointRestarts != 1 {
+		t.Errorf("recreations %v and %d endpoint restarts, want 1 for endpoint_restarted and 1", st.Recreations, st.EndpointRestarts)
 	}
 	if !strings.Contains(log.String(), "CSI NodeGetInfo on "+d.LocalEndpoint) {
 		t.Errorf("the failed NodeGetInfo is not logged:\n%s", log.String())

@@ -50,6 +50,9 @@ type DriverStatus struct {
 	// Recreations counts sockets recreated, by reason: rejected, timeout, socket_removed,
 	// endpoint_restarted.
 	Recreations map[string]int
+	// EndpointRestarts counts the driver's endpoint created anew while its socket was served:
+	// the driver restarted, whether its registration was kept or made again.
+	EndpointRestarts int
 	// LastError is why the loop last backed off or waits: kubelet's own words, the endpoint
 	// probe's error, or the socket problem. It is cleared on registration.
 	LastError string

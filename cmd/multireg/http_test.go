@@ -355,6 +355,7 @@ drivers:
 		{"multireg_registration_attempts_total", map[string]string{"driver": "good.example.com", "result": "registered"}, 1},
 		{"multireg_socket_recreations_total", map[string]string{"driver": "example.com/bad", "reason": "rejected"}, 1},
 		{"multireg_endpoint_up", map[string]string{"driver": "good.example.com"}, 1},
+		{"multireg_endpoint_restarts_total", map[string]string{"driver": "good.example.com"}, 0},
 		{"multireg_driver_absent", map[string]string{"driver": "good.example.com"}, 0},
 		{"multireg_driver_required", map[string]string{"driver": "good.example.com"}, 0},
 		{"multireg_config_last_reload_successful", nil, 1},
