@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -132,5 +133,47 @@ func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
 		if isTempSocketName(e.Name()) {
 			t.Errorf("a temporary socket is left: %s", e.Name())
 		}
+	}
+}
+
+// TestStopWaitsForCallsInFlight: once stop has returned, no call of kubelet's reaches the
+// loop. A call in flight is waited for, also when kubelet dropped its connection meanwhile
+// (the server went with it, and gRPC would not wait for the call: a verdict arriving then
+// would be lost to a hand-over's detach), and later calls are refused.
+func TestStopWaitsForCallsInFlight(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	g := gs[0]
+	entered, release := make(chan struct{}), make(chan struct{})
+	g.rs.onInfo = func() { close(entered); <-release } // a call that takes its time
+	k := dialKubelet(t, g.path)
+	called := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := k.c.GetInfo(ctx, &registerapi.InfoRequest{})
+		called <- err
+	}()
+	defer func() { <-called }()
+	<-entered
+	k.conn.Close() // kubelet gives up on the call
+	testkit.Eventually(t, 5*time.Second, "the server gone with the connection", func() bool { return !serving(g) })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		g.stop()
+	}()
+	isStopped := func() bool {
+		select {
+		case <-stopped:
+			return true
+		default:
+			return false
+		}
+	}
+	testkit.Never(t, time.Second, "stop returned while a call was in flight", isStopped)
+	close(release)
+	testkit.Eventually(t, 5*time.Second, "stop returned once the call ended", isStopped)
+	if g.rs.enter() {
+		t.Error("a call after stop was let in")
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -52,11 +54,59 @@ type registrationServer struct {
 
 	mu    sync.Mutex
 	asked map[uint64]bool // connections that called GetInfo, until they close
+	// calls in flight, and whether close was called: see close.
+	calls   int
+	closed  bool
+	drained chan struct{} // closed when the last call in flight ends after close
 }
 
 var _ registerapi.RegistrationServer = (*registrationServer)(nil)
 
+// errClosing answers a call that reaches a generation after it stopped.
+var errClosing = status.Error(codes.Unavailable, "the registration socket is closing")
+
+// enter starts a call; false once close was called.
+func (s *registrationServer) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.calls++
+	return true
+}
+
+func (s *registrationServer) exit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.calls--; s.calls == 0 && s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
+}
+
+// close refuses every call from now on and waits for those in flight, so that no verdict
+// reaches the loop once the generation has stopped. gRPC's stop does not wait for them: a
+// connection kubelet dropped, or one a server no longer in use holds, may still be running
+// one. The calls never block (notify, onInfo and onLate must not).
+func (s *registrationServer) close() {
+	s.mu.Lock()
+	s.closed = true
+	if s.calls == 0 {
+		s.mu.Unlock()
+		return
+	}
+	drained := make(chan struct{})
+	s.drained = drained
+	s.mu.Unlock()
+	<-drained
+}
+
 func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	if !s.enter() {
+		return nil, errClosing
+	}
+	defer s.exit()
 	if id, ok := ctx.Value(connIDKey{}).(uint64); ok {
 		s.mu.Lock()
 		s.asked[id] = true
@@ -70,6 +120,10 @@ func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoReq
 // NotifyRegistrationStatus hands kubelet's verdict to the loop and always answers normally:
 // a failure is the loop's to handle, in the background.
 func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	if !s.enter() {
+		return nil, errClosing
+	}
+	defer s.exit()
 	id, _ := ctx.Value(connIDKey{}).(uint64)
 	s.mu.Lock()
 	asked := s.asked[id]
@@ -211,7 +265,8 @@ func serverOptions(rs *registrationServer) []grpc.ServerOption {
 const stopGrace = time.Second
 
 // stop stops accepting connections and closes the listener, lets calls in flight finish (for
-// at most stopGrace) and closes every connection. The socket file stays. It is idempotent.
+// at most stopGrace) and closes every connection. Once it has returned, no call reaches rs.
+// The socket file stays. It is idempotent.
 func (g *generation) stop() {
 	g.once.Do(func() {
 		g.hub.remove(g)
@@ -220,6 +275,7 @@ func (g *generation) stop() {
 		g.stopped = true
 		srv := g.srv
 		g.mu.Unlock()
+		defer g.rs.close()
 		if srv == nil {
 			return
 		}
