@@ -270,7 +270,7 @@ func describeMachine(root, bin string, built bool) machine {
 	if built {
 		m.Multireg += "`, built by the benchmark as `make build` does (CGO_ENABLED=0 -trimpath -ldflags '-s -w'), no -race"
 	} else {
-		m.Multireg += "`, " + bin
+		m.Multireg += "`, " + displayPath(root, bin)
 	}
 	cmd := exec.Command("git", "describe", "--always", "--dirty")
 	cmd.Dir = root
@@ -307,4 +307,13 @@ func fsType(dir string) string {
 func (m machine) oneLine() string {
 	return fmt.Sprintf("%d CPUs (%s), %d MiB, Linux %s, %s, kubelet %s, load %s, directories in %s (%s)",
 		m.CPUs, m.CPUModel, m.MemTotalMiB, m.Kernel, m.GoVersion, m.Kubelet, m.LoadAvg, m.TmpDir, m.TmpFS)
+}
+
+// displayPath names bin for the report without the machine's directories: relative to the
+// repository when it is inside it, else by its file name.
+func displayPath(root, bin string) string {
+	if rel, err := filepath.Rel(root, bin); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return rel
+	}
+	return filepath.Base(bin) + " (outside the repository)"
 }
