@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -52,7 +53,7 @@ func cgroupMemoryMax(root string, procCgroup []byte) (int64, string, error) {
 		parts := strings.SplitN(sc.Text(), ":", 3)
 		switch {
 		case len(parts) != 3:
-		case hasController(parts[1], "memory"): // cgroup v1 (also beside a v2 hierarchy)
+		case slices.Contains(strings.Split(parts[1], ","), "memory"): // cgroup v1 (also beside a v2 hierarchy)
 			return cgroupV1Limit(filepath.Join(root, "memory"), parts[2])
 		case parts[0] == "0" && parts[1] == "":
 			v2, isV2 = parts[2], true
@@ -128,13 +129,4 @@ func parseLimit(file, v string) (int64, string, error) {
 		return 0, file, nil
 	}
 	return n, file, nil
-}
-
-func hasController(list, name string) bool {
-	for c := range strings.SplitSeq(list, ",") {
-		if c == name {
-			return true
-		}
-	}
-	return false
 }
