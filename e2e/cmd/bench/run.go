@@ -359,12 +359,8 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	// 3. Footprint, after the idle window: the steady state; and rssAt after registration,
 	// before anything scrapes /metrics.
 	if o.rssAt > 0 {
-		t := time.NewTimer(time.Until(lastReg.Add(o.rssAt)))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := window(ctx, mr, time.Until(lastReg.Add(o.rssAt))); err != nil {
+			return err
 		}
 		fp, err := readFootprint(mr.PID())
 		if err != nil {
@@ -483,14 +479,8 @@ func idleWindow(ctx context.Context, mr *multireg, k *kubelet.Kubelet, d time.Du
 	start := time.Now()
 
 	// A measurement window, not a synchronisation: nothing is awaited but the time.
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-mr.Done():
-		return mr.exitError()
+	if err := window(ctx, mr, d); err != nil {
+		return err
 	}
 
 	cpu1, err := cpuTicks(pid)
@@ -672,12 +662,8 @@ func reload(ctx context.Context, mr *multireg, k *kubelet.Kubelet, w *dirWatch, 
 
 	// Give anything that should not happen time to show: kubelet's reconciler passes once
 	// a second. An observation window, not a synchronisation.
-	t := time.NewTimer(settle)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := window(ctx, mr, settle); err != nil {
+		return err
 	}
 	for _, d := range ds {
 		if d.name == target.name {
@@ -836,4 +822,19 @@ func parseMetrics(body string) map[string]float64 {
 		}
 	}
 	return m
+}
+
+// window lets d pass (a measurement or observation window, not a synchronisation); it fails
+// when ctx ends or multireg exits first.
+func window(ctx context.Context, mr *multireg, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-mr.Done():
+		return mr.exitError()
+	}
 }
