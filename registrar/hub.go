@@ -12,15 +12,13 @@ import (
 )
 
 // hub accepts the connections of every registration socket of a supervisor in one loop, and
-// gives each to its generation's gRPC server. A server's own accept loop (grpc.Server.Serve)
-// would park a goroutine in Accept for each socket, with its stack, for as long as the socket
+// gives each to its generation, which serves it on a goroutine of its own. An accept loop per
+// socket would park a goroutine in Accept for each, with its stack, for as long as the socket
 // lives: 1000 drivers, 1000 goroutines doing nothing.
 //
 // The loop waits on an epoll instance that holds every listening socket, itself waited on
-// through Go's poller, so no thread blocks in it. Each connection is served by a call of
-// Serve on a listener that yields just it: the call returns at once, and the server goes on
-// serving the connection until it or the server closes. So a generation's server stops as
-// before (generation.stop), the hub being told first to forget its socket.
+// through Go's poller, so no thread blocks in it. A generation stops its connections itself
+// (generation.stop), the hub being told first to forget its socket.
 type hub struct {
 	log  *slog.Logger
 	ep   *os.File // the epoll instance
@@ -34,7 +32,7 @@ type hub struct {
 
 	quit   chan struct{}  // closed by close
 	done   chan struct{}  // closed when the loop has returned
-	serves sync.WaitGroup // the Serve calls
+	serves sync.WaitGroup // the connections' goroutines
 }
 
 // newHub returns a hub that serves nothing yet; its loop starts with the first socket. close
@@ -119,8 +117,8 @@ func (h *hub) ctl(g *generation, f func(ep, fd int)) error {
 	return err
 }
 
-// close stops the loop and waits for it and for the Serve calls it made. Every generation
-// should have stopped before: their servers own the connections.
+// close stops the loop and waits for it and for the connections it gave. Every generation
+// should have stopped before: they own the connections.
 func (h *hub) close() {
 	h.mu.Lock()
 	if h.closed {
@@ -225,47 +223,6 @@ func (h *hub) acceptOn(fd int32) error {
 		if err != nil {
 			return err
 		}
-		srv, gc := g.give(c)
-		if srv == nil {
-			continue // g stopped
-		}
-		// Serve returns as soon as the listener has no second connection; it blocks longer
-		// only while the server stops, hence a goroutine.
-		h.serves.Go(func() { _ = srv.Serve(&oneConn{c: gc, addr: c.LocalAddr()}) })
+		g.give(c, h.serves.Go)
 	}
 }
-
-// oneConn is a listener that yields one connection, then fails: Serve returns, and the server
-// keeps the connection.
-type oneConn struct {
-	addr net.Addr
-	mu   sync.Mutex
-	c    net.Conn // until Accept takes it
-}
-
-// errServed ends a Serve call whose connection was taken.
-var errServed = errors.New("connection handed to the server")
-
-func (o *oneConn) Accept() (net.Conn, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	c := o.c
-	o.c = nil
-	if c == nil {
-		return nil, errServed
-	}
-	return c, nil
-}
-
-// Close closes the connection if the server never took it (it had stopped).
-func (o *oneConn) Close() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.c != nil {
-		o.c.Close()
-		o.c = nil
-	}
-	return nil
-}
-
-func (o *oneConn) Addr() net.Addr { return o.addr }

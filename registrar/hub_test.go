@@ -50,16 +50,9 @@ func serveTest(t *testing.T, n int) (*hub, []*generation) {
 	return h, gs
 }
 
-// serving reports whether g has a gRPC server.
-func serving(g *generation) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.srv != nil
-}
-
 // TestHubServesEverySocketWithoutAGoroutineEach: the sockets' connections are accepted by one
-// loop, and a socket nobody is connected to has no server: 200 idle sockets add no goroutine
-// beyond the hub's one, and each answers.
+// loop, and a connection's goroutine goes with it: 200 idle sockets add no goroutine beyond
+// the hub's one, and each answers.
 func TestHubServesEverySocketWithoutAGoroutineEach(t *testing.T) {
 	before := runtime.NumGoroutine()
 	_, gs := serveTest(t, 200)
@@ -71,9 +64,9 @@ func TestHubServesEverySocketWithoutAGoroutineEach(t *testing.T) {
 		k.notify(t, true, "")
 		k.conn.Close() // as kubelet does
 	}
-	testkit.Eventually(t, 10*time.Second, "every server gone with kubelet's connection, and their goroutines", func() bool {
+	testkit.Eventually(t, 10*time.Second, "every connection's goroutine gone with kubelet's connection", func() bool {
 		for _, g := range gs {
-			if serving(g) {
+			if g.connected() {
 				return false
 			}
 		}
@@ -81,20 +74,19 @@ func TestHubServesEverySocketWithoutAGoroutineEach(t *testing.T) {
 	})
 }
 
-// TestGenerationServesAgainAfterIdle: a socket whose server went with its last connection
-// serves the next one (kubelet restarting reads every socket again), and a stopped one
-// refuses it.
+// TestGenerationServesAgainAfterIdle: a socket whose last connection closed serves the next
+// one (kubelet restarting reads every socket again), and a stopped one refuses it.
 func TestGenerationServesAgainAfterIdle(t *testing.T) {
 	_, gs := serveTest(t, 1)
 	g := gs[0]
 	k := dialKubelet(t, g.path)
 	k.getInfo(t)
-	if !serving(g) {
-		t.Fatal("no server while kubelet is connected")
+	if !g.connected() {
+		t.Fatal("no connection served while kubelet is connected")
 	}
 	k.conn.Close()
-	testkit.Eventually(t, 5*time.Second, "the server gone with the connection", func() bool { return !serving(g) })
-	register(t, g.path, true, "") // a new server
+	testkit.Eventually(t, 5*time.Second, "the connection's goroutine gone with it", func() bool { return !g.connected() })
+	register(t, g.path, true, "")
 	g.stop()
 	if answersGetInfo(g.path) {
 		t.Error("a stopped generation still answers")
@@ -137,9 +129,8 @@ func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
 }
 
 // TestStopWaitsForCallsInFlight: once stop has returned, no call of kubelet's reaches the
-// loop. A call in flight is waited for, also when kubelet dropped its connection meanwhile
-// (the server went with it, and gRPC would not wait for the call: a verdict arriving then
-// would be lost to a hand-over's detach), and later calls are refused.
+// loop. A call in flight is waited for, also when kubelet dropped its connection meanwhile (a
+// verdict arriving then would be lost to a hand-over's detach), and later calls are refused.
 func TestStopWaitsForCallsInFlight(t *testing.T) {
 	_, gs := serveTest(t, 1)
 	g := gs[0]
@@ -156,7 +147,6 @@ func TestStopWaitsForCallsInFlight(t *testing.T) {
 	defer func() { <-called }()
 	<-entered
 	k.conn.Close() // kubelet gives up on the call
-	testkit.Eventually(t, 5*time.Second, "the server gone with the connection", func() bool { return !serving(g) })
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -173,7 +163,7 @@ func TestStopWaitsForCallsInFlight(t *testing.T) {
 	testkit.Never(t, time.Second, "stop returned while a call was in flight", isStopped)
 	close(release)
 	testkit.Eventually(t, 5*time.Second, "stop returned once the call ended", isStopped)
-	if g.rs.enter() {
-		t.Error("a call after stop was let in")
+	if answersGetInfo(g.path) {
+		t.Error("a call after stop was answered")
 	}
 }

@@ -1,7 +1,6 @@
 package registrar
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,10 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/stats"
-	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -29,16 +25,14 @@ func (v *verdict) rejection() error {
 	return errors.New("kubelet rejected the registration: " + v.msg)
 }
 
-// registrationServer serves kubelet's Registration API on one socket generation. GetInfo is
-// answered from memory: kubelet allows it one second.
+// registrationServer serves kubelet's Registration API on one socket generation (through
+// rpcConn). GetInfo is answered from memory: kubelet allows it one second.
 //
 // A verdict counts only on a connection that asked this server's GetInfo. kubelet calls
 // GetInfo and NotifyRegistrationStatus on one connection, but its gRPC client reconnects to
 // the same path when the socket is recreated: a verdict about an older socket can then arrive
 // on the new one, over a connection that never asked the new one anything.
 type registrationServer struct {
-	registerapi.UnsafeRegistrationServer
-
 	gen    uint64
 	info   *registerapi.PluginInfo
 	notify func(verdict) // must not block
@@ -52,126 +46,51 @@ type registrationServer struct {
 	// another instance answered).
 	anyConn atomic.Bool
 
+	infoMsg []byte // info, encoded
+
 	mu    sync.Mutex
 	asked map[uint64]bool // connections that called GetInfo, until they close
-	// calls in flight, and whether close was called: see close.
-	calls   int
-	closed  bool
-	drained chan struct{} // closed when the last call in flight ends after close
 }
 
-var _ registerapi.RegistrationServer = (*registrationServer)(nil)
-
-// errClosing answers a call that reaches a generation after it stopped.
-var errClosing = status.Error(codes.Unavailable, "the registration socket is closing")
-
-// enter starts a call; false once close was called.
-func (s *registrationServer) enter() bool {
+// getInfo answers GetInfo on connection conn.
+func (s *registrationServer) getInfo(conn uint64) ([]byte, *rpcStatus) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	s.calls++
-	return true
-}
-
-func (s *registrationServer) exit() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.calls--; s.calls == 0 && s.drained != nil {
-		close(s.drained)
-		s.drained = nil
-	}
-}
-
-// close refuses every call from now on and waits for those in flight, so that no verdict
-// reaches the loop once the generation has stopped. gRPC's stop does not wait for them: a
-// connection kubelet dropped, or one a server no longer in use holds, may still be running
-// one. The calls never block (notify, onInfo and onLate must not).
-func (s *registrationServer) close() {
-	s.mu.Lock()
-	s.closed = true
-	if s.calls == 0 {
-		s.mu.Unlock()
-		return
-	}
-	drained := make(chan struct{})
-	s.drained = drained
+	s.asked[conn] = true
 	s.mu.Unlock()
-	<-drained
-}
-
-func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	if !s.enter() {
-		return nil, errClosing
-	}
-	defer s.exit()
-	if id, ok := ctx.Value(connIDKey{}).(uint64); ok {
-		s.mu.Lock()
-		s.asked[id] = true
-		s.mu.Unlock()
-	}
 	s.awaiting.Store(true)
 	s.onInfo()
-	return s.info, nil
+	return s.infoMsg, nil
 }
 
-// NotifyRegistrationStatus hands kubelet's verdict to the loop and always answers normally:
-// a failure is the loop's to handle, in the background.
-func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	if !s.enter() {
-		return nil, errClosing
-	}
-	defer s.exit()
-	id, _ := ctx.Value(connIDKey{}).(uint64)
+// notifyStatus hands kubelet's verdict, received on connection conn, to the loop, and always
+// answers normally: a failure is the loop's to handle, in the background.
+func (s *registrationServer) notifyStatus(conn uint64, st *registerapi.RegistrationStatus) ([]byte, *rpcStatus) {
 	s.mu.Lock()
-	asked := s.asked[id]
+	asked := s.asked[conn]
 	s.mu.Unlock()
 	if !asked && !s.anyConn.CompareAndSwap(true, false) {
 		s.onLate()
-		return &registerapi.RegistrationStatusResponse{}, nil
+		return nil, nil // RegistrationStatusResponse has no field: its encoding is empty
 	}
 	s.anyConn.Store(false)
 	s.awaiting.Store(false)
 	s.notify(verdict{gen: s.gen, registered: st.PluginRegistered, msg: st.Error})
-	return &registerapi.RegistrationStatusResponse{}, nil
+	return nil, nil
 }
 
-// connIDKey carries a connection's number in the contexts of its calls.
-type connIDKey struct{}
-
-// HandleConn implements stats.Handler: a closed connection is forgotten.
-func (s *registrationServer) HandleConn(ctx context.Context, st stats.ConnStats) {
-	if _, end := st.(*stats.ConnEnd); end {
-		if id, ok := ctx.Value(connIDKey{}).(uint64); ok {
-			s.mu.Lock()
-			delete(s.asked, id)
-			s.mu.Unlock()
-		}
-	}
+// forget forgets a closed connection.
+func (s *registrationServer) forget(conn uint64) {
+	s.mu.Lock()
+	delete(s.asked, conn)
+	s.mu.Unlock()
 }
 
-// TagConn implements stats.Handler: it numbers the connection.
-func (s *registrationServer) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, connIDKey{}, connIDs.Add(1))
-}
-
-// TagRPC implements stats.Handler.
-func (s *registrationServer) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	return ctx
-}
-
-// HandleRPC implements stats.Handler.
-func (s *registrationServer) HandleRPC(context.Context, stats.RPCStats) {}
-
-// connIDs numbers connections across every server of the process.
+// connIDs numbers connections across every generation of the process.
 var connIDs atomic.Uint64
 
-// generation is one published registration socket and the gRPC server on it. The server has
-// no accept loop of its own: the supervisor's hub accepts the socket's connections and gives
-// each to the server (give). It exists only while it has connections: kubelet connects to a
-// socket to register it and is then gone, and 1000 idle servers would hold 2.5 MiB.
+// generation is one published registration socket and the connections kubelet made to it.
+// It has no accept loop of its own: the supervisor's hub accepts the socket's connections and
+// gives each to it (give), to be served by a goroutine of its own until it closes.
 type generation struct {
 	gen  uint64
 	path string
@@ -186,9 +105,9 @@ type generation struct {
 	once       sync.Once
 
 	mu      sync.Mutex
-	srv     *grpc.Server // nil while no connection is served
-	conns   int          // connections given to srv and not closed
+	conns   map[*rpcConn]struct{} // being served
 	stopped bool
+	served  sync.WaitGroup // the connections' goroutines
 }
 
 // serve serves rs on l, the listening socket at path, through h. No idle or age limits:
@@ -196,102 +115,96 @@ type generation struct {
 // plugin's registration in between may take minutes.
 func serve(h *hub, l *net.UnixListener, path string, id fileID, rs *registrationServer) (*generation, error) {
 	rs.asked = map[uint64]bool{}
+	msg, err := proto.Marshal(rs.info)
+	if err != nil {
+		return nil, fmt.Errorf("serve the registration socket %s: encode its PluginInfo: %w", path, err)
+	}
+	rs.infoMsg = msg
 	raw, err := l.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
-	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h}
+	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h, conns: map[*rpcConn]struct{}{}}
 	if err := h.add(g); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// give hands a connection accepted on g's socket to g's server, started for it if none runs.
-// It returns the server and the connection to serve, or nil when g has stopped (c is closed).
-func (g *generation) give(c net.Conn) (*grpc.Server, net.Conn) {
+// give serves a connection accepted on g's socket, with go (the hub's goroutine starter). A
+// stopped generation closes it instead.
+func (g *generation) give(c net.Conn, goServe func(func())) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopped {
 		c.Close()
-		return nil, nil
+		return
 	}
-	if g.srv == nil {
-		g.srv = grpc.NewServer(serverOptions(g.rs)...)
-		registerapi.RegisterRegistrationServer(g.srv, g.rs)
-	}
-	g.conns++
-	return g.srv, &genConn{Conn: c, g: g}
+	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	rc := newRPCConn(g, c)
+	g.conns[rc] = struct{}{}
+	g.served.Add(1)
+	goServe(func() {
+		defer g.served.Done()
+		rc.serve()
+		g.mu.Lock()
+		delete(g.conns, rc)
+		g.mu.Unlock()
+	})
 }
 
-// closed counts a connection given to the server as closed; the server goes with the last.
-func (g *generation) closed() {
+// setDeadline sets c's read deadline to t, unless g is stopping (stop set it to interrupt
+// the read).
+func (g *generation) setDeadline(c net.Conn, t time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.conns--; g.conns == 0 && !g.stopped {
-		g.srv = nil // idle: it holds no goroutine (nor a channelz entry: channelz is off), and the next connection gets a new one
+	if g.stopped {
+		return false
 	}
+	_ = c.SetReadDeadline(t)
+	return true
 }
 
-// genConn is a connection given to a generation's server. gRPC closes every connection it is
-// given, whether its transport ends or never starts.
-type genConn struct {
-	net.Conn
-	g    *generation
-	once sync.Once
-}
-
-func (c *genConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.g.closed)
-	return err
-}
-
-// serverOptions are a registration server's. kubelet's calls carry a few hundred bytes, so
-// each connection reads and writes through 4 KiB buffers instead of gRPC's 32 KiB each way:
-// kubelet registering 1000 drivers at once opens 1000 connections (larger messages still
-// pass, in several reads and flushes). The write buffer goes back to a pool once flushed: a
-// connection is idle from GetInfo until the verdict, while kubelet registers the plugin.
-func serverOptions(rs *registrationServer) []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.StatsHandler(rs),
-		grpc.ReadBufferSize(4 << 10),
-		grpc.WriteBufferSize(4 << 10),
-		grpc.SharedWriteBuffer(true),
-	}
+// connected reports whether a connection is being served.
+func (g *generation) connected() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.conns) > 0
 }
 
 // stopGrace bounds how long a stopping generation lets calls in flight finish: the reply to
 // the NotifyRegistrationStatus that made the loop stop it must reach kubelet.
 const stopGrace = time.Second
 
-// stop stops accepting connections and closes the listener, lets calls in flight finish (for
-// at most stopGrace) and closes every connection. Once it has returned, no call reaches rs.
-// The socket file stays. It is idempotent.
+// stop stops accepting connections and closes the listener, lets each connection finish the
+// call it is answering (for at most stopGrace) and closes it. Once it has returned, no call
+// reaches rs: each connection's goroutine has ended. The socket file stays. It is idempotent.
 func (g *generation) stop() {
 	g.once.Do(func() {
 		g.hub.remove(g)
 		_ = g.l.Close()
 		g.mu.Lock()
 		g.stopped = true
-		srv := g.srv
-		g.mu.Unlock()
-		defer g.rs.close()
-		if srv == nil {
-			return
+		for rc := range g.conns {
+			_ = rc.c.SetReadDeadline(time.Unix(1, 0)) // the next read fails; a reply being written is not cut
 		}
-		graceful := make(chan struct{})
+		g.mu.Unlock()
+		done := make(chan struct{})
 		go func() {
-			defer close(graceful)
-			srv.GracefulStop()
+			defer close(done)
+			g.served.Wait()
 		}()
 		t := time.NewTimer(stopGrace)
 		defer t.Stop()
 		select {
-		case <-graceful:
+		case <-done:
 		case <-t.C:
-			srv.Stop()
-			<-graceful
+			g.mu.Lock()
+			for rc := range g.conns {
+				rc.c.Close() // a client that does not read its reply
+			}
+			g.mu.Unlock()
+			<-done
 		}
 	})
 }
