@@ -118,7 +118,8 @@ func (h *hub) ctl(g *generation, f func(ep, fd int)) error {
 }
 
 // close stops the loop and waits for it and for the connections it gave. Every generation
-// should have stopped before: they own the connections.
+// must have stopped before: they own the connections, and one still serving would hold
+// close until its client goes.
 func (h *hub) close() {
 	h.mu.Lock()
 	if h.closed {

@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,7 +19,13 @@ import (
 // serveTest publishes n sockets in a short directory and serves each through one hub.
 func serveTest(t *testing.T, n int) (*hub, []*generation) {
 	t.Helper()
-	h, err := newHub(testkit.Logger(t))
+	return serveTestLog(t, n, testkit.Logger(t))
+}
+
+// serveTestLog is serveTest logging to log.
+func serveTestLog(t *testing.T, n int, log *slog.Logger) (*hub, []*generation) {
+	t.Helper()
+	h, err := newHub(log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +55,13 @@ func serveTest(t *testing.T, n int) (*hub, []*generation) {
 		gs = append(gs, g)
 	}
 	return h, gs
+}
+
+// connected reports whether g serves a connection.
+func (g *generation) connected() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.conns) > 0
 }
 
 // TestHubServesEverySocketWithoutAGoroutineEach: the sockets' connections are accepted by one

@@ -46,9 +46,9 @@ const (
 	// handshakeTimeout bounds the wait for the client's preface, as gRPC's server does
 	// (ConnectionTimeout).
 	handshakeTimeout = 2 * time.Minute
-	// writeTimeout bounds one write of frames: replies are small, and a client that reads
-	// nothing for this long is gone.
-	writeTimeout = 10 * time.Second
+	// maxFrame is the largest frame a client may send: HTTP/2's default, which gRPC's client
+	// keeps to.
+	maxFrame = 16384
 	// readBuffer is a connection's read buffer: a request's frames take a few hundred bytes.
 	readBuffer = 1024
 	// initialWindow is the flow-control window both ends start with (RFC 9113 §6.9.2).
@@ -56,6 +56,10 @@ const (
 	// maxWindow is the largest flow-control window (RFC 9113 §6.9.1).
 	maxWindow = 1<<31 - 1
 )
+
+// writeTimeout bounds one write of frames: replies are small, and a client that reads
+// nothing for this long is gone. A variable for the tests.
+var writeTimeout = 10 * time.Second
 
 // rpcConn is one client connection to a registration socket and the calls open on it. Only
 // its goroutine (serve) uses it.
@@ -71,10 +75,16 @@ type rpcConn struct {
 	enc *hpack.Encoder
 
 	calls    map[uint32]*rpcCall
+	pending  int    // the bytes of requests in calls, bounded by maxRequest
 	lastID   uint32 // the highest stream the client opened
 	maxFrame int    // the client's SETTINGS_MAX_FRAME_SIZE
 	window   int64  // what may be sent on the connection (flow control)
 	initial  int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE, a new stream's window
+
+	read     int64 // bytes read from c
+	boundary int64 // bytes of c the framer had read when its last frame ended
+	draining bool  // the generation stopped: the calls open then are being finished
+	wfailed  bool  // a write failed: the client is gone or does not read
 }
 
 // rpcCall is a call whose request is being received.
@@ -96,16 +106,14 @@ func failed(code codes.Code, format string, args ...any) *rpcStatus {
 	return &rpcStatus{code: code, msg: fmt.Sprintf(format, args...)}
 }
 
-// errClosing answers a call that reaches a generation after it stopped.
-var errClosing = failed(codes.Unavailable, "the registration socket is closing")
-
 func newRPCConn(g *generation, c net.Conn) *rpcConn {
 	rc := &rpcConn{g: g, c: c, id: connIDs.Add(1), calls: map[uint32]*rpcCall{},
 		maxFrame: 16384, window: initialWindow, initial: initialWindow}
 	// A frame is read in two reads (its header, then its payload); the buffer makes them one
 	// system call for a request's few frames.
-	rc.r = bufio.NewReaderSize(c, readBuffer)
+	rc.r = bufio.NewReaderSize(connReader{rc}, readBuffer)
 	rc.fr = http2.NewFramer(&rc.out, rc.r)
+	rc.fr.SetMaxReadFrameSize(maxFrame) // SETTINGS_MAX_FRAME_SIZE, not advertised: the default
 	rc.fr.SetReuseFrames()
 	rc.fr.MaxHeaderListSize = maxHeaderList
 	rc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
@@ -117,8 +125,8 @@ func newRPCConn(g *generation, c net.Conn) *rpcConn {
 }
 
 // serve serves the connection until the client closes it, breaks the protocol, or the
-// generation stops: stop interrupts the read with a deadline, and the call being answered,
-// if any, is answered first.
+// generation stops. stop interrupts the read with a deadline: the calls the client began are
+// answered first (connReader), then GOAWAY tells the client that no other was.
 func (rc *rpcConn) serve() {
 	defer rc.c.Close()
 	defer rc.g.rs.forget(rc.id)
@@ -126,6 +134,7 @@ func (rc *rpcConn) serve() {
 		rc.fail(err)
 		return
 	}
+	rc.boundary = rc.read - int64(rc.r.Buffered())
 	for {
 		f, err := rc.fr.ReadFrame()
 		if err == nil {
@@ -136,16 +145,42 @@ func (rc *rpcConn) serve() {
 			if se.StreamID%2 == 1 && se.StreamID > rc.lastID {
 				rc.lastID = se.StreamID // its headers opened it, and broke a rule: its DATA is dropped
 			}
-			delete(rc.calls, se.StreamID)
+			rc.drop(se.StreamID)
 			err = rc.fr.WriteRSTStream(se.StreamID, se.Code)
 		}
 		if err == nil {
 			err = rc.flush()
 		}
+		if err == nil && rc.draining && len(rc.calls) == 0 {
+			err = os.ErrDeadlineExceeded // the calls begun before stop are answered
+		}
 		if err != nil {
 			rc.fail(err)
 			return
 		}
+		rc.boundary = rc.read - int64(rc.r.Buffered())
+	}
+}
+
+// connReader reads the connection for the framer. When the generation stops, its deadline
+// fails the read at once; but if the client has begun a call (its headers are read, or a
+// frame is half read), the read goes on for stopGrace, so that the call is answered: the
+// client cannot tell such a call from one that was served, and gRPC's would not retry it.
+type connReader struct{ rc *rpcConn }
+
+func (r connReader) Read(p []byte) (int, error) {
+	rc := r.rc
+	for {
+		n, err := rc.c.Read(p)
+		rc.read += int64(n)
+		if n > 0 || rc.draining || !errors.Is(err, os.ErrDeadlineExceeded) || !rc.g.isStopped() {
+			return n, err
+		}
+		rc.draining = true
+		if len(rc.calls) == 0 && rc.read == rc.boundary {
+			return n, err
+		}
+		_ = rc.c.SetReadDeadline(time.Now().Add(stopGrace))
 	}
 }
 
@@ -190,9 +225,16 @@ func (e errNotHTTP2) Error() string {
 }
 
 // fail ends the connection on err. A client that broke the protocol is told why (GOAWAY) and
-// the socket's path is logged with it; one that stops is told nothing but GOAWAY; one that
-// went, or whose connection failed, nothing.
+// the socket's path is logged with it; when the generation stops, the client is told GOAWAY;
+// one that went, or whose connection failed, nothing.
 func (rc *rpcConn) fail(err error) {
+	if rc.wfailed {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			rc.g.hub.log.Warn("ended a connection to a registration socket: its client read no reply for "+writeTimeout.String(),
+				"socket", rc.g.path)
+		}
+		return
+	}
 	var code http2.ErrCode
 	var ce http2.ConnectionError
 	var pe *protocolError
@@ -210,7 +252,7 @@ func (rc *rpcConn) fail(err error) {
 	case errors.As(err, &np):
 		code = http2.ErrCodeProtocol
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		code = http2.ErrCodeNo // the generation stops, or the client never sent its preface
+		code = http2.ErrCodeNo // the generation stops, or the client sent no preface in handshakeTimeout
 	default:
 		return // the client went, or its connection failed
 	}
@@ -235,6 +277,9 @@ func (rc *rpcConn) flush() error {
 	_ = rc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	_, err := rc.c.Write(rc.out.Bytes())
 	rc.out.Reset()
+	if err != nil {
+		rc.wfailed = true
+	}
 	return err
 }
 
@@ -265,7 +310,7 @@ func (rc *rpcConn) handle(f http2.Frame) error {
 		if f.StreamID > rc.lastID {
 			return connError(http2.ErrCodeProtocol, "RST_STREAM on stream %d, which it never opened", f.StreamID)
 		}
-		delete(rc.calls, f.StreamID)
+		rc.drop(f.StreamID)
 		return nil
 	case *http2.PushPromiseFrame:
 		return connError(http2.ErrCodeProtocol, "PUSH_PROMISE from a client")
@@ -314,16 +359,20 @@ func (rc *rpcConn) windowUpdate(f *http2.WindowUpdateFrame) error {
 func (rc *rpcConn) headers(f *http2.MetaHeadersFrame) error {
 	id := f.StreamID
 	if id <= rc.lastID {
-		if rc.calls[id] != nil && f.StreamEnded() {
-			return rc.end(id) // the request's trailers: gRPC's clients send none, but may
+		if rc.calls[id] == nil {
+			return connError(http2.ErrCodeStreamClosed, "HEADERS on stream %d, which is closed", id)
 		}
-		return connError(http2.ErrCodeStreamClosed, "HEADERS on stream %d, which is closed", id)
+		if !f.StreamEnded() {
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("a second HEADERS that does not end the request")}
+		}
+		return rc.end(id) // the request's trailers: gRPC's clients send none, but may
 	}
 	if id%2 == 0 {
 		return connError(http2.ErrCodeProtocol, "HEADERS on stream %d: even streams are the server's", id)
 	}
 	rc.lastID = id
-	if len(rc.calls) >= maxCallStreams {
+	if len(rc.calls) >= maxCallStreams || rc.draining {
+		// gRPC's client retries a refused stream: on another connection, once this one ends
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeRefusedStream}
 	}
 	c := &rpcCall{method: f.PseudoValue("path"), window: rc.initial}
@@ -371,10 +420,11 @@ func (rc *rpcConn) data(f *http2.DataFrame) error {
 		}
 		return nil // a call already answered or reset: its data is dropped
 	}
-	if len(c.req)+len(f.Data()) > maxRequest+5 {
-		return rc.refuse(id, !f.StreamEnded(), failed(codes.ResourceExhausted, "the request is larger than %d bytes", maxRequest))
+	if rc.pending+len(f.Data()) > maxRequest+5 {
+		return rc.refuse(id, !f.StreamEnded(), failed(codes.ResourceExhausted, "the request is larger than %d bytes (with the other requests open on the connection)", maxRequest))
 	}
 	c.req = append(c.req, f.Data()...)
+	rc.pending += len(f.Data())
 	if f.StreamEnded() {
 		return rc.end(id)
 	}
@@ -391,7 +441,7 @@ func (rc *rpcConn) end(id uint32) error {
 	if st != nil {
 		return rc.refuse(id, false, st)
 	}
-	delete(rc.calls, id)
+	rc.drop(id)
 	msg := make([]byte, 5, 5+len(resp))
 	binary.BigEndian.PutUint32(msg[1:], uint32(len(resp)))
 	msg = append(msg, resp...)
@@ -455,9 +505,17 @@ func (rc *rpcConn) refuse(id uint32, open bool, st *rpcStatus) error {
 	return nil
 }
 
+// drop forgets the call on stream id, if open.
+func (rc *rpcConn) drop(id uint32) {
+	if c := rc.calls[id]; c != nil {
+		rc.pending -= len(c.req)
+		delete(rc.calls, id)
+	}
+}
+
 // status answers a call with a status alone (gRPC's Trailers-Only response).
 func (rc *rpcConn) status(id uint32, st *rpcStatus) error {
-	delete(rc.calls, id)
+	rc.drop(id)
 	msg := st.msg
 	if len(msg) > 1024 {
 		msg = msg[:1024]

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -333,7 +334,7 @@ func TestRPCRefusesBrokenAndHostileClients(t *testing.T) {
 	})
 	t.Run("a stream number of the server's", func(t *testing.T) {
 		r := dialRaw(t, g.path, true)
-		r.call(2, getInfo, framed(nil))
+		r.headers(2, true, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
 		if code := r.goAway(); code != http2.ErrCodeProtocol {
 			t.Errorf("GOAWAY %v, want PROTOCOL_ERROR", code)
 		}
@@ -381,4 +382,137 @@ func TestRPCStopEndsIdleConnections(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("stop did not return")
 	}
+}
+
+// TestRPCRefusesFramesOverTheDefaultSize: a client may send frames of 16384 bytes at most (the
+// server advertises no other SETTINGS_MAX_FRAME_SIZE); a larger one ends the connection
+// before its payload is read, instead of a buffer as large kept for the connection's life.
+// The payload left unread may reset the connection before the client reads the GOAWAY: the
+// log says why.
+func TestRPCRefusesFramesOverTheDefaultSize(t *testing.T) {
+	var log testkit.Buffer
+	_, gs := serveTestLog(t, 1, log.Logger())
+	r := dialRaw(t, gs[0].path, true)
+	if err := r.fr.WriteRawFrame(0x42, 0, 0, make([]byte, maxFrame+1)); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+				t.Errorf("the connection: %v, want it closed", err)
+			}
+			break
+		}
+		if ga, ok := f.(*http2.GoAwayFrame); ok && ga.ErrCode != http2.ErrCodeFrameSize {
+			t.Errorf("GOAWAY %v, want FRAME_SIZE_ERROR", ga.ErrCode)
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, "FRAME_SIZE_ERROR logged", func() bool {
+		return strings.Contains(log.String(), "FRAME_SIZE_ERROR")
+	})
+}
+
+// TestRPCBoundsWhatAConnectionHolds: requests left unfinished on a connection's streams may
+// hold maxRequest in all, not maxRequest each: the call whose data goes over is refused, and
+// the others stay.
+func TestRPCBoundsWhatAConnectionHolds(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	r := dialRaw(t, gs[0].path, true)
+	const getInfo = registerapi.Registration_GetInfo_FullMethodName
+	chunk := make([]byte, maxFrame)
+	var over uint32
+	for i := range uint32(maxCallStreams) {
+		id := 2*i + 1
+		r.headers(id, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+		for range maxRequest / maxCallStreams / len(chunk) * 2 {
+			if err := r.fr.WriteData(id, false, chunk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i == maxCallStreams/2 {
+			over = id
+			break // the half of them, with twice their share
+		}
+	}
+	code, msg := r.status(over)
+	if code != "8" || !strings.Contains(msg, "open on the connection") {
+		t.Errorf("the call that went over: %s %q, want 8 (ResourceExhausted) saying why", code, msg)
+	}
+	if err := r.fr.WriteData(1, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if code, msg := r.status(1); code != "13" || !strings.Contains(msg, "framing") {
+		t.Errorf("the first call, ended: %s %q, want 13 (Internal) about its framing: it was kept", code, msg)
+	}
+}
+
+// TestRPCStopFinishesTheCallsBegun: a call whose headers were read when stop came is
+// answered (its message arriving after), and GOAWAY then says no later stream was served; a
+// stream opened meanwhile is refused, for gRPC's client to retry. Calls answered with a
+// GOAWAY counting them but without their answer would be failed, not retried, by gRPC's client:
+// kubelet deregisters a plugin whose verdict call fails.
+func TestRPCStopFinishesTheCallsBegun(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	g := gs[0]
+	r := dialRaw(t, g.path, true)
+	const getInfo = registerapi.Registration_GetInfo_FullMethodName
+	r.headers(1, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+	if err := r.fr.WritePing(false, [8]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.next().(*http2.PingFrame); !ok {
+		t.Fatal("no PING ack") // the headers were read before it
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		g.stop()
+	}()
+	testkit.Eventually(t, 5*time.Second, "stop under way", g.isStopped)
+	r.headers(3, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+	if err := r.fr.WriteData(1, true, framed(nil)); err != nil {
+		t.Fatal(err)
+	}
+	var answered, refused bool
+	for f := r.next(); ; f = r.next() {
+		switch f := f.(type) {
+		case nil:
+			t.Fatal("the connection closed without a GOAWAY")
+		case *http2.MetaHeadersFrame:
+			answered = answered || f.StreamID == 1 && f.StreamEnded()
+		case *http2.RSTStreamFrame:
+			refused = refused || f.StreamID == 3 && f.ErrCode == http2.ErrCodeRefusedStream
+		case *http2.GoAwayFrame:
+			if !answered || f.ErrCode != http2.ErrCodeNo || f.LastStreamID != 3 {
+				t.Errorf("GOAWAY %v, last stream %d, with stream 1 answered: %v; want NO_ERROR, 3, after stream 1's answer", f.ErrCode, f.LastStreamID, answered)
+			}
+			if !refused {
+				t.Error("stream 3, opened after stop, was not refused")
+			}
+			<-stopped
+			return
+		}
+	}
+}
+
+// TestRPCDropsAClientThatDoesNotRead: a client that sends and never reads its replies is
+// dropped once a write has waited writeTimeout, and the socket's path is logged.
+func TestRPCDropsAClientThatDoesNotRead(t *testing.T) {
+	defer func(d time.Duration) { writeTimeout = d }(writeTimeout)
+	writeTimeout = 200 * time.Millisecond
+	var log testkit.Buffer
+	_, gs := serveTestLog(t, 1, log.Logger())
+	path := gs[0].path
+	r := dialRaw(t, path, true)
+	_ = r.c.SetWriteDeadline(time.Now().Add(time.Minute))
+	for {
+		if err := r.fr.WritePing(false, [8]byte{1}); err != nil {
+			break // the server closed the connection
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, "the drop logged", func() bool {
+		return strings.Contains(log.String(), "read no reply") && strings.Contains(log.String(), path)
+	})
 }

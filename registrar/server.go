@@ -165,11 +165,11 @@ func (g *generation) setDeadline(c net.Conn, t time.Time) bool {
 	return true
 }
 
-// connected reports whether a connection is being served.
-func (g *generation) connected() bool {
+// isStopped reports whether stop was called.
+func (g *generation) isStopped() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.conns) > 0
+	return g.stopped
 }
 
 // stopGrace bounds how long a stopping generation lets calls in flight finish: the reply to
