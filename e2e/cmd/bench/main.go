@@ -132,8 +132,8 @@ func run() int {
 	case built:
 		// As `make build` builds it: static, stripped, no race detector.
 		o.multireg = filepath.Join(tmp, "multireg")
-		progress("building multireg from %s (CGO_ENABLED=0 -trimpath -ldflags='-s -w')", root)
-		if err := buildGo(root, o.multireg, buildEnv, "-trimpath", "-ldflags", "-s -w -X main.version=bench", "./cmd/multireg"); err != nil {
+		progress("building multireg from %s (CGO_ENABLED=0 -trimpath -tags grpcnotrace -ldflags='-s -w')", root)
+		if err := buildGo(root, o.multireg, buildEnv, "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w -X main.version=bench", "./cmd/multireg"); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			return 1
 		}
@@ -268,7 +268,7 @@ func describeMachine(root, bin string, built bool) machine {
 		m.Multireg = strings.Join(strings.Fields(string(b)), " ")
 	}
 	if built {
-		m.Multireg += "`, built by the benchmark as `make build` does (CGO_ENABLED=0 -trimpath -ldflags '-s -w'), no -race"
+		m.Multireg += "`, built by the benchmark as `make build` does (CGO_ENABLED=0 -trimpath -tags grpcnotrace -ldflags '-s -w'), no -race"
 	} else {
 		m.Multireg += "`, " + displayPath(root, bin)
 	}

@@ -77,7 +77,7 @@ func buildProfiled(root, tmp, out string, env []string) error {
 	if err := os.WriteFile(ov, overlay, 0o644); err != nil {
 		return err
 	}
-	return buildGo(root, out, env, "-overlay", ov, "-trimpath", "-ldflags", "-X main.version=bench-pprof", "./cmd/multireg")
+	return buildGo(root, out, env, "-overlay", ov, "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-X main.version=bench-pprof", "./cmd/multireg")
 }
 
 // profiler saves profiles of one N's run into dir; a nil *profiler does nothing.
