@@ -104,8 +104,10 @@ type result struct {
 
 	FP             footprint // after the idle window
 	RSSAfterScrape int64     // KiB, right after the first /metrics scrape
-	// RSSAt: KiB, rssAt after all were registered, before any /metrics scrape (0: not measured).
+	// RSSAt: KiB, RSSAtAfter after all were registered (rssAt, or the idle window if that is
+	// longer), before any /metrics scrape (0: not measured).
 	RSSAt                                    int64
+	RSSAtAfter                               time.Duration
 	Goroutines, HeapInuse, StackInuse, GoSys float64 // from /metrics (bytes)
 
 	IdleWindow  time.Duration
@@ -366,8 +368,8 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		if err != nil {
 			return err
 		}
-		res.RSSAt = fp.RSS
-		say("RSS %v after all were registered: %d KiB", o.rssAt, res.RSSAt)
+		res.RSSAt, res.RSSAtAfter = fp.RSS, time.Since(lastReg)
+		say("RSS %v after all were registered: %d KiB", res.RSSAtAfter.Round(time.Second), res.RSSAt)
 	}
 	if res.FP, err = readFootprint(mr.PID()); err != nil {
 		return err
