@@ -100,15 +100,13 @@ type rpcStatus struct {
 	msg  string
 }
 
-func (s *rpcStatus) Error() string { return fmt.Sprintf("%s: %s", s.code, s.msg) }
-
 func failed(code codes.Code, format string, args ...any) *rpcStatus {
 	return &rpcStatus{code: code, msg: fmt.Sprintf(format, args...)}
 }
 
 func newRPCConn(g *generation, c net.Conn) *rpcConn {
 	rc := &rpcConn{g: g, c: c, id: connIDs.Add(1), calls: map[uint32]*rpcCall{},
-		maxFrame: 16384, window: initialWindow, initial: initialWindow}
+		maxFrame: maxFrame, window: initialWindow, initial: initialWindow} // HTTP/2's defaults, until the client's SETTINGS
 	// A frame is read in two reads (its header, then its payload); the buffer makes them one
 	// system call for a request's few frames.
 	rc.r = bufio.NewReaderSize(connReader{rc}, readBuffer)
@@ -256,12 +254,10 @@ func (rc *rpcConn) fail(err error) {
 	default:
 		return // the client went, or its connection failed
 	}
+	var debug []byte
 	if code != http2.ErrCodeNo {
 		rc.g.hub.log.Warn("ended a connection to a registration socket: its client broke the protocol",
 			"socket", rc.g.path, "code", code, "err", err)
-	}
-	var debug []byte
-	if code != http2.ErrCodeNo {
 		debug = []byte(err.Error())
 	}
 	if rc.fr.WriteGoAway(rc.lastID, code, debug) == nil {

@@ -177,7 +177,7 @@ func (g *generation) isStopped() bool {
 const stopGrace = time.Second
 
 // stop stops accepting connections and closes the listener, lets each connection finish the
-// call it is answering (for at most stopGrace) and closes it. Once it has returned, no call
+// calls its client began (for at most stopGrace: rpcConn) and closes it. Once it has returned, no call
 // reaches rs: each connection's goroutine has ended. The socket file stays. It is idempotent.
 func (g *generation) stop() {
 	g.once.Do(func() {
