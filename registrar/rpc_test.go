@@ -202,11 +202,17 @@ func (r *rawClient) headers(id uint32, end bool, fields ...string) {
 	}
 }
 
+// open writes the headers of a gRPC call of method on stream id, and fields after them.
+func (r *rawClient) open(id uint32, end bool, method string, fields ...string) {
+	r.t.Helper()
+	r.headers(id, end, append([]string{":method", "POST", ":scheme", "http", ":path", method, ":authority", "localhost",
+		"content-type", "application/grpc", "te", "trailers"}, fields...)...)
+}
+
 // call writes a request for method on stream id, its message framed as body.
 func (r *rawClient) call(id uint32, method string, body []byte, fields ...string) {
 	r.t.Helper()
-	r.headers(id, false, append([]string{":method", "POST", ":scheme", "http", ":path", method, ":authority", "localhost",
-		"content-type", "application/grpc", "te", "trailers"}, fields...)...)
+	r.open(id, false, method, fields...)
 	if err := r.fr.WriteData(id, true, body); err != nil {
 		r.t.Fatal(err)
 	}
@@ -301,8 +307,7 @@ func TestRPCRefusesBrokenAndHostileClients(t *testing.T) {
 		if code, msg := r.status(5); code != "12" || !strings.Contains(msg, "text/plain") {
 			t.Errorf("a request that is not gRPC: %s %q, want 12 (Unimplemented) naming its content-type", code, msg)
 		}
-		r.headers(7, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x",
-			"content-type", "application/grpc", "x-big", strings.Repeat("b", maxHeaderList))
+		r.open(7, false, getInfo, "x-big", strings.Repeat("b", maxHeaderList))
 		if code, _ := r.status(7); code != "8" {
 			t.Errorf("headers over the bound: %s, want 8 (ResourceExhausted)", code)
 		}
@@ -334,7 +339,7 @@ func TestRPCRefusesBrokenAndHostileClients(t *testing.T) {
 	})
 	t.Run("a stream number of the server's", func(t *testing.T) {
 		r := dialRaw(t, g.path, true)
-		r.headers(2, true, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+		r.open(2, true, getInfo)
 		if code := r.goAway(); code != http2.ErrCodeProtocol {
 			t.Errorf("GOAWAY %v, want PROTOCOL_ERROR", code)
 		}
@@ -425,7 +430,7 @@ func TestRPCBoundsWhatAConnectionHolds(t *testing.T) {
 	var over uint32
 	for i := range uint32(maxCallStreams) {
 		id := 2*i + 1
-		r.headers(id, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+		r.open(id, false, getInfo)
 		for range maxRequest / maxCallStreams / len(chunk) * 2 {
 			if err := r.fr.WriteData(id, false, chunk); err != nil {
 				t.Fatal(err)
@@ -458,7 +463,7 @@ func TestRPCStopFinishesTheCallsBegun(t *testing.T) {
 	g := gs[0]
 	r := dialRaw(t, g.path, true)
 	const getInfo = registerapi.Registration_GetInfo_FullMethodName
-	r.headers(1, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+	r.open(1, false, getInfo)
 	if err := r.fr.WritePing(false, [8]byte{1}); err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +476,7 @@ func TestRPCStopFinishesTheCallsBegun(t *testing.T) {
 		g.stop()
 	}()
 	testkit.Eventually(t, 5*time.Second, "stop under way", g.isStopped)
-	r.headers(3, false, ":method", "POST", ":scheme", "http", ":path", getInfo, ":authority", "x", "content-type", "application/grpc")
+	r.open(3, false, getInfo)
 	if err := r.fr.WriteData(1, true, framed(nil)); err != nil {
 		t.Fatal(err)
 	}
