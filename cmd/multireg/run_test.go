@@ -180,6 +180,12 @@ func TestRunRetriesTheOwnedRecord(t *testing.T) {
 	header := "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: " + reg
 	cfg := writeConfig(t, dir, header+twoDrivers)
 	logs := startRun(t, "--config", cfg)
+	// The first record is written at start, through the same temporary file: the blocker goes
+	// in once it is done, or it would race with it.
+	testkit.Eventually(t, 10*time.Second, "the first record written", func() bool {
+		b, _ := os.ReadFile(filepath.Join(reg, registrar.OwnedName))
+		return strings.Contains(string(b), "gpu.example.com-reg.sock")
+	})
 	// A directory where the record's temporary file goes makes every write fail (root
 	// writes through a read-only mode, so the mode cannot do it).
 	blocker := filepath.Join(reg, registrar.OwnedName+".tmp")
