@@ -333,6 +333,12 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 			if err := w.verdict(); err != nil {
 				return endRejected, err
 			}
+			if w.moveOnVerdict && g.registered {
+				w.moveOnVerdict = false
+				if end := w.look(0); end != endStopped {
+					return end, nil
+				}
+			}
 		case <-w.timeoutC:
 			return endTimeout, w.timedOut()
 		case <-ws.sock.c:
@@ -370,6 +376,9 @@ type waiting struct {
 	// was made or kept with until the loop probes the endpoint again, so that a hand-over in
 	// between tells the next instance of a restart.
 	epID fileID
+	// moveOnVerdict: a newer instance answered while kubelet was registering g; the pattern
+	// is looked at again once the verdict is in (see look).
+	moveOnVerdict bool
 }
 
 func (d *driver) newWaiting(ctx context.Context, g *generation, registered bool) *waiting {
@@ -394,8 +403,20 @@ func (w *waiting) stop() {
 func (w *waiting) look(ev change) ending {
 	d, g := w.d, w.g
 	if d.spec.EndpointIsPattern() {
-		move, others := d.moved(w.ctx)
-		if move {
+		to, others := d.moved(w.ctx)
+		switch {
+		case to == "":
+		case d.spec.Handover() && !g.registered && g.rs.awaiting.Load():
+			// kubelet asked g's GetInfo and its verdict is on its way: it may hold g's
+			// registration already. Moving now would withdraw it; the new instance is
+			// registered beside it once the verdict is in (await looks again then).
+			if !w.moveOnVerdict {
+				d.log.Info("a newer instance answers; it is registered beside this one once kubelet's verdict on this one is in",
+					"endpoint", d.at.local, "newer", to)
+			}
+			w.moveOnVerdict = true
+		default:
+			d.log.Info("driver endpoint moved", "from", d.at.local, "to", to)
 			return endEndpointMoved
 		}
 		if d.prev != nil && g.registered {

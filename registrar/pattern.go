@@ -149,37 +149,37 @@ func (d *driver) present() error {
 
 // moved looks, after a wake-up of a pattern's subscription or at a recheck, at whether the
 // target should change: a newer match answers and the driver hands its registration over, or
-// the target is gone or no longer answers while another match does. It reports whether the
-// loop moves (the next lookTarget picks the new target), and whether matches other than the
-// target are there, which the loop looks at again later: one may not answer yet, or the target
-// may stop answering without its file going. It also records the endpoint's presence.
-func (d *driver) moved(ctx context.Context) (move, others bool) {
+// the target is gone or no longer answers while another match does. It returns the match the
+// loop would move to ("" if none; the next lookTarget picks the new target), and whether
+// matches other than the target are there, which the loop looks at again later: one may not
+// answer yet, or the target may stop answering without its file going. It also records the
+// endpoint's presence.
+func (d *driver) moved(ctx context.Context) (to string, others bool) {
 	ms := d.matches()
 	d.setPresence(errIfEmpty(len(ms)))
 	cur := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local })
 	others = len(ms) > 1 || len(ms) == 1 && cur < 0
 	if !others {
-		return false, false // the target alone, or its restart (endpointRestarted sees that)
+		return "", false // the target alone, or its restart (endpointRestarted sees that)
 	}
 	handover := d.spec.Handover()
 	if cur >= 0 && !handover && d.probeAt(ctx, ms[cur].target) == nil {
-		return false, true // stay with the target while it answers: a move costs a re-registration
+		return "", true // stay with the target while it answers: a move costs a re-registration
 	}
 	// Newest first: a handover takes a newer instance as soon as it answers; otherwise the
 	// target is gone or does not answer, and the newest match that answers takes over.
 	for _, m := range ms {
 		if m.local == d.at.local {
 			if handover && d.probeAt(ctx, m.target) == nil {
-				return false, true
+				return "", true
 			}
 			continue
 		}
 		if d.probeAt(ctx, m.target) == nil {
-			d.log.Info("driver endpoint moved", "from", d.at.local, "to", m.local)
-			return true, true
+			return m.local, true
 		}
 	}
-	return false, true
+	return "", true
 }
 
 // gone reports whether the driver's endpoint at t is gone: no file, or no answer.

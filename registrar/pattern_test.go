@@ -217,6 +217,51 @@ func TestPatternDRAHandover(t *testing.T) {
 	}
 }
 
+// TestPatternDRANewInstanceDuringRegistration: a DRA driver's new instance answers after
+// kubelet asked the first socket's GetInfo and before its verdict: kubelet may hold that
+// registration already, so the socket stays, and the new instance is registered beside it
+// once the verdict is in (moving at once withdrew a registration kubelet had just made: a
+// second without any, seen on a real plugin manager).
+func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
+	var log testkit.Buffer
+	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
+	a := startInstance(t, d, "dra-a.sock")
+	ageFile(t, a.path, time.Minute)
+	s := runSupervisor(t, Options{Log: log.Logger()})
+	s.Start(d)
+	awaitSocket(t, d)
+	first := mustID(t, d.SocketPath)
+	unchanged := func() bool { id, _, err := statID(d.SocketPath); return err == nil && id == first }
+
+	k := dialKubelet(t, d.SocketPath)
+	if info := k.getInfo(t); info.Endpoint != a.path {
+		t.Fatalf("GetInfo's endpoint %q, want dra-a", info.Endpoint)
+	}
+	b := startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the newer instance seen", func() bool {
+		return strings.Contains(log.String(), "registered beside this one once kubelet's verdict") || !unchanged()
+	})
+	if !unchanged() || isSocket(d.AltSocketPath) {
+		t.Fatalf("sockets before kubelet's verdict: first unchanged %v, second there %v; want the first alone, untouched", unchanged(), isSocket(d.AltSocketPath))
+	}
+
+	k.notify(t, true, "")
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	if !unchanged() {
+		t.Fatal("the socket kubelet registered moved when the new instance was taken up")
+	}
+	if info := register(t, d.AltSocketPath, true, ""); info.Endpoint != b.path {
+		t.Errorf("the second socket's endpoint %q, want dra-b", info.Endpoint)
+	}
+	testkit.Eventually(t, 5*time.Second, "Registered on the second socket", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Phase == Registered && st.Socket == d.AltSocketPath
+	})
+	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 0 {
+		t.Errorf("status: %+v, want no recreation", st)
+	}
+}
+
 // TestPatternDRAHandoverRejected: kubelet rejects the new instance's registration: the old
 // registration stays, and the next attempt goes to the second socket again.
 func TestPatternDRAHandoverRejected(t *testing.T) {
