@@ -132,13 +132,14 @@ func checkInvariants(t *testing.T, cfg *RegistrarConfig) {
 	}
 }
 
-// shortestMatch returns the endpoint with its pattern's wildcards taken out: a pattern's '?'
-// stands for one byte of a socket's name, which is judged when the socket appears
-// (KubeletCanDial), so what the configuration itself must hold to is the rest of the path.
+// shortestMatch returns the shortest path an endpoint pattern matches, with each '?' as a
+// byte kubelet can dial: '*' may match nothing and '?' matches one byte, which is judged when
+// the socket appears (KubeletCanDial), so what the configuration itself must hold to is the
+// rest of the path, at that length.
 func shortestMatch(endpoint string) string {
 	if !IsPattern(endpoint) {
 		return endpoint
 	}
 	dir, base := filepath.Split(endpoint)
-	return dir + strings.NewReplacer("*", "", "?", "").Replace(base)
+	return dir + strings.NewReplacer("*", "", "?", "x").Replace(base)
 }
