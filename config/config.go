@@ -66,6 +66,21 @@ const (
 	MinInterval = 10 * time.Millisecond
 )
 
+// HealthServices are the DRAResourceHealth gRPC services kubelet knows, newest first, as
+// kubelet names them in a DRA driver's supportedVersions. kubelet (1.37 and later) calls the
+// first one the driver lists.
+var HealthServices = []string{"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}
+
+// DetectsHealth reports whether the loop asks the driver's endpoint which DRAResourceHealth
+// services (HealthServices) it serves, and advertises those after SupportedVersions: a DRA
+// driver that multireg probes (WaitForEndpoint) and whose supportedVersions name none.
+// kubelet 1.37 and later watch a DRA driver's device health only when it lists one, and stop
+// for good at the first Unimplemented answer; older kubelets ignore the names.
+func (d Driver) DetectsHealth() bool {
+	return d.Type == DRAPlugin && d.WaitForEndpoint &&
+		!slices.ContainsFunc(d.SupportedVersions, func(v string) bool { return slices.Contains(HealthServices, v) })
+}
+
 // DefaultVersions returns the supportedVersions advertised for a type when a driver sets none.
 func DefaultVersions(typ string) []string {
 	switch typ {

@@ -35,7 +35,9 @@ func TestEndpointPatternResolves(t *testing.T) {
 		t.Errorf("Concrete = %q, %q", ep, local)
 	}
 
-	// A device plugin with a pattern is registered again when it moves: no second socket.
+	// A device plugin with a pattern has a second socket too: kubelet 1.37 and later keep
+	// several endpoints of one resource, and its registration is handed over there. It is not
+	// handed over whatever the kubelet (HandsOverAlways): older kubelets keep one per name.
 	cfg, err = parseDriver(`    name: example.com/widget
     type: DevicePlugin
     endpoint: /var/lib/kubelet/plugins/widget/dp.*
@@ -43,8 +45,19 @@ func TestEndpointPatternResolves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cfg.Drivers[0]; !d.EndpointIsPattern() || d.Handover() || d.AltSocketPath != "" {
-		t.Errorf("device plugin: EndpointIsPattern %v, Handover %v, AltSocketPath %q", d.EndpointIsPattern(), d.Handover(), d.AltSocketPath)
+	if d := cfg.Drivers[0]; !d.Handover() || d.HandsOverAlways() || d.AltSocketPath != "/var/lib/kubelet/plugins_registry/example.com_widget-reg.1.sock" {
+		t.Errorf("device plugin: Handover %v, HandsOverAlways %v, AltSocketPath %q", d.Handover(), d.HandsOverAlways(), d.AltSocketPath)
+	}
+	// A CSI driver with a pattern never hands over: kubelet keeps one registration per name.
+	cfg, err = parseDriver(`    name: nfs.csi.k8s.io
+    type: CSIPlugin
+    endpoint: /var/lib/kubelet/plugins/nfs/csi-*.sock
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cfg.Drivers[0]; d.Handover() || d.AltSocketPath != "" {
+		t.Errorf("CSI driver: Handover %v, AltSocketPath %q", d.Handover(), d.AltSocketPath)
 	}
 
 	// '[' and '\' without '*' or '?' are the name's own characters, as before patterns.

@@ -43,6 +43,8 @@ type driver struct {
 	slots probeSlots
 	// hub serves the loop's sockets, with the supervisor's other loops'.
 	hub *hub
+	// kubelet is what the supervisor's loops know of the kubelet that registers them.
+	kubelet *kubeletClient
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
@@ -53,6 +55,9 @@ type driver struct {
 	// nodeInfo is what a CSI driver answered NodeGetInfo once kubelet registered the current
 	// socket (restart.go); nil when not asked or not answered.
 	nodeInfo *csi.NodeGetInfoResponse
+	// health are the DRAResourceHealth services the driver's endpoint serves, advertised after
+	// its versions (health.go); nil when none, or not asked.
+	health []string
 	// prev is the generation a handover leaves registered, until its successor is registered
 	// and prev's endpoint is gone (pattern.go).
 	prev *generation
@@ -125,6 +130,10 @@ const (
 // what it holds there. With every step's locals on it, each of 1000 drivers would hold 8 KiB
 // or more instead of 4.
 func (d *driver) run(ctx context.Context) {
+	if err := selfRegistered(d.spec); err != nil {
+		d.stayRefused(ctx, err)
+		return
+	}
 	l := d.newLoop(ctx)
 	defer l.end()
 	if !l.begin() {
@@ -222,7 +231,7 @@ func (l *loop) prepare() bool {
 			d.prev, l.cur = l.cur, nil // a newer instance answers: hand over to it
 		}
 		cur := l.cur
-		kept := cur != nil && cur.at == d.at && (l.resume || l.restarted && d.keepsRegistration(ctx))
+		kept := cur != nil && cur.at == d.at && (l.resume || l.restarted && d.keepsRegistration(ctx, cur))
 		awaiting := !kept && l.pending && cur != nil && cur.at == d.at
 		l.restarted, l.resume, l.pending = false, false, false
 		if ctx.Err() != nil {
@@ -285,7 +294,7 @@ func (l *loop) after(end ending, err error) bool {
 		}
 	case endEndpointMoved:
 		switch {
-		case !d.spec.Handover():
+		case !d.handover():
 			d.reregister("why", "the endpoint moved")
 		case d.prev != nil && (!cur.registered || d.gone(ctx, cur.at)):
 			// The instance being registered went, or a newer one came, before kubelet
@@ -406,7 +415,7 @@ func (w *waiting) look(ev change) ending {
 		to, others := d.moved(w.ctx)
 		switch {
 		case to == "":
-		case d.spec.Handover() && !g.registered && g.rs.awaiting.Load():
+		case d.handover() && !g.registered && g.rs.awaiting.Load():
 			// kubelet asked g's GetInfo and its verdict is on its way: it may hold g's
 			// registration already. Moving now would withdraw it; the new instance is
 			// registered beside it once the verdict is in (await looks again then).
@@ -544,7 +553,7 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		// Served before it is renamed onto path: a failure to serve must not replace cur.
 		_, id, err = publish(path, func(l *net.UnixListener) (func(), error) {
 			var err error
-			g, err = d.serveOn(l, path, fileID{}, gen, d.at, false)
+			g, err = d.serveOn(l, path, fileID{}, gen, d.at, d.versions(), false)
 			if err != nil {
 				return nil, err
 			}
@@ -568,20 +577,23 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 }
 
 // serveOn serves the Registration service of generation gen on l, the listening socket at
-// path (identity id), telling kubelet the endpoint of t. With anyConn, the first verdict on
+// path (identity id), telling kubelet the endpoint of t and versions. With anyConn, the first verdict on
 // any connection counts: kubelet asked GetInfo of another instance (a hand-over), and its
 // verdict comes on a connection of its own.
-func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, anyConn bool) (*generation, error) {
+func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
 	rs := &registrationServer{
 		gen: gen,
 		info: &registerapi.PluginInfo{
 			Type:              d.spec.Type,
 			Name:              d.spec.Name,
 			Endpoint:          t.endpoint,
-			SupportedVersions: d.spec.SupportedVersions,
+			SupportedVersions: versions,
 		},
 		notify: d.notify,
-		onInfo: func() { d.log.Debug("kubelet called GetInfo", "generation", gen) },
+		onInfo: func(agent string) {
+			d.kubelet.saw(agent)
+			d.log.Debug("kubelet called GetInfo", "generation", gen)
+		},
 		onLate: func() {
 			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
 		},

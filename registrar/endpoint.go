@@ -46,6 +46,9 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	for {
 		ep.take() // what happened before this look is seen by it
 		id, statErr, err := d.lookTarget(ctx)
+		if err == nil {
+			err = d.lookHealth(ctx)
+		}
 		d.setPresence(statErr)
 		if ctx.Err() != nil {
 			return fileID{}, ctx.Err()

@@ -173,9 +173,24 @@ type kubelet struct {
 	c    registerapi.RegistrationClient
 }
 
+// The user agents of kubelet's registration client (kubelet.go): kubelet 1.36 was built with
+// gRPC 1.79, 1.37 with 1.82. gRPC appends its own ("grpc-go/<this module's gRPC>"), which the
+// first name hides.
+const (
+	kubelet136 = "grpc-go/1.79.3"
+	kubelet137 = "grpc-go/1.82.1"
+)
+
+// dialKubelet dials the socket as kubelet 1.36 does.
 func dialKubelet(t testing.TB, socket string) *kubelet {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return dialKubeletAs(t, socket, kubelet136)
+}
+
+// dialKubeletAs dials the socket as a kubelet whose registration client's user agent is agent.
+func dialKubeletAs(t testing.TB, socket, agent string) *kubelet {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(agent))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +235,13 @@ func registerAndWait(t testing.TB, s *Supervisor, d config.Driver) {
 // register plays kubelet's part for the socket now at path: GetInfo, then the verdict.
 func register(t testing.TB, socket string, ok bool, msg string) *registerapi.PluginInfo {
 	t.Helper()
-	k := dialKubelet(t, socket)
+	return registerAs(t, socket, kubelet136, ok, msg)
+}
+
+// registerAs is register, by a kubelet whose registration client's user agent is agent.
+func registerAs(t testing.TB, socket, agent string, ok bool, msg string) *registerapi.PluginInfo {
+	t.Helper()
+	k := dialKubeletAs(t, socket, agent)
 	info := k.getInfo(t)
 	k.notify(t, ok, msg)
 	return info

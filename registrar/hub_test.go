@@ -46,7 +46,7 @@ func serveTestLog(t *testing.T, n int, log *slog.Logger) (*hub, []*generation) {
 		rs := &registrationServer{
 			gen:    1,
 			info:   &registerapi.PluginInfo{Type: "CSIPlugin", Name: fmt.Sprintf("d%d", i), SupportedVersions: []string{"1.0.0"}},
-			notify: func(verdict) {}, onInfo: func() {}, onLate: func() {},
+			notify: func(verdict) {}, onInfo: func(string) {}, onLate: func() {},
 		}
 		g, err := serve(h, l, path, id, rs)
 		if err != nil {
@@ -149,7 +149,7 @@ func TestStopWaitsForCallsInFlight(t *testing.T) {
 	_, gs := serveTest(t, 1)
 	g := gs[0]
 	entered, release := make(chan struct{}), make(chan struct{})
-	g.rs.onInfo = func() { close(entered); <-release } // a call that takes its time
+	g.rs.onInfo = func(string) { close(entered); <-release } // a call that takes its time
 	k := dialKubelet(t, g.path)
 	called := make(chan error, 1)
 	go func() {

@@ -75,6 +75,7 @@ func (d *driver) detach(cur *generation) *handedDriver {
 			AwaitsVerdict: !g.registered && g.rs.awaiting.Load(),
 			Endpoint:      g.at.endpoint,
 			LocalEndpoint: g.at.local,
+			Versions:      g.rs.info.SupportedVersions,
 			f:             f,
 		})
 	}
@@ -184,7 +185,11 @@ func (d *driver) adoptSocket(hs *handedSocket) (*generation, error) {
 	}
 	l.SetUnlinkOnClose(false)
 	t := target{endpoint: hs.Endpoint, local: hs.LocalEndpoint}
-	g, err := d.serveOn(l, hs.Path, id, hs.Generation, t, hs.AwaitsVerdict)
+	versions := hs.Versions
+	if versions == nil { // a predecessor that did not say: it advertised the configured ones
+		versions = d.spec.SupportedVersions
+	}
+	g, err := d.serveOn(l, hs.Path, id, hs.Generation, t, versions, hs.AwaitsVerdict)
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -207,7 +212,7 @@ func (d *driver) adoptFlags(a *adoption, cur *generation, epID fileID) (resume, 
 		d.reregister("why", "the driver restarted during the hand-over")
 		return false, false, false
 	case cur.at != d.at:
-		return d.spec.Handover(), false, false // a newer instance of the endpoint answers
+		return d.handover(), false, false // a newer instance of the endpoint answers
 	case !d.spec.WaitForEndpoint || a.epID == (fileID{}) || epID == a.epID:
 		return true, false, false
 	case d.keepsOnRestart(cur):

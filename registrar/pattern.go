@@ -24,10 +24,16 @@ import (
 //     withdrawn once the new one is registered and the old instance is gone. kubelet keeps
 //     both meanwhile and calls the newest, so it never holds none. A newer instance is taken
 //     as soon as it answers, as the DRA kubeletplugin helper's rolling update does.
-//   - a CSI driver or a device plugin is registered again under the new path: kubelet holds one
-//     registration per name, and unregisters the plugin for a reconcile pass (about a second).
-//     The loop stays with its target while it answers, so that a second instance never costs
-//     a re-registration before the first one is gone.
+//   - a device plugin's is handed over the same way on a kubelet that keeps several endpoints
+//     of one resource (1.37 and later: kubelet.go): kubelet promotes the new endpoint when the
+//     old one goes, and the resource's devices never leave the node's allocatable.
+//   - a CSI driver, or a device plugin on an older kubelet, is registered again under the new
+//     path: kubelet holds one registration per name, and unregisters the plugin for a
+//     reconcile pass (about a second). (An older device manager disconnects whichever client
+//     it holds when either instance goes: a new instance registered beside a running one
+//     would be dropped when the old one exits.) The loop stays with its target while it
+//     answers, so that a second instance never costs a re-registration before the first one
+//     is gone.
 
 // target is the endpoint a loop registers: the configured one, or the match of its pattern
 // the loop chose.
@@ -41,6 +47,13 @@ type match struct {
 	target
 	id  fileID
 	mod int64 // modification time, ns: when the socket was bound
+}
+
+// handover reports whether the loop hands its registration from one instance of its endpoint
+// to the next through its second socket (config.Driver.Handover): a DRA driver's always, a
+// device plugin's on a kubelet that keeps several endpoints of one resource (kubelet.go).
+func (d *driver) handover() bool {
+	return d.spec.HandsOverAlways() || d.spec.Handover() && d.kubelet.keepsDeviceEndpoints()
 }
 
 // fixedTarget is the target of a driver without a pattern.
@@ -91,7 +104,7 @@ func (d *driver) lookTarget(ctx context.Context) (fileID, error, error) {
 	if len(ms) == 0 {
 		return fileID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
 	}
-	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.spec.Handover() {
+	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.handover() {
 		// Stay with the target while it answers: a move costs a re-registration.
 		ms[0], ms[i] = ms[i], ms[0]
 	}
@@ -162,7 +175,7 @@ func (d *driver) moved(ctx context.Context) (to string, others bool) {
 	if !others {
 		return "", false // the target alone, or its restart (endpointRestarted sees that)
 	}
-	handover := d.spec.Handover()
+	handover := d.handover()
 	if cur >= 0 && !handover && d.probeAt(ctx, ms[cur].target) == nil {
 		return "", true // stay with the target while it answers: a move costs a re-registration
 	}
@@ -207,7 +220,7 @@ func (d *driver) slot(cur *generation) string {
 	switch {
 	case cur != nil:
 		return cur.path
-	case d.spec.AltSocketPath == "":
+	case !d.handover():
 		return d.spec.SocketPath
 	case d.prev != nil:
 		return d.other(d.prev.path)

@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
@@ -18,9 +19,10 @@ import (
 //     handler dials the endpoint anew for each call, and records what NodeGetInfo answered at
 //     registration (node ID, max volumes per node, topology) in CSINode. A re-registration
 //     removes the driver from CSINode meanwhile, and mounts on the node fail.
-//   - DRA: never re-registered. kubelet's DRA manager keeps one gRPC connection per plugin,
-//     which reconnects by itself to the restarted driver (kubelet 1.35 and 1.36); a
-//     re-registration would close it and cancel the calls in flight.
+//   - DRA: re-registered only when the device health services it serves changed (health.go):
+//     kubelet learns them only at registration. Otherwise kubelet's DRA manager keeps one gRPC
+//     connection per plugin, which reconnects by itself to the restarted driver (kubelet 1.33
+//     to 1.37); a re-registration would close it and cancel the calls in flight.
 //   - Device plugins: always re-registered. kubelet's device manager marks the resource's
 //     devices unhealthy when the ListAndWatch stream ends, stops the plugin's endpoint, and
 //     only a new registration opens another.
@@ -106,11 +108,16 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 }
 
 // keepsRegistration reports, after the driver restarted and answered again, whether its
-// registration stays: a DRA driver's always does; a CSI driver's when its NodeGetInfo answer
-// is the one recorded when kubelet registered the socket. Otherwise the restart is counted
-// and logged, and the loop registers the driver again.
-func (d *driver) keepsRegistration(ctx context.Context) bool {
+// registration, cur, stays: a DRA driver's when it serves the health services cur advertised
+// (health.go); a CSI driver's when its NodeGetInfo answer is the one recorded when kubelet
+// registered the socket. Otherwise the restart is counted and logged, and the loop registers
+// the driver again.
+func (d *driver) keepsRegistration(ctx context.Context, cur *generation) bool {
 	if d.spec.Type == config.DRAPlugin {
+		if was, now := cur.rs.info.SupportedVersions, d.versions(); !slices.Equal(was, now) {
+			d.reregister("why", "the device health services it serves changed", "was", was, "now", now)
+			return false
+		}
 		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", d.at.local)
 		return true
 	}

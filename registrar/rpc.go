@@ -90,6 +90,7 @@ type rpcConn struct {
 // rpcCall is a call whose request is being received.
 type rpcCall struct {
 	method string
+	agent  string // the client's user agent: kubelet's names its gRPC release (kubelet.go)
 	req    []byte // the request's gRPC framing: a compressed flag, a length, the message
 	window int64  // what may be sent on the stream
 }
@@ -371,10 +372,10 @@ func (rc *rpcConn) headers(f *http2.MetaHeadersFrame) error {
 		// gRPC's client retries a refused stream: on another connection, once this one ends
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeRefusedStream}
 	}
-	c := &rpcCall{method: f.PseudoValue("path"), window: rc.initial}
+	c := &rpcCall{method: f.PseudoValue("path"), agent: header(f, "user-agent"), window: rc.initial}
 	rc.calls[id] = c
 	var st *rpcStatus
-	switch ct := contentType(f); {
+	switch ct := header(f, "content-type"); {
 	case f.Truncated:
 		st = failed(codes.ResourceExhausted, "the request's headers exceed %d bytes", maxHeaderList)
 	case f.PseudoValue("method") != "POST":
@@ -391,9 +392,10 @@ func (rc *rpcConn) headers(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
-func contentType(f *http2.MetaHeadersFrame) string {
+// header returns the value of a request header (the first, if repeated), "" when absent.
+func header(f *http2.MetaHeadersFrame, name string) string {
 	for _, hf := range f.RegularFields() {
-		if hf.Name == "content-type" {
+		if hf.Name == name {
 			return hf.Value
 		}
 	}
@@ -477,7 +479,7 @@ func (rc *rpcConn) call(c *rpcCall) ([]byte, *rpcStatus) {
 		if err := proto.Unmarshal(msg, &registerapi.InfoRequest{}); err != nil {
 			return nil, failed(codes.Internal, "cannot read the request: %v", err)
 		}
-		return rc.g.rs.getInfo(rc.id)
+		return rc.g.rs.getInfo(rc.id, c.agent)
 	case registerapi.Registration_NotifyRegistrationStatus_FullMethodName:
 		var st registerapi.RegistrationStatus
 		if err := proto.Unmarshal(msg, &st); err != nil {

@@ -36,7 +36,7 @@ type registrationServer struct {
 	gen    uint64
 	info   *registerapi.PluginInfo
 	notify func(verdict) // must not block
-	onInfo func()        // called on every GetInfo; must not block
+	onInfo func(agent string) // called on every GetInfo, with the caller's user agent; must not block
 	onLate func()        // called for a verdict on a connection without GetInfo; must not block
 
 	// awaiting: GetInfo was answered and no verdict has counted since; a hand-over tells the
@@ -52,13 +52,13 @@ type registrationServer struct {
 	asked map[uint64]bool // connections that called GetInfo, until they close
 }
 
-// getInfo answers GetInfo on connection conn.
-func (s *registrationServer) getInfo(conn uint64) ([]byte, *rpcStatus) {
+// getInfo answers GetInfo on connection conn, a call from a client whose user agent is agent.
+func (s *registrationServer) getInfo(conn uint64, agent string) ([]byte, *rpcStatus) {
 	s.mu.Lock()
 	s.asked[conn] = true
 	s.mu.Unlock()
 	s.awaiting.Store(true)
-	s.onInfo()
+	s.onInfo(agent)
 	return s.infoMsg, nil
 }
 

@@ -56,6 +56,10 @@ type handedSocket struct {
 	AwaitsVerdict bool   `json:"awaitsVerdict,omitempty"`
 	Endpoint      string `json:"endpoint"`
 	LocalEndpoint string `json:"localEndpoint"`
+	// Versions are the supportedVersions the socket's GetInfo answers (the driver's, and the
+	// health services detected: health.go). An older instance does not send them: it
+	// answered the configured ones.
+	Versions []string `json:"versions,omitempty"`
 
 	f *os.File // the listening socket; nil once taken
 }

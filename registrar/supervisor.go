@@ -35,6 +35,7 @@ type Supervisor struct {
 	w       *watcher
 	hub     *hub
 	slots   probeSlots
+	kubelet *kubeletClient
 
 	ctx    context.Context // parent of every loop; ends when Run returns
 	cancel context.CancelCauseFunc
@@ -77,7 +78,7 @@ func New(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probeSlots, maxProbes), ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
+	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probeSlots, maxProbes), kubelet: &kubeletClient{log: log}, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
@@ -111,7 +112,7 @@ func (s *Supervisor) start(d config.Driver, hd *handedDriver) {
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
-	h.d.guard, h.d.slots, h.d.hub = s.guard, s.slots, s.hub
+	h.d.guard, h.d.slots, h.d.hub, h.d.kubelet = s.guard, s.slots, s.hub, s.kubelet
 	s.running[d.Name] = h
 	s.mu.Unlock()
 	switch {
