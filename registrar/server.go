@@ -35,9 +35,9 @@ func (v *verdict) rejection() error {
 type registrationServer struct {
 	gen    uint64
 	info   *registerapi.PluginInfo
-	notify func(verdict) // must not block
+	notify func(verdict)      // must not block
 	onInfo func(agent string) // called on every GetInfo, with the caller's user agent; must not block
-	onLate func()        // called for a verdict on a connection without GetInfo; must not block
+	onLate func()             // called for a verdict on a connection without GetInfo; must not block
 
 	// awaiting: GetInfo was answered and no verdict has counted since; a hand-over tells the
 	// next instance (handedSocket.AwaitsVerdict).
