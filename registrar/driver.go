@@ -577,9 +577,9 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 }
 
 // serveOn serves the Registration service of generation gen on l, the listening socket at
-// path (identity id), telling kubelet the endpoint of t and versions. With anyConn, the first verdict on
-// any connection counts: kubelet asked GetInfo of another instance (a hand-over), and its
-// verdict comes on a connection of its own.
+// path (identity id), telling kubelet the endpoint of t and versions. With anyConn, the first
+// verdict on any connection counts: kubelet asked GetInfo of another instance (a hand-over),
+// and its verdict comes on a connection of its own.
 func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
 	rs := &registrationServer{
 		gen: gen,
