@@ -119,7 +119,10 @@ func TestNode(t *testing.T) {
 		scenario(t, "4c-dra-driver-restart", func(t *testing.T) { scenarioDRARestart(t, mr, &eps) }) &&
 		scenario(t, "4d-device-plugin-restart", func(t *testing.T) { scenarioDevicePluginRestart(t, mr, &eps) }) &&
 		scenario(t, "4e-dra-rolling-update", func(t *testing.T) { scenarioDRARollingUpdate(t, mr, &eps, config) }) &&
-		scenario(t, "4f-migrate-from-sidecar", func(t *testing.T) { scenarioMigrateFromSidecar(t, mr, config) })
+		scenario(t, "4f-migrate-from-sidecar", func(t *testing.T) { scenarioMigrateFromSidecar(t, mr, config) }) &&
+		scenario(t, "4g-device-plugin-rolling-update", func(t *testing.T) { scenarioDevicePluginRollingUpdate(t, mr, config) }) &&
+		scenario(t, "4h-dra-device-health", func(t *testing.T) { scenarioDRAHealth(t, mr, config) }) &&
+		scenario(t, "4i-self-registered-device-plugin", func(t *testing.T) { scenarioSelfRegisteredDevicePlugin(t, mr, config) })
 	if !ok {
 		return
 	}

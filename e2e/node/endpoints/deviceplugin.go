@@ -3,10 +3,12 @@ package endpoints
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -27,6 +29,7 @@ type DeviceOptions struct {
 // plugin; that stream ending marks the resource's devices unhealthy.
 type DevicePlugin struct {
 	srv      *server
+	resource string
 	quit     chan struct{} // closed by Stop: ListAndWatch streams return
 	quitOnce sync.Once
 
@@ -45,9 +48,10 @@ func StartDevicePlugin(path string, opts DeviceOptions) (*DevicePlugin, error) {
 		return nil, fmt.Errorf("device plugin endpoint %q: devices: %d: must not be negative", opts.ResourceName, opts.Devices)
 	}
 	p := &DevicePlugin{
-		quit:    make(chan struct{}),
-		devices: opts.Devices,
-		changed: make(chan struct{}),
+		resource: opts.ResourceName,
+		quit:     make(chan struct{}),
+		devices:  opts.Devices,
+		changed:  make(chan struct{}),
 	}
 	srv, err := serve(path, func(s *grpc.Server) {
 		pluginapi.RegisterDevicePluginServer(s, devicePluginServer{p: p})
@@ -61,6 +65,29 @@ func StartDevicePlugin(path string, opts DeviceOptions) (*DevicePlugin, error) {
 
 // Path returns the socket path the endpoint serves on.
 func (p *DevicePlugin) Path() string { return p.srv.path }
+
+// RegisterWithKubelet registers the plugin itself, as most device plugins do: Register on the
+// device-plugin API's own socket, kubeletSocket (pluginapi.KubeletSocket on a node), naming the
+// endpoint by its file name in that socket's directory, where the plugin's socket must be.
+func (p *DevicePlugin) RegisterWithKubelet(ctx context.Context, kubeletSocket string) error {
+	if filepath.Dir(p.Path()) != filepath.Dir(kubeletSocket) {
+		return fmt.Errorf("device plugin %s: register with %s: the endpoint must be in its directory", p.Path(), kubeletSocket)
+	}
+	conn, err := grpc.NewClient("unix:"+kubeletSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
+		Version:      pluginapi.Version,
+		Endpoint:     filepath.Base(p.Path()),
+		ResourceName: p.resource,
+	})
+	if err != nil {
+		return fmt.Errorf("device plugin %s: Register on %s: %w", p.resource, kubeletSocket, err)
+	}
+	return nil
+}
 
 // Stop ends every ListAndWatch stream, stops serving and removes the socket if it is still the
 // endpoint's own. It blocks until the server's goroutines have exited and is idempotent.

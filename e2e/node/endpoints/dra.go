@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 )
@@ -22,20 +24,34 @@ type DRAOptions struct {
 	// DriverName is the DRA driver's name. The kubelet takes it from the registration; the
 	// endpoint names it in its errors. Required.
 	DriverName string
+	// Pool and Device, when set, name the device every claim is prepared with (the one device
+	// of the test's ResourceSlice); kubelet records it for the claim, and a pod's
+	// allocatedResourcesStatus reports its health. Empty: claims are prepared with no device.
+	Pool, Device string
+	// Health serves v1alpha1.DRAResourceHealth: NodeWatchResources sends Device's health at
+	// once (Healthy) and again after every SetHealth. Without it the service is unimplemented.
+	Health bool
 }
 
 // DRA is a DRA kubelet plugin endpoint serving the DRAPlugin service in versions v1 and
 // v1beta1. When the kubelet registers a DRA driver it creates a gRPC connection to the endpoint
 // and asks it to connect at once, and it treats the driver as usable while that connection is
 // up; with the ResourceHealthStatus feature (beta, on by default in 1.36) it also calls
-// v1alpha1.DRAResourceHealth/NodeWatchResources, every 5 s while that fails. This endpoint leaves
-// the health service unimplemented: the kubelet logs the error and carries on.
+// v1alpha1.DRAResourceHealth/NodeWatchResources, every 5 s while that fails (1.37: only when the
+// registration lists the service, and never again after Unimplemented). Unless DRAOptions.Health
+// is set, this endpoint leaves the health service unimplemented: the kubelet logs the error and
+// carries on.
 type DRA struct {
-	srv *server
+	srv  *server
+	opts DRAOptions
 
-	mu    sync.Mutex
-	conns int
-	calls map[string]int // full method name → RPCs received
+	mu      sync.Mutex
+	conns   int
+	calls   map[string]int // full method name → RPCs received
+	healthy bool
+	changed chan struct{} // closed and replaced by SetHealth
+	quit    chan struct{} // closed by Stop: health streams return
+	stopped sync.Once
 }
 
 // StartDRA serves a DRA kubelet plugin on the unix socket path until Stop.
@@ -43,11 +59,14 @@ func StartDRA(path string, opts DRAOptions) (*DRA, error) {
 	if opts.DriverName == "" {
 		return nil, errors.New("dra endpoint: driverName: must not be empty")
 	}
-	d := &DRA{calls: make(map[string]int)}
+	d := &DRA{opts: opts, calls: make(map[string]int), healthy: true, changed: make(chan struct{}), quit: make(chan struct{})}
 	v1 := draServer{d: d}
 	srv, err := serve(path, func(s *grpc.Server) {
 		drapbv1.RegisterDRAPluginServer(s, v1)
 		drapbv1beta1.RegisterDRAPluginServer(s, drapbv1beta1.V1ServerWrapper{DRAPluginServer: v1})
+		if opts.Health {
+			drahealth.RegisterDRAResourceHealthServer(s, draHealth{d: d})
+		}
 	}, grpc.StatsHandler(draStats{d: d}))
 	if err != nil {
 		return nil, fmt.Errorf("dra endpoint %q: %w", opts.DriverName, err)
@@ -59,9 +78,21 @@ func StartDRA(path string, opts DRAOptions) (*DRA, error) {
 // Path returns the socket path the endpoint serves on.
 func (d *DRA) Path() string { return d.srv.path }
 
-// Stop stops serving and removes the socket if it is still the endpoint's own. It blocks until
-// the server's goroutines have exited and is idempotent.
-func (d *DRA) Stop() { d.srv.stop() }
+// Stop ends every health stream, stops serving and removes the socket if it is still the
+// endpoint's own. It blocks until the server's goroutines have exited and is idempotent.
+func (d *DRA) Stop() {
+	d.stopped.Do(func() { close(d.quit) })
+	d.srv.stop()
+}
+
+// SetHealth reports the device healthy or not on every open health stream.
+func (d *DRA) SetHealth(healthy bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.healthy = healthy
+	close(d.changed)
+	d.changed = make(chan struct{})
+}
 
 // Connections reports how many client connections the endpoint has accepted since start.
 func (d *DRA) Connections() int {
@@ -95,10 +126,14 @@ type draServer struct {
 	d *DRA
 }
 
-func (draServer) NodePrepareResources(_ context.Context, req *drapbv1.NodePrepareResourcesRequest) (*drapbv1.NodePrepareResourcesResponse, error) {
+func (s draServer) NodePrepareResources(_ context.Context, req *drapbv1.NodePrepareResourcesRequest) (*drapbv1.NodePrepareResourcesResponse, error) {
 	resp := &drapbv1.NodePrepareResourcesResponse{Claims: make(map[string]*drapbv1.NodePrepareResourceResponse)}
 	for _, claim := range req.GetClaims() {
-		resp.Claims[claim.GetUid()] = &drapbv1.NodePrepareResourceResponse{}
+		r := &drapbv1.NodePrepareResourceResponse{}
+		if o := s.d.opts; o.Device != "" {
+			r.Devices = []*drapbv1.Device{{PoolName: o.Pool, DeviceName: o.Device}}
+		}
+		resp.Claims[claim.GetUid()] = r
 	}
 	return resp, nil
 }
@@ -131,5 +166,39 @@ func (h draStats) HandleConn(_ context.Context, s stats.ConnStats) {
 		h.d.mu.Lock()
 		defer h.d.mu.Unlock()
 		h.d.conns++
+	}
+}
+
+// draHealth serves v1alpha1.DRAResourceHealth: the device's health, at once and on every change.
+type draHealth struct {
+	drahealth.UnimplementedDRAResourceHealthServer
+	d *DRA
+}
+
+func (h draHealth) NodeWatchResources(_ *drahealth.NodeWatchResourcesRequest, stream grpc.ServerStreamingServer[drahealth.NodeWatchResourcesResponse]) error {
+	d := h.d
+	for {
+		d.mu.Lock()
+		healthy, changed := d.healthy, d.changed
+		d.mu.Unlock()
+		st := drahealth.HealthStatus_UNHEALTHY
+		if healthy {
+			st = drahealth.HealthStatus_HEALTHY
+		}
+		err := stream.Send(&drahealth.NodeWatchResourcesResponse{Devices: []*drahealth.DeviceHealth{{
+			Device:          &drahealth.DeviceIdentifier{PoolName: d.opts.Pool, DeviceName: d.opts.Device},
+			Health:          st,
+			LastUpdatedTime: time.Now().Unix(),
+		}}})
+		if err != nil {
+			return err
+		}
+		select {
+		case <-changed:
+		case <-stream.Context().Done():
+			return nil
+		case <-d.quit:
+			return nil
+		}
 	}
 }

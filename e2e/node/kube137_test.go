@@ -1,0 +1,419 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/version"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"multireg.dev/multireg/e2e/node/cluster"
+	"multireg.dev/multireg/e2e/node/endpoints"
+	"multireg.dev/multireg/e2e/node/images"
+)
+
+// Scenarios of what kubelet 1.37 changed (DRA device health, several endpoints per device
+// plugin resource), run on every version the node is built with: each says what it expects of
+// the version it finds.
+
+// kubeletAtLeast reports whether the cluster's kubelet (built from one release with the API
+// server) is at least 1.minor.
+func kubeletAtLeast(t *testing.T, minor uint) bool {
+	t.Helper()
+	info, err := cl.Client.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := version.ParseGeneric(info.GitVersion)
+	if err != nil {
+		t.Fatalf("server version %q: %v", info.GitVersion, err)
+	}
+	return v.AtLeast(version.MajorMinor(1, minor))
+}
+
+// withEntry adds a driver entry to the drivers file until the test ends, then puts the file
+// back as it was and waits until multireg no longer lists the driver.
+func withEntry(t *testing.T, mr *hostMultireg, config, name, entry string) {
+	t.Helper()
+	orig, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFileAtomic(t, config, string(orig)+entry)
+	t.Cleanup(func() {
+		writeFileAtomic(t, config, string(orig))
+		waitUntil(t, time.Minute, name+" gone from multireg's drivers", func(ctx context.Context) (bool, string) {
+			st, err := mr.status(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			_, there := st[name]
+			return !there, fmt.Sprint(st[name])
+		})
+	})
+}
+
+// podResourcesAllocatable counts the devices of resource that kubelet's device manager has as
+// allocatable now (healthy, from a connected plugin), through the pod-resources API: unlike
+// node status, which kubelet writes every few seconds, it is read live.
+func podResourcesAllocatable(ctx context.Context, resource string) (int, error) {
+	conn, err := grpc.NewClient("unix:"+filepath.Join(cl.KubeletRoot, "pod-resources", "kubelet.sock"),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	resp, err := podresources.NewPodResourcesListerClient(conn).GetAllocatableResources(ctx, &podresources.AllocatableResourcesRequest{})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range resp.GetDevices() {
+		if d.GetResourceName() == resource {
+			n += len(d.GetDeviceIds())
+		}
+	}
+	return n, nil
+}
+
+// allocatableWatch polls, until stopped, how many devices of a resource are allocatable: live
+// from the pod-resources API every 50 ms, and in node status every 500 ms.
+type allocatableWatch struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	live   shortfall
+	status shortfall
+	looks  int
+}
+
+func watchAllocatable(t *testing.T, resource string, want int) *allocatableWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &allocatableWatch{cancel: cancel}
+	poll := func(every time.Duration, look func(context.Context) (int, error), s *shortfall) {
+		defer w.wg.Done()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			n, err := look(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				w.mu.Lock()
+				s.observe(n, want)
+				w.looks++
+				w.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}
+	w.wg.Add(2)
+	go poll(50*time.Millisecond, func(ctx context.Context) (int, error) { return podResourcesAllocatable(ctx, resource) }, &w.live)
+	go poll(500*time.Millisecond, func(ctx context.Context) (int, error) {
+		_, a, err := capacity(ctx, resource)
+		return int(a), err
+	}, &w.status)
+	t.Cleanup(func() { w.stop() })
+	return w
+}
+
+// stop ends the watch and returns how long the resource was seen short, live and in node
+// status (an absence still running counts until now).
+func (w *allocatableWatch) stop() (live, status time.Duration, looks int) {
+	w.cancel()
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range []*shortfall{&w.live, &w.status} {
+		if !s.since.IsZero() {
+			s.total += time.Since(s.since)
+			s.since = time.Time{}
+		}
+	}
+	return w.live.total, w.status.total, w.looks
+}
+
+// 4g. A device plugin's rolling update: a new instance (dp.2, a new socket name) starts while
+// the old one (dp.1) runs, then the old one exits. On kubelet 1.37, which keeps several
+// endpoints per resource, multireg registers dp.2 beside dp.1, and kubelet promotes dp.2 when
+// dp.1 goes: the resource's devices never leave allocatable, read live from kubelet's
+// pod-resources API every 50 ms. On older kubelets dp.2 is registered once dp.1 is gone, and
+// the shortfall is measured.
+func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config string) {
+	const res, n = "example.com/rolling", 2
+	dir := endpointPath("rolling", "")
+	start := func(name string) *endpoints.DevicePlugin {
+		t.Helper()
+		p, err := endpoints.StartDevicePlugin(filepath.Join(dir, name), endpoints.DeviceOptions{ResourceName: res, Devices: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		return p
+	}
+	registeredAt := func(p *endpoints.DevicePlugin) driverStatus {
+		t.Helper()
+		var s driverStatus
+		waitUntil(t, time.Minute, res+" registered at "+filepath.Base(p.Path())+", its devices allocatable", func(ctx context.Context) (bool, string) {
+			st, err := mr.status(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			s = st[res]
+			live, err := podResourcesAllocatable(ctx, res)
+			_, open := p.ListAndWatchStreams()
+			return s.Phase == "Registered" && s.Endpoint == p.Path() && live == n && open == 1,
+				fmt.Sprintf("%+v; allocatable %d (%v); streams open %d", s, live, err, open)
+		})
+		return s
+	}
+	keeps := kubeletAtLeast(t, 37)
+
+	old := start("dp.1")
+	withEntry(t, mr, config, res, driverEntry(res, "DevicePlugin", filepath.Join(dir, "dp.*")))
+	first := registeredAt(old).Socket
+	second := strings.TrimSuffix(first, ".sock") + ".1.sock"
+	watch := watchAllocatable(t, res, n)
+
+	nw := start("dp.2") // the rolling update's new instance
+	if keeps {
+		registeredAt(nw)
+		waitUntil(t, time.Minute, "kubelet holds both instances' registrations", func(ctx context.Context) (bool, string) {
+			reg, err := kubeletRegistered(ctx)
+			return err == nil && reg[first] && reg[second], fmt.Sprint(reg, err)
+		})
+	} else {
+		stays(t, 3*time.Second, res+" registered at dp.1 while it runs (a kubelet before 1.37 would drop dp.2 when dp.1 exits)", func(ctx context.Context) (string, error) {
+			st, err := mr.status(ctx)
+			if err != nil {
+				return "", err
+			}
+			if st[res].Endpoint != old.Path() {
+				return "moved to " + st[res].Endpoint, nil
+			}
+			return "", nil
+		})
+	}
+	exited := time.Now()
+	old.Stop() // the old instance exits
+	s := registeredAt(nw)
+	waitUntil(t, time.Minute, "one registration socket of "+res+" left in kubelet", func(ctx context.Context) (bool, string) {
+		reg, err := kubeletRegistered(ctx)
+		return err == nil && len(held(reg, first, second)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
+	})
+	waitUntil(t, time.Minute, "node status shows every device allocatable", func(ctx context.Context) (bool, string) {
+		_, a, err := capacity(ctx, res)
+		// Node status is written every 10 s: a shortfall shows there within 12 s of the exit.
+		return err == nil && a == n && time.Since(exited) > 12*time.Second, fmt.Sprintf("allocatable %d (%v)", a, err)
+	})
+	live, status, looks := watch.stop()
+	if keeps && (live > 0 || status > 0) {
+		t.Errorf("kubelet 1.37: %s short of allocatable devices for %s live and %s in node status during the rolling update, want never", res, live.Round(time.Millisecond), status.Round(time.Millisecond))
+	}
+	how := "re-registered after the old instance exited"
+	if keeps {
+		how = "the new instance registered beside the old one"
+	}
+	t.Logf("device plugin rolling update (dp.* , %s): allocatable short for %s live (pod-resources, 50 ms), %s in node status (%d looks)", how, live.Round(time.Millisecond), status.Round(time.Millisecond), looks)
+	figures = append(figures, fmt.Sprintf("device plugin rolling update, dp.*: %s; allocatable short %s live (pod-resources every 50 ms), %s in node status",
+		how, live.Round(time.Millisecond), status.Round(time.Millisecond)))
+}
+
+// 4h. DRA device health (kubelet 1.36 watches every DRA driver's v1alpha1 health service;
+// 1.37 only a driver whose registration lists it): a DRA driver that serves
+// v1alpha1.DRAResourceHealth, registered by multireg with the default versions, has its
+// device's health in the pod's allocatedResourcesStatus, Healthy and then Unhealthy when the
+// driver says so. multireg found the service on the endpoint and advertised it.
+func scenarioDRAHealth(t *testing.T, mr *hostMultireg, config string) {
+	const driver, class, claimName, podName = "health.multireg.test", "e2e-health", "e2e-health", "e2e-health"
+	node := cluster.NodeName
+	dra, err := endpoints.StartDRA(endpointPath("health", "dra.sock"), endpoints.DRAOptions{DriverName: driver, Pool: node, Device: "dev-0", Health: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dra.Stop)
+	withEntry(t, mr, config, driver, driverEntry(driver, "DRAPlugin", dra.Path()))
+	waitUntil(t, time.Minute, driver+" Registered", func(ctx context.Context) (bool, string) {
+		st, err := mr.status(ctx)
+		return err == nil && st[driver].Phase == "Registered", fmt.Sprint(st[driver], err)
+	})
+	if n := logLines(mr.log, "device health services the DRA driver serves, advertised to kubelet", driver, "v1alpha1.DRAResourceHealth"); n != 1 {
+		t.Errorf("multireg logged the health service it advertises for %s %d times, want once", driver, n)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rc := cl.Client.ResourceV1()
+	never, noToken, cn := int64(0), false, claimName
+	create := func(what string, err error, del func() error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("create %s: %v", what, err)
+		}
+		t.Cleanup(func() {
+			if err := del(); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("delete %s: %v", what, err)
+			}
+		})
+	}
+	_, err = rc.DeviceClasses().Create(ctx, &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driver)},
+		}}},
+	}, metav1.CreateOptions{})
+	create("DeviceClass", err, func() error { return rc.DeviceClasses().Delete(context.Background(), class, metav1.DeleteOptions{}) })
+	_, err = rc.ResourceSlices().Create(ctx, &resourcev1.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-health-" + node},
+		Spec: resourcev1.ResourceSliceSpec{
+			Driver: driver, NodeName: &node,
+			Pool:    resourcev1.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+			Devices: []resourcev1.Device{{Name: "dev-0"}},
+		},
+	}, metav1.CreateOptions{})
+	create("ResourceSlice", err, func() error {
+		return rc.ResourceSlices().Delete(context.Background(), "e2e-health-"+node, metav1.DeleteOptions{})
+	})
+	_, err = rc.ResourceClaims("default").Create(ctx, &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: claimName},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "dev", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class},
+		}}}},
+	}, metav1.CreateOptions{})
+	create("ResourceClaim", err, func() error {
+		return rc.ResourceClaims("default").Delete(context.Background(), claimName, metav1.DeleteOptions{})
+	})
+	pods := cl.Client.CoreV1().Pods("default")
+	_, err = pods.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: podName},
+		Spec: corev1.PodSpec{
+			ResourceClaims:                []corev1.PodResourceClaim{{Name: "d", ResourceClaimName: &cn}},
+			AutomountServiceAccountToken:  &noToken,
+			TerminationGracePeriodSeconds: &never,
+			Containers: []corev1.Container{{
+				Name: "c", Image: images.PauseRef, ImagePullPolicy: corev1.PullNever,
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "d"}}},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	create("Pod", err, func() error { return pods.Delete(context.Background(), podName, metav1.DeleteOptions{}) })
+
+	health := func(ctx context.Context) (string, string) {
+		p, err := pods.Get(ctx, podName, metav1.GetOptions{})
+		if err != nil {
+			return "", err.Error()
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			for _, rs := range cs.AllocatedResourcesStatus {
+				for _, r := range rs.Resources {
+					return string(r.Health), fmt.Sprintf("%s: %+v", podState(*p), cs.AllocatedResourcesStatus)
+				}
+			}
+		}
+		return "", podState(*p) + ": no allocatedResourcesStatus"
+	}
+	if !kubeletAtLeast(t, 36) {
+		waitUntil(t, 2*time.Minute, "the pod with a claim runs", func(ctx context.Context) (bool, string) {
+			p, err := pods.Get(ctx, podName, metav1.GetOptions{})
+			return err == nil && p.Status.Phase == corev1.PodRunning, fmt.Sprint(err)
+		})
+		t.Logf("kubelet before 1.36 watches no device health (ResourceHealthStatus is alpha): the claim was prepared; the health service listed changed nothing")
+		return
+	}
+	waitUntil(t, 2*time.Minute, "the pod runs and reports its device Healthy", func(ctx context.Context) (bool, string) {
+		h, why := health(ctx)
+		return h == string(corev1.ResourceHealthStatusHealthy), why
+	})
+	dra.SetHealth(false)
+	took := waitUntil(t, 2*time.Minute, "the pod reports its device Unhealthy", func(ctx context.Context) (bool, string) {
+		h, why := health(ctx)
+		return h == string(corev1.ResourceHealthStatusUnhealthy), why
+	})
+	t.Logf("DRA device health through multireg's registration: Healthy, then Unhealthy in the pod's allocatedResourcesStatus %s after the driver said so", took.Round(10*time.Millisecond))
+	figures = append(figures, fmt.Sprintf("DRA device health (v1alpha1.DRAResourceHealth found on the endpoint and advertised): a device turned Unhealthy reached the pod's allocatedResourcesStatus in %s", took.Round(10*time.Millisecond)))
+}
+
+// 4i. A device plugin that registers itself on kubelet.sock, listed in the drivers file too (a
+// mistake multireg must contain): multireg never registers it, says why in /status and
+// /readyz, and the plugin's own registration is untouched — it even registers again after a
+// restart, which kubelet 1.37 would refuse until its own restart had a second registration of
+// the endpoint been refused once.
+func scenarioSelfRegisteredDevicePlugin(t *testing.T, mr *hostMultireg, config string) {
+	const res, n = "example.com/selfreg", 2
+	path := filepath.Join(filepath.Dir(pluginapi.KubeletSocket), "e2e-selfreg.sock")
+	startRegistered := func() *endpoints.DevicePlugin {
+		t.Helper()
+		p, err := endpoints.StartDevicePlugin(path, endpoints.DeviceOptions{ResourceName: res, Devices: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.RegisterWithKubelet(ctx, pluginapi.KubeletSocket); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, time.Minute, res+"'s devices allocatable through its own registration", func(ctx context.Context) (bool, string) {
+			live, err := podResourcesAllocatable(ctx, res)
+			_, open := p.ListAndWatchStreams()
+			return live == n && open == 1, fmt.Sprintf("allocatable %d (%v), streams open %d", live, err, open)
+		})
+		return p
+	}
+	p := startRegistered()
+	withEntry(t, mr, config, res, driverEntry(res, "DevicePlugin", path))
+	var s driverStatus
+	waitUntil(t, time.Minute, "multireg says why it does not register "+res, func(ctx context.Context) (bool, string) {
+		st, err := mr.status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		s = st[res]
+		return s.Phase == "BackingOff" && strings.Contains(s.LastError, "kubelet's device-plugin directory"), fmt.Sprintf("%+v", s)
+	})
+	if s.Attempts != 0 {
+		t.Errorf("multireg published %d registration sockets for %s, want none", s.Attempts, res)
+	}
+	if n := logLines(mr.log, "driver not registered", res); n != 1 {
+		t.Errorf("multireg logged the refusal %d times, want once", n)
+	}
+	resp, err := http.Get("http://" + mr.addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), res) {
+		t.Errorf("/readyz: %d %q, want 503 naming %s", resp.StatusCode, body, res)
+	}
+	if opened, _ := p.ListAndWatchStreams(); opened != 1 {
+		t.Errorf("kubelet opened %d ListAndWatch streams on %s, want its own registration's one", opened, res)
+	}
+
+	// The plugin restarts and registers itself again: kubelet takes it (a second registration
+	// refused earlier would have left the endpoint refused on 1.37).
+	p.Stop()
+	p = startRegistered()
+	t.Logf("a self-registering device plugin listed in the drivers file: multireg refused it (%q); its own registration held, and again after its restart", s.LastError)
+	figures = append(figures, "self-registering device plugin listed in the drivers file: not registered by multireg (BackingOff, /readyz 503 naming it); the plugin's own registration kept, re-registered itself after a restart")
+}
