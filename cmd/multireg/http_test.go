@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -292,7 +294,7 @@ drivers:
 	var logs testkit.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", "127.0.0.1:0", "--log-format", "json"}, &logs, &logs)
+		done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", "127.0.0.1:0", "--log-format", "json"}, nil, &logs, &logs)
 	}()
 	defer func() {
 		cancel()
@@ -386,7 +388,7 @@ drivers:
 
 	// `multireg status`, table and JSON.
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"status", "--http-endpoint", addr}, &out, &out); err != nil {
+	if err := run(context.Background(), []string{"status", "--http-endpoint", addr}, nil, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"1 of 2 drivers registered", "example.com/bad", "BackingOff", "no room at the inn", "good.example.com", "Registered"} {
@@ -395,7 +397,7 @@ drivers:
 		}
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"status", "--http-endpoint", addr, "-o", "json"}, &out, &out); err != nil {
+	if err := run(context.Background(), []string{"status", "--http-endpoint", addr, "-o", "json"}, nil, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.Drivers) != 2 {
@@ -428,11 +430,11 @@ drivers:
 }
 
 func TestStatusWithoutDaemon(t *testing.T) {
-	err := run(context.Background(), []string{"status", "--http-endpoint", "127.0.0.1:1"}, io.Discard, io.Discard)
+	err := run(context.Background(), []string{"status", "--http-endpoint", "127.0.0.1:1"}, nil, io.Discard, io.Discard)
 	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "no answer from the daemon at 127.0.0.1:1") {
 		t.Errorf("status without a daemon: %v", err)
 	}
-	if err := run(context.Background(), []string{"status", "-o", "yaml"}, io.Discard, io.Discard); exitCode(err) != 2 {
+	if err := run(context.Background(), []string{"status", "-o", "wide"}, nil, io.Discard, io.Discard); exitCode(err) != 2 {
 		t.Errorf("status -o yaml: %v, want a usage error", err)
 	}
 }
@@ -449,7 +451,7 @@ func TestRunRefusesBusyHTTPEndpoint(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	cfg := writeConfig(t, dir, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+dir+"/reg\ndrivers: []\n")
-	err = run(context.Background(), []string{"run", "--config", cfg, "--http-endpoint", l.Addr().String()}, io.Discard, io.Discard)
+	err = run(context.Background(), []string{"run", "--config", cfg, "--http-endpoint", l.Addr().String()}, nil, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "--http-endpoint") || !strings.Contains(err.Error(), "address already in use") {
 		t.Errorf("run on a busy address: %v", err)
 	}

@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -5,25 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
-
-// Roles of a multireg process, as /status, /readyz and the logs tell them. A process serves
-// the registration directory only while it holds its lock; a rolling update's new pod is a
-// standby until the old one hands the directory over or exits, and the old one is idle after
-// it handed over.
-const (
-	// roleStarting: taking the directory, or asking its holder to hand it over.
-	roleStarting = "starting"
-	// roleServing: this process holds the directory and runs every driver's loop.
-	roleServing = "serving"
-	// roleStandby: another process holds the directory; this one waits for it to exit. It
-	// counts as ready, so that a DaemonSet's surge rollout proceeds and removes the old pod.
-	roleStandby = "standby"
-	// roleIdle: this process handed the directory over; it serves nothing, touches no file
-	// and exits on SIGTERM. Should its successor end without a clean shutdown, it takes the
-	// directory back with the sockets it handed over, while they are still the files at their
-	// paths.
-	roleIdle = "idle"
 )
 
 // instance is what the HTTP server reports across the process's life: the role, and while

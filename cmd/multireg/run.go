@@ -1,12 +1,12 @@
+//go:build linux
+
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -19,7 +19,8 @@ import (
 )
 
 // runDaemon is `multireg run`: it registers every configured driver until SIGTERM or SIGINT.
-func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
+func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) error {
+	stdout, stderr := std.out, std.err
 	// From the first instant: a signal's default action would kill the process, also while
 	// it reads the file or waits for another instance. A SIGHUP before the reloader runs is
 	// not lost: the reloader reads the file when it starts watching it.
@@ -29,14 +30,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	f, err := parseRunFlags(args, stderr)
+	f, err := parseRunFlags(args, stdout, helpOnly)
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, f.logFormat, f.verbosity)
-	if err != nil {
-		return err
-	}
+	log := newLogger(stderr, f)
 
 	// Set once for the whole process (never around each listen: loops run concurrently), so
 	// that no socket or file is ever created with wider permissions than owner-only.
@@ -243,34 +241,6 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	return g.run()
 }
 
-// runFlags are the flags of `multireg run`.
-type runFlags struct {
-	path, logFormat, httpAddr string
-	verbosity                 int
-	cleanup                   bool
-}
-
-// parseRunFlags parses and checks the flags of `multireg run`, before anything else runs.
-func parseRunFlags(args []string, stderr io.Writer) (runFlags, error) {
-	var f runFlags
-	fs := newFlagSet("run", stderr)
-	fs.StringVar(&f.path, "config", "", "path to the drivers file (required)")
-	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
-	fs.IntVar(&f.verbosity, "v", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call")
-	fs.BoolVar(&f.cleanup, "cleanup-on-exit", false, "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
-	fs.StringVar(&f.httpAddr, "http-endpoint", defaultHTTPEndpoint, "serve /healthz, /readyz, /status and /metrics on this address; empty disables")
-	if err := parseFlags(fs, args); err != nil {
-		return f, err
-	}
-	if f.path == "" {
-		return f, usagef("multireg run: --config is required")
-	}
-	if err := checkListenAddr(f.httpAddr); err != nil {
-		return f, usagef("multireg run: --http-endpoint %q: %v", f.httpAddr, err)
-	}
-	return f, nil
-}
-
 // counted counts execute in n from now until it returns.
 func counted(n *atomic.Int32, execute func() error) func() error {
 	n.Add(1)
@@ -278,35 +248,4 @@ func counted(n *atomic.Int32, execute func() error) func() error {
 		defer n.Add(-1)
 		return execute()
 	}
-}
-
-// checkListenAddr checks an --http-endpoint value before anything else runs: host:port with
-// a port number or service name; empty disables the server.
-func checkListenAddr(addr string) error {
-	if addr == "" {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if _, err := net.LookupPort("tcp", port); err != nil {
-		return err
-	}
-	return nil
-}
-
-// newLogger returns the process logger: text or JSON on w, debug from verbosity 1.
-func newLogger(w io.Writer, format string, verbosity int) (*slog.Logger, error) {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if verbosity > 0 {
-		opts.Level = slog.LevelDebug
-	}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, usagef("multireg run: --log-format %q: must be text or json", format)
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -48,7 +50,7 @@ drivers:
 		if cleanup {
 			args = append(args, "--cleanup-on-exit")
 		}
-		go func() { done <- run(ctx, args, &logs, &logs) }()
+		go func() { done <- run(ctx, args, nil, &logs, &logs) }()
 		socks := []string{filepath.Join(reg, "vendor.example_gpu-reg.sock"), filepath.Join(reg, "gpu.example.com-reg.sock")}
 		// The first run leaves its sockets; wait for this run's own.
 		before := map[string]os.FileInfo{}
@@ -89,7 +91,7 @@ drivers:
 
 func TestRunRefusesInvalidConfig(t *testing.T) {
 	cfg := writeConfig(t, t.TempDir(), "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers:\n  - name: x\n")
-	err := run(context.Background(), []string{"run", "--config", cfg}, &bytes.Buffer{}, &bytes.Buffer{})
+	err := run(context.Background(), []string{"run", "--config", cfg}, nil, &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || exitCode(err) != 1 {
 		t.Fatalf("run with an invalid config: %v, want exit 1", err)
 	}
@@ -98,7 +100,7 @@ func TestRunRefusesInvalidConfig(t *testing.T) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
-	if err := run(context.Background(), []string{"run", "--config", cfg, "--log-format", "xml"}, &bytes.Buffer{}, &bytes.Buffer{}); exitCode(err) != 2 {
+	if err := run(context.Background(), []string{"run", "--config", cfg, "--log-format", "xml"}, nil, &bytes.Buffer{}, &bytes.Buffer{}); exitCode(err) != 2 {
 		t.Errorf("--log-format xml: %v, want a usage error", err)
 	}
 }
@@ -110,7 +112,7 @@ func startRun(t *testing.T, args ...string) *testkit.Buffer {
 	ctx, cancel := context.WithCancel(context.Background())
 	var logs testkit.Buffer
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, append([]string{"run", "--http-endpoint", ""}, args...), &logs, &logs) }()
+	go func() { done <- run(ctx, append([]string{"run", "--http-endpoint", ""}, args...), nil, &logs, &logs) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -142,7 +144,7 @@ func TestRunChecksFlagsFirst(t *testing.T) {
 	for _, addr := range []string{"localhost", "127.0.0.1:99999", "127.0.0.1:no-such-service", "[::1"} {
 		var logs testkit.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := run(ctx, []string{"run", "--config", cfg, "--http-endpoint", addr}, &logs, &logs)
+		err := run(ctx, []string{"run", "--config", cfg, "--http-endpoint", addr}, nil, &logs, &logs)
 		cancel()
 		if exitCode(err) != 2 || !strings.Contains(err.Error(), "--http-endpoint") || !strings.Contains(err.Error(), addr) {
 			t.Errorf("--http-endpoint %q: %v, want a usage error naming it", addr, err)
