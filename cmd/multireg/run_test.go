@@ -237,3 +237,63 @@ func isSocket(path string) bool {
 	fi, err := os.Lstat(path)
 	return err == nil && fi.Mode().Type() == os.ModeSocket
 }
+
+// TestLocalExampleAsWritten follows examples/local/config.yaml's own instructions, with its
+// /tmp/multireg-demo moved to a temporary directory: every command before `multireg run`
+// (the mkdir of the registry's parent), then run, which must publish a socket per driver.
+func TestLocalExampleAsWritten(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "examples", "local", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	const prefix = "/tmp/multireg-demo"
+	moved := strings.ReplaceAll(string(b), prefix, filepath.Join(dir, "demo"))
+	for _, l := range strings.Split(moved, "\n") {
+		cmd, ok := strings.CutPrefix(l, "#   ")
+		if !ok {
+			continue
+		}
+		cmd, _, _ = strings.Cut(cmd, "#")
+		f := strings.Fields(cmd)
+		if len(f) > 0 && f[0] == "multireg" {
+			break
+		}
+		if len(f) != 3 || f[0] != "mkdir" || f[1] != "-p" {
+			t.Fatalf("a command before multireg run that this test does not follow: %q", cmd)
+		}
+		if err := os.MkdirAll(f[2], 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := writeConfig(t, dir, moved)
+	parsed, err := config.Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs testkit.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", ""}, nil, &logs, &logs) }()
+	testkit.Eventually(t, 10*time.Second, "a socket per driver", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("run ended: %v\n%s", err, logs.String())
+		default:
+		}
+		for _, d := range parsed.Drivers {
+			if fi, err := os.Lstat(filepath.Join(parsed.RegistrationDir, d.SocketName)); err != nil || fi.Mode().Type() != os.ModeSocket {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
