@@ -238,6 +238,33 @@ example.com/nic    DevicePlugin  Absent      1s     0         0         -       
 	}
 }
 
+// TestStatusTableAbsentRejected: a driver absent from this node, published all the same
+// (waitForEndpoint: false) and rejected by kubelet, reads as the JSON document says it:
+// BackingOff, with kubelet's reason.
+func TestStatusTableAbsentRejected(t *testing.T) {
+	rejected := registrar.DriverStatus{Name: "nfs.csi.k8s.io", Type: "CSIPlugin", Phase: registrar.BackingOff, Absent: true,
+		Attempts: 3, Failures: 3, LastError: "kubelet rejected the registration: RegisterPlugin error -- dial unix /p/csi.sock: connect: no such file or directory",
+		Since: t0, NextAttempt: t0.Add(4 * time.Second)}
+	published := rejected
+	published.Name, published.Phase, published.LastError, published.NextAttempt = "other.csi.k8s.io", registrar.Serving, "", time.Time{}
+	var out bytes.Buffer
+	doc := newStatusDoc(serving(testState([]registrar.DriverStatus{rejected, published}, 2)).view())
+	printStatus(&out, doc, t0.Add(time.Second))
+	want := `config /etc/multireg/config.yaml (generation 3): applied
+0 of 2 drivers registered, 2 absent from this node
+
+DRIVER            TYPE       PHASE       SINCE  ATTEMPTS  FAILURES  NEXT RETRY  LAST ERROR
+nfs.csi.k8s.io    CSIPlugin  BackingOff  1s     3         3         in 3s       endpoint absent from this node; kubelet rejected the registration: RegisterPlugin error -- dial unix /p/csi.sock: connect: no such file or directory
+other.csi.k8s.io  CSIPlugin  Serving     1s     3         3         -           endpoint absent from this node
+`
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if d := doc.Drivers[0]; d.Phase != "BackingOff" || !strings.Contains(d.LastError, "kubelet rejected") {
+		t.Errorf("JSON: %+v, want BackingOff with kubelet's reason", d)
+	}
+}
+
 func TestAge(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		0: "0s", 59 * time.Second: "59s", 61 * time.Second: "61s", 4*time.Minute + 12*time.Second: "4m12s",

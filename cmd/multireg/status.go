@@ -35,9 +35,12 @@ const (
 	roleIdle = "idle"
 )
 
-// phaseRegistered is registrar.Registered, which status.go cannot import: the registrar is
+// The phases status.go names, registrar's, which it cannot import: the registrar is
 // Linux's, and `multireg status` runs anywhere (against a port-forward, say).
-const phaseRegistered = "Registered"
+const (
+	phaseRegistered         = "Registered"
+	phaseWaitingForEndpoint = "WaitingForEndpoint"
+)
 
 // statusDoc is the JSON document of GET /status and `multireg status -o json`.
 type statusDoc struct {
@@ -229,20 +232,23 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 		if d.NextAttempt != nil {
 			next = "in " + age(d.NextAttempt.Sub(now))
 		}
-		lastErr := d.LastError
-		if !d.EndpointUp && d.Phase == phaseRegistered {
+		phase, lastErr := d.Phase, d.LastError
+		switch {
+		case !d.EndpointUp && d.Phase == phaseRegistered:
 			lastErr = strings.TrimSuffix("endpoint down; "+lastErr, "; ")
-		}
-		if lastErr == "" {
-			lastErr = "-"
-		}
-		phase := d.Phase
-		if d.Absent && d.Phase != phaseRegistered {
+		case d.Absent && d.Phase == phaseWaitingForEndpoint:
 			// Not on this node: the probe's error would only say so again.
-			phase, lastErr = "Absent", "-"
+			phase, lastErr = "Absent", ""
 			if d.Required {
 				lastErr = "required on every node: not ready"
 			}
+		case d.Absent:
+			// Published all the same (waitForEndpoint: false): kubelet's answer is the news,
+			// as in the JSON document.
+			lastErr = strings.TrimSuffix("endpoint absent from this node; "+lastErr, "; ")
+		}
+		if lastErr == "" {
+			lastErr = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Type, phase, since, d.Attempts, d.Failures, next, lastErr)
 	}
