@@ -93,6 +93,7 @@ func newStatusDoc(v instanceView) statusDoc {
 			EndpointUp:  d.EndpointUp,
 			Absent:      d.Absent,
 			Required:    d.Required,
+			HeldByOther: d.HeldByOther,
 			Attempts:    d.Attempts,
 			Failures:    d.Failures,
 			LastError:   d.LastError,
@@ -146,7 +147,7 @@ func newHandler(in *instance) http.Handler {
 		enc.Encode(newStatusDoc(in.view()))
 	})
 	mux.Handle("GET /metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		promhttp.HandlerFor(in.view().Reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		promhttp.HandlerFor(in.view().gatherer(in), promhttp.HandlerOpts{}).ServeHTTP(w, r)
 	}))
 	return mux
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -181,7 +182,7 @@ func TestStatusDocument(t *testing.T) {
 	}
 	want := map[string]any{
 		"name": "b.csi.example.com", "type": "CSIPlugin", "phase": "BackingOff", "socket": "/reg/b-reg.sock",
-		"endpoint": "/p/b.sock", "endpointUp": true, "absent": false, "required": false, "attempts": 2.0, "failures": 2.0,
+		"endpoint": "/p/b.sock", "endpointUp": true, "absent": false, "required": false, "heldByOther": false, "attempts": 2.0, "failures": 2.0,
 		"lastError":   knownStates[1].LastError,
 		"since":       "2026-11-21T10:00:00Z",
 		"nextAttempt": "2026-11-21T10:00:04Z",
@@ -590,7 +591,26 @@ func TestRoles(t *testing.T) {
 			if code, body := get(t, h, "/metrics"); code != 200 || !strings.Contains(body, "multireg_build_info") || strings.Contains(body, "multireg_driver_phase") {
 				t.Errorf("/metrics: %d, want build info and no driver metric:\n%s", code, body)
 			}
+			checkRoleMetric(t, h, tt.role)
 		})
+	}
+	in := newInstance()
+	in.serve(testState(knownStates, 2), newRegistry(nil, nil), "holds it")
+	checkRoleMetric(t, newHandler(in), roleServing)
+}
+
+// checkRoleMetric checks that /metrics has multireg_instance_role 1 for role, 0 for the others.
+func checkRoleMetric(t *testing.T, h http.Handler, role string) {
+	t.Helper()
+	_, body := get(t, h, "/metrics")
+	for _, r := range roles {
+		want := 0
+		if r == role {
+			want = 1
+		}
+		if line := fmt.Sprintf("multireg_instance_role{role=%q} %d\n", r, want); !strings.Contains(body, line) {
+			t.Errorf("role %s: /metrics lacks %q", role, line)
+		}
 	}
 }
 

@@ -76,6 +76,7 @@ type driverStatus struct {
 	EndpointUp  bool       `json:"endpointUp"`
 	Absent      bool       `json:"absent"`
 	Required    bool       `json:"required"`
+	HeldByOther bool       `json:"heldByOther"`
 	Attempts    int        `json:"attempts"`
 	Failures    int        `json:"failures"`
 	LastError   string     `json:"lastError"`
