@@ -78,7 +78,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	default:
 		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
-	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content}
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx}
 	err = r.run(runCtx, hup)
 	stopHTTP()
 	if herr := <-httpDone; herr != nil && err == nil {
@@ -99,6 +99,8 @@ type rounds struct {
 	cfg     *config.RegistrarConfig
 	content []byte
 	served  bool // a round served the directory
+	// signalled ends with SIGTERM or SIGINT (a clean stop), not with a failure.
+	signalled context.Context
 }
 
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
@@ -124,6 +126,19 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 		if err != nil {
 			return err
 		}
+		stopped, serr := takeStopped(dir.Path())
+		if serr != nil {
+			r.log.Warn("remove the mark of a clean stop", "err", serr)
+		}
+		if opts.Inherited != nil && stopped {
+			// The successor was stopped on purpose, not crashed: serve nothing either.
+			got.Close()
+			dir.Close()
+			r.in.set(roleIdle, "the instance this one handed over to was stopped (not crashed): nothing to take back; exiting on SIGTERM")
+			r.log.Info("the successor was stopped cleanly; not taking the directory back, staying idle until SIGTERM")
+			<-ctx.Done()
+			return nil
+		}
 		if opts.Inherited != nil && got.Alive() == 0 {
 			// The successor ended, and none of the sockets handed over is still at its path:
 			// it removed them (an uninstall), or replaced them. Nothing to take back.
@@ -135,6 +150,12 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			return nil
 		}
 		err = r.serve(ctx, hup, dir, got)
+		if err == nil && r.signalled.Err() != nil {
+			// A clean stop: an idle predecessor waiting for this one leaves the directory be.
+			if merr := markStopped(dir.Path()); merr != nil {
+				r.log.Warn("mark the clean stop in the registration directory", "err", merr)
+			}
+		}
 		dir.Close()
 		ho, handed := errors.AsType[*registrar.HandedOver](err)
 		if !handed {

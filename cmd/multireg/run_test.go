@@ -297,3 +297,65 @@ func TestLocalExampleAsWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIdleStaysIdleAfterItsSuccessorStops: after a hand-over, a clean stop of the successor
+// (SIGTERM: outside Kubernetes, `systemctl stop` of the new unit) leaves the idle predecessor
+// idle: it does not take the directory back. (A successor that crashes is another matter: the
+// idle one takes its sockets back, e2e/registration's TestHandoverKilledAtEachStep.)
+func TestIdleStaysIdleAfterItsSuccessorStops(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	cfg := writeConfig(t, dir, `apiVersion: multireg.dev/v1alpha1
+kind: RegistrarConfig
+registrationDir: `+reg+`
+defaults: {waitForEndpoint: false}
+drivers:
+  - {name: vendor.example/gpu, type: DevicePlugin, endpoint: /run/gpu/dp.sock}
+`)
+	sock := filepath.Join(reg, "vendor.example_gpu-reg.sock")
+	const serving = "serving the registration directory"
+	start := func(logs *testkit.Buffer) (stop func() error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", ""}, nil, logs, logs) }()
+		return func() error {
+			cancel()
+			select {
+			case err := <-done:
+				return err
+			case <-time.After(10 * time.Second):
+				t.Fatal("run did not stop within 10s")
+				return nil
+			}
+		}
+	}
+	var first, second testkit.Buffer
+	stopFirst := start(&first)
+	testkit.Eventually(t, 10*time.Second, "the first instance serving", func() bool { return strings.Contains(first.String(), serving) })
+	testkit.Eventually(t, 10*time.Second, "its socket", func() bool { _, err := os.Lstat(sock); return err == nil })
+	stopSecond := start(&second)
+	testkit.Eventually(t, 10*time.Second, "the second instance serving", func() bool { return strings.Contains(second.String(), serving) })
+	testkit.Eventually(t, 10*time.Second, "the first instance idle", func() bool { return strings.Contains(first.String(), "handed over") })
+	before, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := stopSecond(); err != nil {
+		t.Fatalf("the second instance: %v", err)
+	}
+	// An idle instance would take the lock within lockRetry of the successor's exit.
+	testkit.Never(t, 2*time.Second, "the idle instance serving again", func() bool { return strings.Count(first.String(), serving) > 1 })
+	if !strings.Contains(first.String(), "the successor was stopped cleanly") {
+		t.Errorf("the idle instance does not say why it stays idle:\n%s", first.String())
+	}
+	if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, before) {
+		t.Errorf("the socket after the successor's stop: %v, want the one it served, left in place", err)
+	}
+	if err := stopFirst(); err != nil {
+		t.Fatalf("the idle instance: %v", err)
+	}
+	if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, before) {
+		t.Errorf("the socket after the idle instance's stop: %v, want it untouched", err)
+	}
+}
