@@ -150,8 +150,9 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			return nil
 		}
 		err = r.serve(ctx, hup, dir, got)
-		if err == nil && r.signalled.Err() != nil {
+		if err == nil && r.signalled.Err() != nil && !r.f.cleanup {
 			// A clean stop: an idle predecessor waiting for this one leaves the directory be.
+			// (--cleanup-on-exit removed the sockets: nothing to take back, no mark to leave.)
 			if merr := markStopped(dir.Path()); merr != nil {
 				r.log.Warn("mark the clean stop in the registration directory", "err", merr)
 			}
