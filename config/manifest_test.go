@@ -57,6 +57,19 @@ func TestExtract(t *testing.T) {
 	}
 }
 
+// TestExtractJSON: kubectl get configmap -o json, as well as YAML.
+func TestExtractJSON(t *testing.T) {
+	in := `{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "multireg", "namespace": "kube-system"},
+  "data": {"config.yaml": "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers: []\n"}}`
+	found, err := Extract([]byte(in), "")
+	if err != nil || len(found) != 1 || found[0].Where != "ConfigMap kube-system/multireg (document 1 at line 1) data[config.yaml]" {
+		t.Fatalf("%+v, %v", found, err)
+	}
+	if _, err := Parse(found[0].Content); err != nil {
+		t.Error(err)
+	}
+}
+
 func TestExtractRefusesManifestsWithoutMultireg(t *testing.T) {
 	in := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\ndata: {a: b}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"
 	_, err := Extract([]byte(in), "")
