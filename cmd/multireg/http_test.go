@@ -23,6 +23,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -430,6 +431,15 @@ drivers:
 	}
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.Drivers) != 2 {
 		t.Errorf("multireg status -o json: %v\n%s", err, out.String())
+	}
+	// The same daemon through a URL (kubectl port-forward's), as YAML.
+	out.Reset()
+	if err := run(context.Background(), []string{"status", "--http-endpoint", "http://" + addr, "-o", "yaml"}, nil, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	var fromYAML statusDoc
+	if err := yaml.Unmarshal(out.Bytes(), &fromYAML); err != nil || len(fromYAML.Drivers) != 2 || !strings.Contains(out.String(), "lastError: ") {
+		t.Errorf("multireg status --http-endpoint http://%s -o yaml: %v\n%s", addr, err, out.String())
 	}
 
 	// The retry is accepted: everything turns green.
