@@ -11,7 +11,7 @@ PROMTOOL ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/multireg/promtool/promtool
 KUBE     ?= 1.36
 MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
 
-.PHONY: all build demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring
+.PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring
 
 all: build
 
@@ -20,14 +20,21 @@ all: build
 build:
 	VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) hack/build-binary.sh bin/multireg
 
+## cross: `multireg validate`, `status` and `version` build for macOS and Windows (laptops, CI
+## images); `run` is Linux's, and says so there.
+cross:
+	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/multireg
+	GOOS=windows GOARCH=amd64 $(GO) build -o /dev/null ./cmd/multireg
+
 ## demo: multireg registering three drivers with kubelet's real plugin manager, one after a failure.
 demo: build
 	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg -config ../examples/local/config.yaml
 
 ## test: everything CI runs: formatting, vet, unit tests with the race detector, a fuzz smoke
-## run, the image's build command, the end-to-end tests against kubelet 1.36 and 1.35, and the
-## shipped manifests and Helm chart, and the single-node Kubernetes test (as root).
-test: fmt-check vet unit fuzz build e2e manifests e2e-node
+## run, the image's build command, the build for macOS and Windows, the end-to-end tests against
+## kubelet 1.36 and 1.35, the shipped manifests and Helm chart, and the single-node Kubernetes
+## test (as root).
+test: fmt-check vet unit fuzz build cross e2e manifests e2e-node
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -36,6 +36,27 @@ func LoadContent(path string) (*RegistrarConfig, []byte, error) {
 // named pipe waits for a writer, and reading a device may never end. A file over MaxFileSize
 // is refused without being read whole.
 func ReadFile(path string) ([]byte, error) {
+	return readFile(path, MaxFileSize, "(1 MiB), the most a drivers file may be")
+}
+
+// ReadInput reads what `multireg validate` checks: the file at path, or standard input for
+// "-" (stdin), each up to MaxManifestSize, as it may be a stream of manifests (see Extract).
+func ReadInput(path string, stdin io.Reader) ([]byte, error) {
+	const why = "(16 MiB), the most multireg validate reads"
+	if path != "-" {
+		return readFile(path, MaxManifestSize, why)
+	}
+	b, err := io.ReadAll(io.LimitReader(stdin, MaxManifestSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read standard input: %w", err)
+	}
+	if len(b) > MaxManifestSize {
+		return nil, fmt.Errorf("read standard input: larger than %d bytes %s", MaxManifestSize, why)
+	}
+	return b, nil
+}
+
+func readFile(path string, limit int, why string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if errors.Is(err, syscall.ENXIO) {
 		// A unix socket cannot be opened at all.
@@ -54,12 +75,12 @@ func ReadFile(path string) ([]byte, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, notRegular(path, fi.Mode())
 	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	b, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
 	if err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, err)
 	}
-	if len(b) > MaxFileSize {
-		return nil, fmt.Errorf("read config %s: larger than %d bytes (1 MiB), the most a drivers file may be", path, MaxFileSize)
+	if len(b) > limit {
+		return nil, fmt.Errorf("read config %s: larger than %d bytes %s", path, limit, why)
 	}
 	return b, nil
 }

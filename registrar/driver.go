@@ -648,6 +648,7 @@ func (d *driver) backOff(ctx context.Context, err error, ws watches) bool {
 		return d.sleepBlocked(ctx, wait, ws.of(ns.path), ns.path, func() bool { return pathClear(ns.path) })
 	}
 	if se, served := errors.AsType[*servedError](err); served {
+		d.setHeldByOther()
 		return d.sleepBlocked(ctx, wait, ws.of(se.path), se.path, func() bool { return checkNotServed(se.path, fileID{}) == nil })
 	}
 	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from

@@ -11,7 +11,7 @@ import (
 type Collector struct {
 	s *Supervisor
 
-	registered, phase, endpointUp, absent, required, attempts, recreations, restarts *prometheus.Desc
+	registered, phase, endpointUp, absent, required, heldByOther, attempts, recreations, restarts *prometheus.Desc
 }
 
 // NewCollector returns the collector of s's drivers; register it on a registry.
@@ -33,6 +33,9 @@ func NewCollector(s *Supervisor) *Collector {
 		required: prometheus.NewDesc("multireg_driver_required",
 			"1 when the driver is required on every node: its absence fails readiness.",
 			[]string{"driver"}, nil),
+		heldByOther: prometheus.NewDesc("multireg_driver_held_by_other",
+			"1 while another process serves the driver's registration socket path (another registrar, such as a node-driver-registrar sidecar being migrated from): kubelet holds that registrar's registration, and multireg waits for it to go.",
+			[]string{"driver"}, nil),
 		attempts: prometheus.NewDesc("multireg_registration_attempts_total",
 			"Registration attempts that ended, by result: registered, rejected (by kubelet), timeout (no verdict), publish_failed (socket not created).",
 			[]string{"driver", "result"}, nil),
@@ -47,7 +50,7 @@ func NewCollector(s *Supervisor) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.attempts, c.recreations, c.restarts} {
+	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.heldByOther, c.attempts, c.recreations, c.restarts} {
 		ch <- d
 	}
 }
@@ -67,6 +70,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.endpointUp, prometheus.GaugeValue, boolValue(d.EndpointUp), d.Name)
 		ch <- prometheus.MustNewConstMetric(c.absent, prometheus.GaugeValue, boolValue(d.Absent), d.Name)
 		ch <- prometheus.MustNewConstMetric(c.required, prometheus.GaugeValue, boolValue(d.Required), d.Name)
+		ch <- prometheus.MustNewConstMetric(c.heldByOther, prometheus.GaugeValue, boolValue(d.HeldByOther), d.Name)
 		for _, r := range results {
 			ch <- prometheus.MustNewConstMetric(c.attempts, prometheus.CounterValue, float64(d.Results[r]), d.Name, r)
 		}

@@ -198,8 +198,9 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 				registerAndWait(t, s, d)
 				return
 			}
-			testkit.Eventually(t, 5*time.Second, "the reason reported", func() bool {
-				return strings.Contains(statusOf(s, d.Name).LastError, "is served by another process")
+			testkit.Eventually(t, 5*time.Second, "the reason reported, and the socket held by another", func() bool {
+				st := statusOf(s, d.Name)
+				return strings.Contains(st.LastError, "is served by another process") && st.HeldByOther
 			})
 			testkit.Never(t, 500*time.Millisecond, "the other process's socket replaced", func() bool {
 				id, _, err := statID(d.SocketPath)
@@ -221,6 +222,9 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 				return err == nil && id != theirs
 			})
 			registerAndWait(t, s, d)
+			if st := statusOf(s, d.Name); st.HeldByOther {
+				t.Errorf("registered through its own socket: %+v, want HeldByOther false", st)
+			}
 		})
 	}
 }

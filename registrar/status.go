@@ -53,6 +53,11 @@ type DriverStatus struct {
 	// EndpointRestarts counts the driver's endpoint created anew while its socket was served:
 	// the driver restarted, whether its registration was kept or made again.
 	EndpointRestarts int
+	// HeldByOther reports that another process serves the driver's registration socket path
+	// (another registrar, such as a node-driver-registrar sidecar whose driver is being moved
+	// to multireg): kubelet holds that registrar's registration, and the loop waits for it to
+	// go. Set while the loop backs off for it; cleared by the next failure or phase.
+	HeldByOther bool
 	// LastError is why the loop last backed off or waits: kubelet's own words, the endpoint
 	// probe's error, or the socket problem. It is cleared on registration.
 	LastError string
@@ -137,6 +142,9 @@ func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
 		d.st.Phase = p
 		d.st.Since = time.Now()
 	}
+	if changed || lastErr != "" {
+		d.st.HeldByOther = false // until the loop says so again (setHeldByOther)
+	}
 	if lastErr != "" || p == Registered && d.prev == nil {
 		d.st.LastError = lastErr
 	}
@@ -152,6 +160,13 @@ func (d *driver) setPresence(statErr error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
+}
+
+// setHeldByOther records that another process serves the registration socket's path.
+func (d *driver) setHeldByOther() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.HeldByOther = true
 }
 
 // setSocket records the registration socket the loop serves: a handover driver has two.

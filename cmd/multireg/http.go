@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -20,9 +22,6 @@ import (
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
-
-// defaultHTTPEndpoint is where `run` serves and `status` asks, unless told otherwise.
-const defaultHTTPEndpoint = "127.0.0.1:9809"
 
 // Timeouts of the HTTP server: a slow or stuck client cannot hold the daemon's resources.
 const (
@@ -65,6 +64,54 @@ func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader) *prometheus.Reg
 	return reg
 }
 
+// newStatusDoc renders the process's state; times are RFC 3339 (UTC), absent ones null. A
+// process that does not serve the directory has no configuration applied and no drivers.
+func newStatusDoc(v instanceView) statusDoc {
+	var cfg reload.State
+	var drivers []registrar.DriverStatus
+	if v.State != nil {
+		cfg, drivers = v.State.config(), v.State.drivers()
+	}
+	doc := statusDoc{
+		Instance: instanceStatus{Role: v.Role, Since: timePtr(v.Since), Detail: v.Detail, Inherited: v.Inherited},
+		Config: configStatus{
+			Path:                 cfg.Path,
+			Generation:           cfg.Generation,
+			LastReloadSuccessful: cfg.LastReloadSuccessful,
+			LastReloadError:      cfg.LastReloadError,
+			LastReloadTime:       timePtr(cfg.LastReloadTime),
+		},
+		Drivers: make([]driverStatus, 0, len(drivers)),
+	}
+	for _, d := range drivers { // sorted by name
+		doc.Drivers = append(doc.Drivers, driverStatus{
+			Name:        d.Name,
+			Type:        d.Type,
+			Phase:       string(d.Phase),
+			Socket:      d.Socket,
+			Endpoint:    d.Endpoint,
+			EndpointUp:  d.EndpointUp,
+			Absent:      d.Absent,
+			Required:    d.Required,
+			HeldByOther: d.HeldByOther,
+			Attempts:    d.Attempts,
+			Failures:    d.Failures,
+			LastError:   d.LastError,
+			Since:       timePtr(d.Since),
+			NextAttempt: timePtr(d.NextAttempt),
+		})
+	}
+	return doc
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC().Truncate(time.Millisecond)
+	return &t
+}
+
 // newHandler serves /healthz, /readyz, /readyz/<driver>, /status and /metrics for whatever
 // role the process has (instance.go). A process that does not serve the directory is healthy
 // and ready: it waits for the directory, or has handed it over.
@@ -100,7 +147,7 @@ func newHandler(in *instance) http.Handler {
 		enc.Encode(newStatusDoc(in.view()))
 	})
 	mux.Handle("GET /metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		promhttp.HandlerFor(in.view().Reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		promhttp.HandlerFor(in.view().gatherer(in), promhttp.HandlerOpts{}).ServeHTTP(w, r)
 	}))
 	return mux
 }

@@ -1,9 +1,12 @@
+//go:build linux
+
 package main
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -20,6 +23,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -179,7 +183,7 @@ func TestStatusDocument(t *testing.T) {
 	}
 	want := map[string]any{
 		"name": "b.csi.example.com", "type": "CSIPlugin", "phase": "BackingOff", "socket": "/reg/b-reg.sock",
-		"endpoint": "/p/b.sock", "endpointUp": true, "absent": false, "required": false, "attempts": 2.0, "failures": 2.0,
+		"endpoint": "/p/b.sock", "endpointUp": true, "absent": false, "required": false, "heldByOther": false, "attempts": 2.0, "failures": 2.0,
 		"lastError":   knownStates[1].LastError,
 		"since":       "2026-11-21T10:00:00Z",
 		"nextAttempt": "2026-11-21T10:00:04Z",
@@ -233,6 +237,33 @@ example.com/nic    DevicePlugin  Absent      1s     0         0         -       
 `
 	if out.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+// TestStatusTableAbsentRejected: a driver absent from this node, published all the same
+// (waitForEndpoint: false) and rejected by kubelet, reads as the JSON document says it:
+// BackingOff, with kubelet's reason.
+func TestStatusTableAbsentRejected(t *testing.T) {
+	rejected := registrar.DriverStatus{Name: "nfs.csi.k8s.io", Type: "CSIPlugin", Phase: registrar.BackingOff, Absent: true,
+		Attempts: 3, Failures: 3, LastError: "kubelet rejected the registration: RegisterPlugin error -- dial unix /p/csi.sock: connect: no such file or directory",
+		Since: t0, NextAttempt: t0.Add(4 * time.Second)}
+	published := rejected
+	published.Name, published.Phase, published.LastError, published.NextAttempt = "other.csi.k8s.io", registrar.Serving, "", time.Time{}
+	var out bytes.Buffer
+	doc := newStatusDoc(serving(testState([]registrar.DriverStatus{rejected, published}, 2)).view())
+	printStatus(&out, doc, t0.Add(time.Second))
+	want := `config /etc/multireg/config.yaml (generation 3): applied
+0 of 2 drivers registered, 2 absent from this node
+
+DRIVER            TYPE       PHASE       SINCE  ATTEMPTS  FAILURES  NEXT RETRY  LAST ERROR
+nfs.csi.k8s.io    CSIPlugin  BackingOff  1s     3         3         in 3s       endpoint absent from this node; kubelet rejected the registration: RegisterPlugin error -- dial unix /p/csi.sock: connect: no such file or directory
+other.csi.k8s.io  CSIPlugin  Serving     1s     3         3         -           endpoint absent from this node
+`
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if d := doc.Drivers[0]; d.Phase != "BackingOff" || !strings.Contains(d.LastError, "kubelet rejected") {
+		t.Errorf("JSON: %+v, want BackingOff with kubelet's reason", d)
 	}
 }
 
@@ -292,7 +323,7 @@ drivers:
 	var logs testkit.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", "127.0.0.1:0", "--log-format", "json"}, &logs, &logs)
+		done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", "127.0.0.1:0", "--log-format", "json"}, nil, &logs, &logs)
 	}()
 	defer func() {
 		cancel()
@@ -386,7 +417,7 @@ drivers:
 
 	// `multireg status`, table and JSON.
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"status", "--http-endpoint", addr}, &out, &out); err != nil {
+	if err := run(context.Background(), []string{"status", "--http-endpoint", addr}, nil, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"1 of 2 drivers registered", "example.com/bad", "BackingOff", "no room at the inn", "good.example.com", "Registered"} {
@@ -395,11 +426,20 @@ drivers:
 		}
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"status", "--http-endpoint", addr, "-o", "json"}, &out, &out); err != nil {
+	if err := run(context.Background(), []string{"status", "--http-endpoint", addr, "-o", "json"}, nil, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || len(doc.Drivers) != 2 {
 		t.Errorf("multireg status -o json: %v\n%s", err, out.String())
+	}
+	// The same daemon through a URL (kubectl port-forward's), as YAML.
+	out.Reset()
+	if err := run(context.Background(), []string{"status", "--http-endpoint", "http://" + addr, "-o", "yaml"}, nil, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	var fromYAML statusDoc
+	if err := yaml.Unmarshal(out.Bytes(), &fromYAML); err != nil || len(fromYAML.Drivers) != 2 || !strings.Contains(out.String(), "lastError: ") {
+		t.Errorf("multireg status --http-endpoint http://%s -o yaml: %v\n%s", addr, err, out.String())
 	}
 
 	// The retry is accepted: everything turns green.
@@ -428,11 +468,11 @@ drivers:
 }
 
 func TestStatusWithoutDaemon(t *testing.T) {
-	err := run(context.Background(), []string{"status", "--http-endpoint", "127.0.0.1:1"}, io.Discard, io.Discard)
+	err := run(context.Background(), []string{"status", "--http-endpoint", "127.0.0.1:1"}, nil, io.Discard, io.Discard)
 	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "no answer from the daemon at 127.0.0.1:1") {
 		t.Errorf("status without a daemon: %v", err)
 	}
-	if err := run(context.Background(), []string{"status", "-o", "yaml"}, io.Discard, io.Discard); exitCode(err) != 2 {
+	if err := run(context.Background(), []string{"status", "-o", "wide"}, nil, io.Discard, io.Discard); exitCode(err) != 2 {
 		t.Errorf("status -o yaml: %v, want a usage error", err)
 	}
 }
@@ -449,7 +489,7 @@ func TestRunRefusesBusyHTTPEndpoint(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	cfg := writeConfig(t, dir, "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+dir+"/reg\ndrivers: []\n")
-	err = run(context.Background(), []string{"run", "--config", cfg, "--http-endpoint", l.Addr().String()}, io.Discard, io.Discard)
+	err = run(context.Background(), []string{"run", "--config", cfg, "--http-endpoint", l.Addr().String()}, nil, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "--http-endpoint") || !strings.Contains(err.Error(), "address already in use") {
 		t.Errorf("run on a busy address: %v", err)
 	}
@@ -561,7 +601,26 @@ func TestRoles(t *testing.T) {
 			if code, body := get(t, h, "/metrics"); code != 200 || !strings.Contains(body, "multireg_build_info") || strings.Contains(body, "multireg_driver_phase") {
 				t.Errorf("/metrics: %d, want build info and no driver metric:\n%s", code, body)
 			}
+			checkRoleMetric(t, h, tt.role)
 		})
+	}
+	in := newInstance()
+	in.serve(testState(knownStates, 2), newRegistry(nil, nil), "holds it")
+	checkRoleMetric(t, newHandler(in), roleServing)
+}
+
+// checkRoleMetric checks that /metrics has multireg_instance_role 1 for role, 0 for the others.
+func checkRoleMetric(t *testing.T, h http.Handler, role string) {
+	t.Helper()
+	_, body := get(t, h, "/metrics")
+	for _, r := range roles {
+		want := 0
+		if r == role {
+			want = 1
+		}
+		if line := fmt.Sprintf("multireg_instance_role{role=%q} %d\n", r, want); !strings.Contains(body, line) {
+			t.Errorf("role %s: /metrics lacks %q", role, line)
+		}
 	}
 }
 

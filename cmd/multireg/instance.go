@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -7,29 +9,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Roles of a multireg process, as /status, /readyz and the logs tell them. A process serves
-// the registration directory only while it holds its lock; a rolling update's new pod is a
-// standby until the old one hands the directory over or exits, and the old one is idle after
-// it handed over.
-const (
-	// roleStarting: taking the directory, or asking its holder to hand it over.
-	roleStarting = "starting"
-	// roleServing: this process holds the directory and runs every driver's loop.
-	roleServing = "serving"
-	// roleStandby: another process holds the directory; this one waits for it to exit. It
-	// counts as ready, so that a DaemonSet's surge rollout proceeds and removes the old pod.
-	roleStandby = "standby"
-	// roleIdle: this process handed the directory over; it serves nothing, touches no file
-	// and exits on SIGTERM. Should its successor end without a clean shutdown, it takes the
-	// directory back with the sockets it handed over, while they are still the files at their
-	// paths.
-	roleIdle = "idle"
-)
-
 // instance is what the HTTP server reports across the process's life: the role, and while
 // serving, the daemon's state and metrics.
 type instance struct {
-	base *prometheus.Registry // build info and the runtime: whatever the role
+	base  *prometheus.Registry // build info and the runtime: whatever the role
+	roles *prometheus.Registry // multireg_instance_role: whatever the role
 
 	mu     sync.Mutex
 	role   string
@@ -41,7 +25,38 @@ type instance struct {
 
 func newInstance() *instance {
 	base := newRegistry(nil, nil)
-	return &instance{base: base, reg: base, role: roleStarting, since: time.Now()}
+	in := &instance{base: base, reg: base, roles: prometheus.NewRegistry(), role: roleStarting, since: time.Now()}
+	in.roles.MustRegister(roleCollector{in})
+	return in
+}
+
+// gatherer is what /metrics serves: the role's registry and the instance's role.
+func (v instanceView) gatherer(in *instance) prometheus.Gatherer {
+	return prometheus.Gatherers{v.Reg, in.roles}
+}
+
+// roles lists every role, as multireg_instance_role labels them.
+var roles = []string{roleStarting, roleServing, roleStandby, roleIdle}
+
+// roleCollector exposes the instance's role: an instance that serves nothing (standby, idle,
+// still starting) for longer than a rollout takes is an alert (MultiregInstanceNotServing).
+type roleCollector struct{ in *instance }
+
+var roleDesc = prometheus.NewDesc("multireg_instance_role",
+	"1 for the role this process has (starting, serving, standby, idle), 0 for the others. Only a serving instance registers drivers: a standby waits for the directory, an idle one handed it over.",
+	[]string{"role"}, nil)
+
+func (roleCollector) Describe(ch chan<- *prometheus.Desc) { ch <- roleDesc }
+
+func (c roleCollector) Collect(ch chan<- prometheus.Metric) {
+	role := c.in.view().Role
+	for _, r := range roles {
+		v := 0.0
+		if r == role {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(roleDesc, prometheus.GaugeValue, v, r)
+	}
 }
 
 // instanceView is a consistent look at an instance.

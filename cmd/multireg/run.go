@@ -1,12 +1,12 @@
+//go:build linux
+
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -19,7 +19,8 @@ import (
 )
 
 // runDaemon is `multireg run`: it registers every configured driver until SIGTERM or SIGINT.
-func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
+func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) error {
+	stdout, stderr := std.out, std.err
 	// From the first instant: a signal's default action would kill the process, also while
 	// it reads the file or waits for another instance. A SIGHUP before the reloader runs is
 	// not lost: the reloader reads the file when it starts watching it.
@@ -29,14 +30,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	f, err := parseRunFlags(args, stderr)
+	f, err := parseRunFlags(args, stdout, helpOnly)
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, f.logFormat, f.verbosity)
-	if err != nil {
-		return err
-	}
+	log := newLogger(stderr, f)
 
 	// Set once for the whole process (never around each listen: loops run concurrently), so
 	// that no socket or file is ever created with wider permissions than owner-only.
@@ -80,7 +78,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	default:
 		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
-	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content}
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx}
 	err = r.run(runCtx, hup)
 	stopHTTP()
 	if herr := <-httpDone; herr != nil && err == nil {
@@ -101,6 +99,8 @@ type rounds struct {
 	cfg     *config.RegistrarConfig
 	content []byte
 	served  bool // a round served the directory
+	// signalled ends with SIGTERM or SIGINT (a clean stop), not with a failure.
+	signalled context.Context
 }
 
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
@@ -126,6 +126,19 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 		if err != nil {
 			return err
 		}
+		stopped, serr := takeStopped(dir.Path())
+		if serr != nil {
+			r.log.Warn("remove the mark of a clean stop", "err", serr)
+		}
+		if opts.Inherited != nil && stopped {
+			// The successor was stopped on purpose, not crashed: serve nothing either.
+			got.Close()
+			dir.Close()
+			r.in.set(roleIdle, "the instance this one handed over to was stopped (not crashed): nothing to take back; exiting on SIGTERM")
+			r.log.Info("the successor was stopped cleanly; not taking the directory back, staying idle until SIGTERM")
+			<-ctx.Done()
+			return nil
+		}
 		if opts.Inherited != nil && got.Alive() == 0 {
 			// The successor ended, and none of the sockets handed over is still at its path:
 			// it removed them (an uninstall), or replaced them. Nothing to take back.
@@ -137,6 +150,13 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			return nil
 		}
 		err = r.serve(ctx, hup, dir, got)
+		if err == nil && r.signalled.Err() != nil && !r.f.cleanup {
+			// A clean stop: an idle predecessor waiting for this one leaves the directory be.
+			// (--cleanup-on-exit removed the sockets: nothing to take back, no mark to leave.)
+			if merr := markStopped(dir.Path()); merr != nil {
+				r.log.Warn("mark the clean stop in the registration directory", "err", merr)
+			}
+		}
 		dir.Close()
 		ho, handed := errors.AsType[*registrar.HandedOver](err)
 		if !handed {
@@ -243,34 +263,6 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	return g.run()
 }
 
-// runFlags are the flags of `multireg run`.
-type runFlags struct {
-	path, logFormat, httpAddr string
-	verbosity                 int
-	cleanup                   bool
-}
-
-// parseRunFlags parses and checks the flags of `multireg run`, before anything else runs.
-func parseRunFlags(args []string, stderr io.Writer) (runFlags, error) {
-	var f runFlags
-	fs := newFlagSet("run", stderr)
-	fs.StringVar(&f.path, "config", "", "path to the drivers file (required)")
-	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
-	fs.IntVar(&f.verbosity, "v", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call")
-	fs.BoolVar(&f.cleanup, "cleanup-on-exit", false, "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
-	fs.StringVar(&f.httpAddr, "http-endpoint", defaultHTTPEndpoint, "serve /healthz, /readyz, /status and /metrics on this address; empty disables")
-	if err := parseFlags(fs, args); err != nil {
-		return f, err
-	}
-	if f.path == "" {
-		return f, usagef("multireg run: --config is required")
-	}
-	if err := checkListenAddr(f.httpAddr); err != nil {
-		return f, usagef("multireg run: --http-endpoint %q: %v", f.httpAddr, err)
-	}
-	return f, nil
-}
-
 // counted counts execute in n from now until it returns.
 func counted(n *atomic.Int32, execute func() error) func() error {
 	n.Add(1)
@@ -278,35 +270,4 @@ func counted(n *atomic.Int32, execute func() error) func() error {
 		defer n.Add(-1)
 		return execute()
 	}
-}
-
-// checkListenAddr checks an --http-endpoint value before anything else runs: host:port with
-// a port number or service name; empty disables the server.
-func checkListenAddr(addr string) error {
-	if addr == "" {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if _, err := net.LookupPort("tcp", port); err != nil {
-		return err
-	}
-	return nil
-}
-
-// newLogger returns the process logger: text or JSON on w, debug from verbosity 1.
-func newLogger(w io.Writer, format string, verbosity int) (*slog.Logger, error) {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if verbosity > 0 {
-		opts.Level = slog.LevelDebug
-	}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, usagef("multireg run: --log-format %q: must be text or json", format)
 }

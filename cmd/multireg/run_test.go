@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -48,7 +50,7 @@ drivers:
 		if cleanup {
 			args = append(args, "--cleanup-on-exit")
 		}
-		go func() { done <- run(ctx, args, &logs, &logs) }()
+		go func() { done <- run(ctx, args, nil, &logs, &logs) }()
 		socks := []string{filepath.Join(reg, "vendor.example_gpu-reg.sock"), filepath.Join(reg, "gpu.example.com-reg.sock")}
 		// The first run leaves its sockets; wait for this run's own.
 		before := map[string]os.FileInfo{}
@@ -89,7 +91,7 @@ drivers:
 
 func TestRunRefusesInvalidConfig(t *testing.T) {
 	cfg := writeConfig(t, t.TempDir(), "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers:\n  - name: x\n")
-	err := run(context.Background(), []string{"run", "--config", cfg}, &bytes.Buffer{}, &bytes.Buffer{})
+	err := run(context.Background(), []string{"run", "--config", cfg}, nil, &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || exitCode(err) != 1 {
 		t.Fatalf("run with an invalid config: %v, want exit 1", err)
 	}
@@ -98,7 +100,7 @@ func TestRunRefusesInvalidConfig(t *testing.T) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
-	if err := run(context.Background(), []string{"run", "--config", cfg, "--log-format", "xml"}, &bytes.Buffer{}, &bytes.Buffer{}); exitCode(err) != 2 {
+	if err := run(context.Background(), []string{"run", "--config", cfg, "--log-format", "xml"}, nil, &bytes.Buffer{}, &bytes.Buffer{}); exitCode(err) != 2 {
 		t.Errorf("--log-format xml: %v, want a usage error", err)
 	}
 }
@@ -110,7 +112,7 @@ func startRun(t *testing.T, args ...string) *testkit.Buffer {
 	ctx, cancel := context.WithCancel(context.Background())
 	var logs testkit.Buffer
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, append([]string{"run", "--http-endpoint", ""}, args...), &logs, &logs) }()
+	go func() { done <- run(ctx, append([]string{"run", "--http-endpoint", ""}, args...), nil, &logs, &logs) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -142,7 +144,7 @@ func TestRunChecksFlagsFirst(t *testing.T) {
 	for _, addr := range []string{"localhost", "127.0.0.1:99999", "127.0.0.1:no-such-service", "[::1"} {
 		var logs testkit.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := run(ctx, []string{"run", "--config", cfg, "--http-endpoint", addr}, &logs, &logs)
+		err := run(ctx, []string{"run", "--config", cfg, "--http-endpoint", addr}, nil, &logs, &logs)
 		cancel()
 		if exitCode(err) != 2 || !strings.Contains(err.Error(), "--http-endpoint") || !strings.Contains(err.Error(), addr) {
 			t.Errorf("--http-endpoint %q: %v, want a usage error naming it", addr, err)
@@ -234,4 +236,126 @@ func holdDir(dir string) (*registrar.Dir, error) {
 func isSocket(path string) bool {
 	fi, err := os.Lstat(path)
 	return err == nil && fi.Mode().Type() == os.ModeSocket
+}
+
+// TestLocalExampleAsWritten follows examples/local/config.yaml's own instructions, with its
+// /tmp/multireg-demo moved to a temporary directory: every command before `multireg run`
+// (the mkdir of the registry's parent), then run, which must publish a socket per driver.
+func TestLocalExampleAsWritten(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "examples", "local", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "mr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	const prefix = "/tmp/multireg-demo"
+	moved := strings.ReplaceAll(string(b), prefix, filepath.Join(dir, "demo"))
+	for _, l := range strings.Split(moved, "\n") {
+		cmd, ok := strings.CutPrefix(l, "#   ")
+		if !ok {
+			continue
+		}
+		cmd, _, _ = strings.Cut(cmd, "#")
+		f := strings.Fields(cmd)
+		if len(f) > 0 && f[0] == "multireg" {
+			break
+		}
+		if len(f) != 3 || f[0] != "mkdir" || f[1] != "-p" {
+			t.Fatalf("a command before multireg run that this test does not follow: %q", cmd)
+		}
+		if err := os.MkdirAll(f[2], 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := writeConfig(t, dir, moved)
+	parsed, err := config.Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs testkit.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", ""}, nil, &logs, &logs) }()
+	testkit.Eventually(t, 10*time.Second, "a socket per driver", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("run ended: %v\n%s", err, logs.String())
+		default:
+		}
+		for _, d := range parsed.Drivers {
+			if fi, err := os.Lstat(filepath.Join(parsed.RegistrationDir, d.SocketName)); err != nil || fi.Mode().Type() != os.ModeSocket {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIdleStaysIdleAfterItsSuccessorStops: after a hand-over, a clean stop of the successor
+// (SIGTERM: outside Kubernetes, `systemctl stop` of the new unit) leaves the idle predecessor
+// idle: it does not take the directory back. (A successor that crashes is another matter: the
+// idle one takes its sockets back, e2e/registration's TestHandoverKilledAtEachStep.)
+func TestIdleStaysIdleAfterItsSuccessorStops(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	cfg := writeConfig(t, dir, `apiVersion: multireg.dev/v1alpha1
+kind: RegistrarConfig
+registrationDir: `+reg+`
+defaults: {waitForEndpoint: false}
+drivers:
+  - {name: vendor.example/gpu, type: DevicePlugin, endpoint: /run/gpu/dp.sock}
+`)
+	sock := filepath.Join(reg, "vendor.example_gpu-reg.sock")
+	const serving = "serving the registration directory"
+	start := func(logs *testkit.Buffer) (stop func() error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, []string{"run", "--config", cfg, "--http-endpoint", ""}, nil, logs, logs) }()
+		return func() error {
+			cancel()
+			select {
+			case err := <-done:
+				return err
+			case <-time.After(10 * time.Second):
+				t.Fatal("run did not stop within 10s")
+				return nil
+			}
+		}
+	}
+	var first, second testkit.Buffer
+	stopFirst := start(&first)
+	testkit.Eventually(t, 10*time.Second, "the first instance serving", func() bool { return strings.Contains(first.String(), serving) })
+	testkit.Eventually(t, 10*time.Second, "its socket", func() bool { _, err := os.Lstat(sock); return err == nil })
+	stopSecond := start(&second)
+	testkit.Eventually(t, 10*time.Second, "the second instance serving", func() bool { return strings.Contains(second.String(), serving) })
+	testkit.Eventually(t, 10*time.Second, "the first instance idle", func() bool { return strings.Contains(first.String(), "handed over") })
+	before, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := stopSecond(); err != nil {
+		t.Fatalf("the second instance: %v", err)
+	}
+	// An idle instance would take the lock within lockRetry of the successor's exit.
+	testkit.Never(t, 2*time.Second, "the idle instance serving again", func() bool { return strings.Count(first.String(), serving) > 1 })
+	if !strings.Contains(first.String(), "the successor was stopped cleanly") {
+		t.Errorf("the idle instance does not say why it stays idle:\n%s", first.String())
+	}
+	if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, before) {
+		t.Errorf("the socket after the successor's stop: %v, want the one it served, left in place", err)
+	}
+	if err := stopFirst(); err != nil {
+		t.Fatalf("the idle instance: %v", err)
+	}
+	if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, before) {
+		t.Errorf("the socket after the idle instance's stop: %v, want it untouched", err)
+	}
 }

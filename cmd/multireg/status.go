@@ -7,14 +7,39 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/duration"
+)
 
-	"multireg.dev/multireg/registrar"
-	"multireg.dev/multireg/reload"
+// Roles of a multireg process, as /status, /readyz and the logs tell them. A process serves
+// the registration directory only while it holds its lock; a rolling update's new pod is a
+// standby until the old one hands the directory over or exits, and the old one is idle after
+// it handed over.
+const (
+	// roleStarting: taking the directory, or asking its holder to hand it over.
+	roleStarting = "starting"
+	// roleServing: this process holds the directory and runs every driver's loop.
+	roleServing = "serving"
+	// roleStandby: another process holds the directory; this one waits for it to exit. It
+	// counts as ready, so that a DaemonSet's surge rollout proceeds and removes the old pod.
+	roleStandby = "standby"
+	// roleIdle: this process handed the directory over; it serves nothing, touches no file
+	// and exits on SIGTERM. Should its successor end without a clean shutdown, it takes the
+	// directory back with the sockets it handed over, while they are still the files at their
+	// paths.
+	roleIdle = "idle"
+)
+
+// The phases status.go names, registrar's, which it cannot import: the registrar is
+// Linux's, and `multireg status` runs anywhere (against a port-forward, say).
+const (
+	phaseRegistered         = "Registered"
+	phaseWaitingForEndpoint = "WaitingForEndpoint"
 )
 
 // statusDoc is the JSON document of GET /status and `multireg status -o json`.
@@ -51,6 +76,7 @@ type driverStatus struct {
 	EndpointUp  bool       `json:"endpointUp"`
 	Absent      bool       `json:"absent"`
 	Required    bool       `json:"required"`
+	HeldByOther bool       `json:"heldByOther"`
 	Attempts    int        `json:"attempts"`
 	Failures    int        `json:"failures"`
 	LastError   string     `json:"lastError"`
@@ -58,96 +84,98 @@ type driverStatus struct {
 	NextAttempt *time.Time `json:"nextAttempt"`
 }
 
-// newStatusDoc renders the process's state; times are RFC 3339 (UTC), absent ones null. A
-// process that does not serve the directory has no configuration applied and no drivers.
-func newStatusDoc(v instanceView) statusDoc {
-	var cfg reload.State
-	var drivers []registrar.DriverStatus
-	if v.State != nil {
-		cfg, drivers = v.State.config(), v.State.drivers()
-	}
-	doc := statusDoc{
-		Instance: instanceStatus{Role: v.Role, Since: timePtr(v.Since), Detail: v.Detail, Inherited: v.Inherited},
-		Config: configStatus{
-			Path:                 cfg.Path,
-			Generation:           cfg.Generation,
-			LastReloadSuccessful: cfg.LastReloadSuccessful,
-			LastReloadError:      cfg.LastReloadError,
-			LastReloadTime:       timePtr(cfg.LastReloadTime),
-		},
-		Drivers: make([]driverStatus, 0, len(drivers)),
-	}
-	for _, d := range drivers { // sorted by name
-		doc.Drivers = append(doc.Drivers, driverStatus{
-			Name:        d.Name,
-			Type:        d.Type,
-			Phase:       string(d.Phase),
-			Socket:      d.Socket,
-			Endpoint:    d.Endpoint,
-			EndpointUp:  d.EndpointUp,
-			Absent:      d.Absent,
-			Required:    d.Required,
-			Attempts:    d.Attempts,
-			Failures:    d.Failures,
-			LastError:   d.LastError,
-			Since:       timePtr(d.Since),
-			NextAttempt: timePtr(d.NextAttempt),
-		})
-	}
-	return doc
-}
-
-func timePtr(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	t = t.UTC().Truncate(time.Millisecond)
-	return &t
-}
-
 // statusTimeout bounds `multireg status`'s request.
 const statusTimeout = 5 * time.Second
 
 // runStatus is `multireg status`: it asks the running daemon for its state and prints it.
-func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", stderr)
-	addr := fs.String("http-endpoint", defaultHTTPEndpoint, "the daemon's --http-endpoint")
-	output := fs.String("o", "table", "output: table or json")
-	if err := parseFlags(fs, args); err != nil {
+func runStatus(ctx context.Context, args []string, std stdio, helpOnly bool) error {
+	stdout := std.out
+	var addr, output string
+	c := newCommand("status", "[--http-endpoint HOST:PORT|URL] [-o table|json|yaml]",
+		"Print the running daemon's state: its role, its drivers file, and each driver's phase, attempts\n"+
+			"and kubelet's last answer. It asks the daemon's GET /status.")
+	c.footer = `Exit codes:
+  0   the daemon answered (whatever its drivers' state)
+  1   no answer, or not a status document
+  2   a usage error`
+	c.String(&addr, "http-endpoint", "HOST:PORT|URL", defaultHTTPEndpoint, "the daemon's --http-endpoint, or a URL reaching it (http://127.0.0.1:9809 through kubectl port-forward)")
+	c.String(&output, "o,output", "FORMAT", "table", "output format: table, json or yaml")
+	if err := parseOrHelp(c, args, stdout, helpOnly); err != nil {
 		return err
 	}
-	if *output != "table" && *output != "json" {
-		return usagef("multireg status: -o %q: must be table or json", *output)
+	if output != "table" && output != "json" && output != "yaml" {
+		return c.usageError("-o %q: must be table, json or yaml", output)
 	}
-	url := "http://" + dialAddress(*addr) + "/status"
+	target, err := statusURL(addr)
+	if err != nil {
+		return c.usageError("--http-endpoint %q: %v", addr, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return usagef("multireg status: --http-endpoint %q: %v", *addr, err)
+		return c.usageError("--http-endpoint %q: %v", addr, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("multireg status: no answer from the daemon at %s: %v (is `multireg run` running, with the same --http-endpoint?)", *addr, err)
+		return fmt.Errorf("multireg status: no answer from the daemon at %s: %v (is `multireg run` running, with the same --http-endpoint?)", addr, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return fmt.Errorf("multireg status: read the answer from %s: %w", *addr, err)
+		return fmt.Errorf("multireg status: read the answer from %s: %w", addr, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("multireg status: %s answered %s", url, resp.Status)
+		return fmt.Errorf("multireg status: %s answered %s", target, resp.Status)
 	}
 	var doc statusDoc
 	if err := json.Unmarshal(body, &doc); err != nil {
-		return fmt.Errorf("multireg status: %s did not answer with a status document: %w", url, err)
+		return fmt.Errorf("multireg status: %s did not answer with a status document: %w", target, err)
 	}
-	if *output == "json" {
+	switch output {
+	case "json":
 		_, err := stdout.Write(body)
+		return err
+	case "yaml":
+		var v any // the daemon's document as it is, fields this version does not know included
+		if err := json.Unmarshal(body, &v); err != nil {
+			return err
+		}
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = stdout.Write(b)
 		return err
 	}
 	printStatus(stdout, doc, time.Now())
 	return nil
+}
+
+// statusURL is the URL of the daemon's /status: from its --http-endpoint (host:port, as run
+// takes it), or from a URL reaching it (http://host:port, a path prefix of a proxy kept).
+func statusURL(addr string) (string, error) {
+	if strings.Contains(addr, "://") {
+		u, err := url.Parse(addr)
+		if err != nil {
+			return "", err
+		}
+		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return "", fmt.Errorf("a URL must be http:// or https:// with a host")
+		}
+		if u.RawQuery != "" || u.Fragment != "" {
+			return "", fmt.Errorf("a URL must have no query or fragment")
+		}
+		u.Path = strings.TrimSuffix(u.Path, "/") + "/status"
+		return u.String(), nil
+	}
+	if addr == "" {
+		return "", fmt.Errorf("empty: the daemon serves no HTTP without one")
+	}
+	if err := checkListenAddr(addr); err != nil {
+		return "", err
+	}
+	return "http://" + dialAddress(addr) + "/status", nil
 }
 
 // dialAddress turns a listen address (":9809", "0.0.0.0:9809") into one to dial.
@@ -184,7 +212,7 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 	registered, absent := 0, 0
 	for _, d := range doc.Drivers {
 		switch {
-		case d.Phase == string(registrar.Registered):
+		case d.Phase == phaseRegistered:
 			registered++
 		case d.Absent:
 			absent++
@@ -205,20 +233,23 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 		if d.NextAttempt != nil {
 			next = "in " + age(d.NextAttempt.Sub(now))
 		}
-		lastErr := d.LastError
-		if !d.EndpointUp && d.Phase == string(registrar.Registered) {
+		phase, lastErr := d.Phase, d.LastError
+		switch {
+		case !d.EndpointUp && d.Phase == phaseRegistered:
 			lastErr = strings.TrimSuffix("endpoint down; "+lastErr, "; ")
-		}
-		if lastErr == "" {
-			lastErr = "-"
-		}
-		phase := d.Phase
-		if d.Absent && d.Phase != string(registrar.Registered) {
+		case d.Absent && d.Phase == phaseWaitingForEndpoint:
 			// Not on this node: the probe's error would only say so again.
-			phase, lastErr = "Absent", "-"
+			phase, lastErr = "Absent", ""
 			if d.Required {
 				lastErr = "required on every node: not ready"
 			}
+		case d.Absent:
+			// Published all the same (waitForEndpoint: false): kubelet's answer is the news,
+			// as in the JSON document.
+			lastErr = strings.TrimSuffix("endpoint absent from this node; "+lastErr, "; ")
+		}
+		if lastErr == "" {
+			lastErr = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Type, phase, since, d.Attempts, d.Failures, next, lastErr)
 	}

@@ -1,53 +1,75 @@
 package main
 
 import (
+	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
+	"strings"
 
 	"multireg.dev/multireg/config"
 )
 
-// newFlagSet returns a FlagSet that reports its errors as usage errors instead of exiting.
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("multireg "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
-}
+const validateAbout = `Check drivers files before they reach a node: parse and validate each as multireg run
+would, and print every problem with its field path. The input is a drivers file, a ConfigMap
+manifest holding one (kubectl get configmap -o yaml), or a stream of manifests (helm template,
+kubectl kustomize): then every multireg ConfigMap in it is checked, each problem naming the
+document, the ConfigMap and its key. "-" reads standard input. Runs on Linux, macOS and Windows.`
 
-// errHelp ends a command whose help was asked for and printed.
-var errHelp = errors.New("help requested")
+const validateFooter = `Examples:
+  multireg validate --config drivers.yaml
+  kubectl -n kube-system get configmap multireg -o yaml | multireg validate -f -
+  helm template multireg charts/multireg -f my-values.yaml | multireg validate -f -
+  kubectl kustomize examples/ | multireg validate -f -
 
-// parseFlags parses args and refuses positional arguments.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
-		}
-		return usagef("%s: %v", fs.Name(), err)
-	}
-	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
-	}
-	return nil
-}
+Exit codes:
+  0   every drivers file found is valid
+  1   a drivers file is invalid (one problem per line on stderr), or none was found
+  2   a usage error`
 
-// runValidate parses and validates a drivers file. It prints a one-line summary and returns nil
-// for a valid file; otherwise it returns every problem, one per line.
-func runValidate(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", stderr)
-	path := fs.String("config", "", "path to the drivers file (required)")
-	if err := parseFlags(fs, args); err != nil {
+// runValidate parses and validates the drivers files of its input. It prints a one-line
+// summary of each valid one and returns nil when all are; otherwise it returns every problem,
+// one per line, each starting with the input's name (and the ConfigMap's).
+func runValidate(_ context.Context, args []string, std stdio, helpOnly bool) error {
+	var path, key string
+	c := newCommand("validate", "--config FILE|- [--key KEY]", validateAbout)
+	c.footer = validateFooter
+	c.String(&path, "config,f,filename", "FILE", "", `the drivers file or manifests to check; "-" reads standard input (required)`)
+	c.String(&key, "key", "KEY", "", "the data key of a multireg ConfigMap that holds the drivers file (default: the key holding a RegistrarConfig, else config.yaml, else the only key)")
+	if err := parseOrHelp(c, args, std.out, helpOnly); err != nil {
 		return err
 	}
-	if *path == "" {
-		return usagef("multireg validate: --config is required")
+	if path == "" {
+		return c.usageError("--config is required (a file, or - for standard input)")
 	}
-	cfg, err := config.Load(*path)
+	name := path
+	if path == "-" {
+		name = "<stdin>"
+	}
+	b, err := config.ReadInput(path, std.in)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: valid: %s\n", *path, cfg.Summary())
-	return nil
+	found, err := config.Extract(b, key)
+	var errs []error
+	if err != nil {
+		errs = append(errs, prefixed(name, err))
+	}
+	for _, f := range found {
+		where := name
+		if f.Where != "" {
+			where += ": " + f.Where
+		}
+		cfg, err := config.Parse(f.Content)
+		if err != nil {
+			errs = append(errs, prefixed(where, err))
+			continue
+		}
+		fmt.Fprintf(std.out, "%s: valid: %s\n", where, cfg.Summary())
+	}
+	return errors.Join(errs...)
+}
+
+// prefixed starts every line of err with prefix.
+func prefixed(prefix string, err error) error {
+	return errors.New(prefix + ": " + strings.ReplaceAll(err.Error(), "\n", "\n"+prefix+": "))
 }

@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -53,27 +54,28 @@ func readValues(t testing.TB, file string) map[string]any {
 // and checked against values.schema.json, then every template rendered in strict mode (a
 // reference to a value that does not exist is an error). It returns the rendered manifests.
 func renderChart(c *chart.Chart, values map[string]any) (string, error) {
+	files, err := renderFiles(c, values)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		// The chart's test pod is created by `helm test` only, as helm install leaves it out.
+		if strings.HasSuffix(name, ".yaml") && !strings.Contains(name, "/templates/tests/") {
+			fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", name, files[name])
+		}
+	}
+	return b.String(), nil
+}
+
+// renderFiles renders the chart as `helm template` does, into its files by name.
+func renderFiles(c *chart.Chart, values map[string]any) (map[string]string, error) {
 	opts := chartutil.ReleaseOptions{Name: releaseName, Namespace: releaseNamespace, Revision: 1, IsInstall: true}
 	vals, err := chartutil.ToRenderValues(c, values, opts, chartutil.DefaultCapabilities)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	files, err := engine.Engine{Strict: true}.Render(c, vals)
-	if err != nil {
-		return "", err
-	}
-	names := make([]string, 0, len(files))
-	for name := range files {
-		if strings.HasSuffix(name, ".yaml") {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
-	var b strings.Builder
-	for _, name := range names {
-		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", name, files[name])
-	}
-	return b.String(), nil
+	return engine.Engine{Strict: true}.Render(c, vals)
 }
 
 // chartCases are the renders every chart test checks.

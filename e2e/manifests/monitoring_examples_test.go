@@ -15,7 +15,9 @@ const prometheusRuleHeader = `# GENERATED from charts/multireg/files/prometheus-
 # (go test -run TestMonitoringExamples -update): edit that file, not this one.
 # multireg's alerts as a PrometheusRule; what each means and what to do: docs/runbook.md. Your
 # Prometheus must select it: its ruleSelector (kube-prometheus-stack: add the label
-# release: <its release name>) and ruleNamespaceSelector.
+# release: <its release name>) and ruleNamespaceSelector. Its runbook links say RUNBOOK_URL:
+# replace it with the URL of docs/runbook.md at your release's tag (or your copy), e.g.
+#   sed -i 's|RUNBOOK_URL|https://<your forge>/<owner>/multireg/blob/<release tag>/docs/runbook.md|g' prometheusrule.yaml
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:

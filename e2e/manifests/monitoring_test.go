@@ -50,7 +50,7 @@ const (
 const (
 	defaultJob        = "multireg"
 	defaultDaemonSet  = "multireg"
-	defaultRunbookURL = "https://multireg.dev/docs/runbook.md"
+	defaultRunbookURL = "RUNBOOK_URL" // the chart requires its value
 	defaultHTTPPort   = "9809"
 )
 
@@ -297,12 +297,13 @@ metrics:
     enabled: true
     labels: {release: kube-prometheus-stack}
     additionalRuleLabels: {team: storage}
+    runbookBaseURL: https://forge.example/multireg/multireg/blob/v0.1.0/docs/runbook.md
   dashboard:
     enabled: true
     namespace: monitoring
     annotations: {grafana_folder: Kubernetes}
 `,
-		job: "multireg", daemonSet: "multireg", port: "9809", runbookURL: defaultRunbookURL,
+		job: "multireg", daemonSet: "multireg", port: "9809", runbookURL: "https://forge.example/multireg/multireg/blob/v0.1.0/docs/runbook.md",
 		extraRuleLabels: map[string]string{"team": "storage"},
 	},
 	{
@@ -590,7 +591,8 @@ func TestMonitoringChartRejects(t *testing.T) {
 		{"runbook with an anchor", "metrics: {prometheusRule: {enabled: true, runbookBaseURL: 'https://x.example/runbook.md#top'}}", "at '/metrics/prometheusRule/runbookBaseURL'"},
 		{"labels not strings", "metrics: {dashboard: {enabled: true, labels: {grafana_dashboard: 1}}}", "at '/metrics/dashboard/labels/grafana_dashboard'"},
 		{"enabled not a boolean", "metrics: {dashboard: {enabled: yes please}}", "at '/metrics/dashboard/enabled'"},
-		{"everything but two monitors", "metrics: {podMonitor: {enabled: true}, prometheusRule: {enabled: true}, dashboard: {enabled: true}}", ""},
+		{"alerts without a runbook URL", "metrics: {prometheusRule: {enabled: true}}", "metrics.prometheusRule.runbookBaseURL is required"},
+		{"everything but two monitors", "metrics: {podMonitor: {enabled: true}, prometheusRule: {enabled: true, runbookBaseURL: 'https://x.example/runbook.md'}, dashboard: {enabled: true}}", ""},
 	}
 	checkRenders(t, c, tests)
 }

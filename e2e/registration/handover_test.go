@@ -387,3 +387,31 @@ func TestHandoverPendingVerdict(t *testing.T) {
 		t.Errorf("the new instance: %+v, want the one attempt, no failure", st)
 	}
 }
+
+// 7. The successor stopped cleanly (SIGTERM, as `systemctl stop` of the new unit): it exits 0
+// leaving its sockets, and the idle predecessor stays idle instead of taking the directory
+// back (it does after a crash: 3). kubelet sees nothing, and the idle one exits 0 on SIGTERM.
+func TestHandoverSuccessorStopped(t *testing.T) {
+	t.Parallel()
+	e, ds, first := handoverFleet(t, 10, mrproc.Options{})
+	before, events := e.sockets(ds), len(e.K.Events())
+	second := mrproc.Start(t, e.Cfg)
+	wait.For(t, registerTimeout, "the second instance to take over", func() bool { return second.Count(msgServing, "") == 1 })
+	wait.For(t, registerTimeout, "the first instance to say it handed over", func() bool { return first.Count(msgHanded, "") == 1 })
+
+	second.Signal(t, syscall.SIGTERM)
+	if code := second.Wait(t, exitTimeout); code != 0 {
+		t.Errorf("the successor exited %d on SIGTERM, want 0", code)
+	}
+	wait.Never(t, 3*time.Second, "the idle instance to serve again", func() bool { return first.Count(msgServing, "") > 1 })
+	if st := first.Status(t); st.Instance.Role != "idle" || !strings.Contains(st.Instance.Detail, "stopped (not crashed)") {
+		t.Errorf("first instance: %+v, want idle, saying its successor was stopped", st.Instance)
+	}
+	if es := e.K.Events(); len(es) != events {
+		t.Errorf("kubelet's plugin manager was called %d times:%s", len(es)-events, kubelet.FormatEvents(es[events:]))
+	}
+	if m := moved(before, e.sockets(ds)); len(m) > 0 {
+		t.Errorf("sockets replaced or removed: %v", m)
+	}
+	stopIdle(t, first)
+}

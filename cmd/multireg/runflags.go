@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+)
+
+// defaultHTTPEndpoint is where `run` serves and `status` asks, unless told otherwise.
+const defaultHTTPEndpoint = "127.0.0.1:9809"
+
+// runFlags are the flags of `multireg run`.
+type runFlags struct {
+	path, logFormat, logLevel, httpAddr string
+	verbosity                           int
+	cleanup                             bool
+	level                               slog.Level // from --log-level or -v
+}
+
+const runAbout = `Register every driver of the drivers file with kubelet, and keep them registered until
+SIGTERM: one registration loop per driver, each with its own socket in kubelet's
+plugins-registry directory. Edits of the file are applied as they come, touching only the
+drivers that changed; an invalid file keeps the last good one running. Linux only.`
+
+const runFooter = `Signals:
+  SIGTERM, SIGINT   stop every loop within 5s (calls begun are answered first) and exit 0;
+                    the registration sockets stay (kubelet keeps every registration), unless
+                    --cleanup-on-exit
+  SIGHUP            re-read the drivers file now
+
+Exit codes:
+  0   stopped by SIGTERM or SIGINT
+  1   the drivers file is missing or invalid at start, or the daemon failed
+  2   a usage error (a flag), or not Linux`
+
+// runCommandFlags defines the flags of `multireg run` into f.
+func runCommandFlags(f *runFlags) *command {
+	c := newCommand("run", "--config FILE [flags]", runAbout)
+	c.footer = runFooter
+	c.String(&f.path, "config", "FILE", "", "the drivers file (required)")
+	c.String(&f.httpAddr, "http-endpoint", "HOST:PORT", defaultHTTPEndpoint, "serve /healthz, /readyz, /status and /metrics on this address; empty disables")
+	c.String(&f.logFormat, "log-format", "FORMAT", "text", "log format: text or json")
+	c.String(&f.logLevel, "log-level", "LEVEL", "", "log level: debug, info, warn or error (default info; debug adds every kubelet call)")
+	c.Int(&f.verbosity, "v", "N", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call (as --log-level debug)")
+	c.Bool(&f.cleanup, "cleanup-on-exit", "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
+	return c
+}
+
+// parseRunFlags parses and checks the flags of `multireg run`, before anything else runs.
+func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, error) {
+	var f runFlags
+	c := runCommandFlags(&f)
+	if err := parseOrHelp(c, args, stdout, helpOnly); err != nil {
+		return f, err
+	}
+	if f.path == "" {
+		return f, c.usageError("--config is required")
+	}
+	if err := checkListenAddr(f.httpAddr); err != nil {
+		return f, c.usageError("--http-endpoint %q: %v", f.httpAddr, err)
+	}
+	if f.logFormat != "text" && f.logFormat != "json" {
+		return f, c.usageError("--log-format %q: must be text or json", f.logFormat)
+	}
+	if f.verbosity < 0 {
+		return f, c.usageError("-v %d: must be 0 or more", f.verbosity)
+	}
+	f.level = slog.LevelInfo
+	if f.verbosity > 0 {
+		f.level = slog.LevelDebug
+	}
+	if f.logLevel != "" {
+		if f.verbosity > 0 && !strings.EqualFold(f.logLevel, "debug") {
+			return f, c.usageError("-v %d and --log-level %s disagree: give one of them", f.verbosity, f.logLevel)
+		}
+		if err := f.level.UnmarshalText([]byte(f.logLevel)); err != nil || !strings.EqualFold(f.logLevel, f.level.String()) {
+			return f, c.usageError("--log-level %q: must be debug, info, warn or error", f.logLevel)
+		}
+	}
+	return f, nil
+}
+
+// checkListenAddr checks an --http-endpoint value before anything else runs: host:port with
+// a port number or service name; empty disables the server.
+func checkListenAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if strings.Contains(addr, "://") {
+		return fmt.Errorf("an address to listen on is host:port, not a URL")
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return err
+	}
+	return nil
+}
+
+// newLogger returns the process logger: text or JSON on w, at the level of the flags.
+func newLogger(w io.Writer, f runFlags) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: f.level}
+	if f.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
