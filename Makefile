@@ -87,6 +87,7 @@ image-reproducible: image
 	b=$$(cd hack/image && $(GO) run . digest -layout $(CURDIR)/bin/repro/image); \
 	echo "image index: $$a"; echo "rebuilt:     $$b"; \
 	if [ "$$a" != "$$b" ]; then echo "the image is not reproducible" >&2; exit 1; fi
+	rm -rf bin/repro/src
 
 ## unit-arm64: the product's unit tests compiled for arm64 and run under qemu user-mode
 ## emulation (no race detector there), so that the arm64 image holds code that ran.
