@@ -47,7 +47,7 @@ MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
 all: build
 
 ## build: the multireg binary in bin/, static and stamped with the version.
-## (the very command the Dockerfile's build stage runs: hack/build-binary.sh)
+## (the command that builds every binary of the image too: hack/build-binary.sh)
 build:
 	VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) hack/build-binary.sh bin/multireg
 
