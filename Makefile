@@ -99,9 +99,11 @@ unit-arm64:
 sbom: binaries
 	@set -e; tool=$$(hack/go-tool.sh cyclonedx-gomod $(CYCLONEDX_GOMOD)); mkdir -p bin/sbom; \
 	for p in $(PLATFORMS); do \
-		f=bin/sbom/$$(echo $$p | tr / -).cdx.json; \
-		GOPROXY=off $$tool bin -json -licenses -noserial -notimestamp -version $(VERSION) \
+		f=bin/sbom/$$(echo $$p | tr / -).cdx.json; rest=$${p#*/}; \
+		GOOS=$${p%%/*} GOARCH=$${rest%%/*} GOPROXY=off $$tool bin -json -disable-html-escape -licenses -noserial -notimestamp -version $(VERSION) \
 			-output $$f $(BINARIES)/$$p/multireg 2>$$f.log || { cat $$f.log >&2; exit 1; }; \
+		grep -q '"purl": "pkg:golang/multireg.dev/multireg@$(VERSION)?goarch='$${rest%%/*}'&goos=linux' $$f || \
+			{ echo "$$f: the main component is not multireg $(VERSION) for $$p" >&2; exit 1; }; \
 		echo "$$f"; \
 	done
 
