@@ -1,8 +1,37 @@
 # multireg — build, test and demo targets. `make test` is what CI runs.
 
 GO       ?= go
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
-COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The one version of multireg, in the VERSION file: stamped into the binary (`multireg version`,
+# multireg_build_info), the image's tag and labels; the chart's version and appVersion must say
+# the same (e2e/manifests checks), and a release's tag too (.github/workflows/release.yaml).
+VERSION  := $(shell cat VERSION)
+# The commit, short in the binary and whole in the image's labels; -dirty when the tracked
+# files differ from it.
+DIRTY    := $(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(DIRTY)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(DIRTY)
+# Every time stamp of the image is the commit's time (reproducible-builds.org's convention).
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+# The image's platforms (hack/image builds the same list; its test checks).
+PLATFORMS := linux/amd64 linux/arm64 linux/arm/v7 linux/ppc64le linux/s390x
+# Where the release workflow publishes the image (the chart's default image.repository), and
+# the repository the image's labels and the chart point at.
+IMAGE_REPO := ghcr.io/multireg/multireg
+CHART_REPO := oci://ghcr.io/multireg/charts
+SOURCE_URL := https://github.com/multireg/multireg
+# make image writes the binaries and the OCI image layout here; make image-push IMAGE=… pushes.
+BINARIES ?= bin/platforms
+LAYOUT   ?= bin/image
+IMAGE    ?=
+# IMAGE_INSECURE=true pushes over plain HTTP (a registry on a test host); localhost and
+# 127.0.0.1 need no flag.
+IMAGE_INSECURE ?=
+# User-mode emulation of arm64 (Debian's qemu-user-static), for the unit tests on arm64.
+QEMU_ARM64 ?= qemu-aarch64-static
+# Pinned tools, built from the Go module proxy and cached (hack/go-tool.sh).
+ACTIONLINT      := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+CYCLONEDX_GOMOD := github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
 FUZZTIME ?= 20s
 # Prometheus's promtool, which checks and unit-tests the alerts: built from source once per
 # release and Go toolchain (e2e/monitoring/build-promtool.sh), then cached here.
@@ -11,12 +40,14 @@ PROMTOOL ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/multireg/promtool/promtool
 KUBE     ?= 1.36
 MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
 
-.PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring
+.PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
+	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
+	actionlint release-notes release-checks image-repo chart-repo platforms
 
 all: build
 
 ## build: the multireg binary in bin/, static and stamped with the version.
-## (the very command the Dockerfile's build stage runs: hack/build-binary.sh)
+## (the command that builds every binary of the image too: hack/build-binary.sh)
 build:
 	VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) hack/build-binary.sh bin/multireg
 
@@ -26,15 +57,106 @@ cross:
 	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/multireg
 	GOOS=windows GOARCH=amd64 $(GO) build -o /dev/null ./cmd/multireg
 
+## binaries: the binary of every platform of the image, bin/platforms/<os>/<arch>[/<variant>]/.
+binaries:
+	@set -e; for p in $(PLATFORMS); do \
+		os=$${p%%/*}; rest=$${p#*/}; arch=$${rest%%/*}; variant=$${rest#$$arch}; variant=$${variant#/v}; \
+		GOOS=$$os GOARCH=$$arch GOARM=$${variant:-7} VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) \
+			hack/build-binary.sh $(BINARIES)/$$p/multireg; \
+		echo "built $(BINARIES)/$$p/multireg"; \
+	done
+
+## image: the multi-platform image as an OCI image layout in bin/image, built without a daemon
+## (hack/image, go-containerregistry): one layer per platform, /multireg and /LICENSE.
+image: binaries
+	cd hack/image && $(GO) run . build -binaries $(abspath $(BINARIES)) -license $(CURDIR)/LICENSE \
+		-version $(VERSION) -commit $(REVISION) -source $(SOURCE_URL) -out $(abspath $(LAYOUT))
+
+## image-push: push bin/image to IMAGE (REGISTRY/NAME) as IMAGE:$(VERSION), with the usual
+## credentials (docker login); prints IMAGE:TAG@DIGEST. IMAGE_INSECURE=true for plain HTTP.
+image-push: image
+	@test -n "$(IMAGE)" || { echo "usage: make image-push IMAGE=REGISTRY/NAME [IMAGE_INSECURE=true]" >&2; exit 2; }
+	cd hack/image && $(GO) run . push -layout $(abspath $(LAYOUT)) -image $(IMAGE) $(if $(filter true,$(IMAGE_INSECURE)),-insecure)
+
+## image-tool: hack/image's own checks (formatting, vet, tidy, tests).
+image-tool:
+	cd hack/image && test -z "$$(gofmt -l .)" && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) test -race -count=1 ./...
+
+## image-reproducible: the image built a second time, from a copy of the tracked files at
+## another path, must have the same index digest as bin/image.
+image-reproducible: image
+	rm -rf bin/repro && mkdir -p bin/repro/src
+	git ls-files -z | tar --null -T - -cf - | tar -xf - -C bin/repro/src
+	$(MAKE) -C bin/repro/src image COMMIT=$(COMMIT) REVISION=$(REVISION) SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) \
+		BINARIES=$(CURDIR)/bin/repro/platforms LAYOUT=$(CURDIR)/bin/repro/image >/dev/null
+	@a=$$(cd hack/image && $(GO) run . digest -layout $(abspath $(LAYOUT))); \
+	b=$$(cd hack/image && $(GO) run . digest -layout $(CURDIR)/bin/repro/image); \
+	echo "image index: $$a"; echo "rebuilt:     $$b"; \
+	if [ "$$a" != "$$b" ]; then echo "the image is not reproducible" >&2; exit 1; fi
+	rm -rf bin/repro/src
+
+## unit-arm64: the product's unit tests compiled for arm64 and run under qemu user-mode
+## emulation (no race detector there), so that the arm64 image holds code that ran.
+unit-arm64:
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -exec $(QEMU_ARM64) ./...
+
+## sbom: a CycloneDX SBOM per platform, bin/sbom/<os>-<arch>[-<variant>].cdx.json, from the
+## module graph linked into that platform's binary (cyclonedx-gomod bin), with licenses.
+sbom: binaries
+	@set -e; tool=$$(hack/go-tool.sh cyclonedx-gomod $(CYCLONEDX_GOMOD)); mkdir -p bin/sbom; \
+	for p in $(PLATFORMS); do \
+		f=bin/sbom/$$(echo $$p | tr / -).cdx.json; rest=$${p#*/}; \
+		GOOS=$${p%%/*} GOARCH=$${rest%%/*} GOPROXY=off $$tool bin -json -disable-html-escape -licenses -noserial -notimestamp -version $(VERSION) \
+			-output $$f $(BINARIES)/$$p/multireg 2>$$f.log || { cat $$f.log >&2; exit 1; }; \
+		grep -q '"purl": "pkg:golang/multireg.dev/multireg@$(VERSION)?goarch='$${rest%%/*}'&goos=linux' $$f || \
+			{ echo "$$f: the main component is not multireg $(VERSION) for $$p" >&2; exit 1; }; \
+		echo "$$f"; \
+	done
+
+## chart: the Helm chart packaged as bin/chart/multireg-<version>.tgz (Helm's Go library).
+chart:
+	cd e2e/manifests && $(GO) run ./cmd/chart-package -chart $(CURDIR)/charts/multireg -out $(CURDIR)/bin/chart
+
+## chart-readme: the values table of charts/multireg/README.md, from values.yaml's comments
+## (make manifests fails while it is not current).
+chart-readme:
+	cd e2e/manifests && $(GO) run ./cmd/chart-readme -chart $(CURDIR)/charts/multireg
+
+## release-notes: this release's section of CHANGELOG.md, bin/release-notes.md (the release's
+## notes); fails when CHANGELOG.md has no section for VERSION.
+release-notes:
+	@mkdir -p bin
+	@awk -v v="$(VERSION)" '/^## /{p = ($$2 == v || $$2 == "[" v "]"); next} p' CHANGELOG.md >bin/release-notes.md
+	@grep -q . bin/release-notes.md || { echo "CHANGELOG.md has no section ## $(VERSION)" >&2; exit 1; }
+	@echo bin/release-notes.md
+
+# What the release workflow asks: where it publishes, and for which platforms.
+image-repo:
+	@echo $(IMAGE_REPO)
+chart-repo:
+	@echo $(CHART_REPO)
+platforms:
+	@echo $(PLATFORMS)
+
+## actionlint: the forge's workflows (.github/workflows) checked by actionlint (and the shell of
+## their steps by shellcheck, when installed).
+actionlint:
+	$$(hack/go-tool.sh actionlint $(ACTIONLINT)) -no-color
+
 ## demo: multireg registering three drivers with kubelet's real plugin manager, one after a failure.
 demo: build
 	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg -config ../examples/local/config.yaml
 
 ## test: everything CI runs: formatting, vet, unit tests with the race detector, a fuzz smoke
-## run, the image's build command, the build for macOS and Windows, the end-to-end tests against
-## kubelet 1.36 and 1.35, the shipped manifests and Helm chart, and the single-node Kubernetes
-## test (as root).
-test: fmt-check vet unit fuzz build cross e2e manifests e2e-node
+## run, the image's build command, the build for macOS and Windows, what a release builds
+## (release-checks), the end-to-end tests against every supported kubelet, the shipped
+## manifests and Helm chart, and the single-node Kubernetes test (as root).
+test: fmt-check vet unit fuzz build cross release-checks e2e manifests e2e-node
+
+## release-checks: what the release workflow builds, built here without network: every
+## platform's binary, the image twice (equal digests), the arm64 unit tests under emulation,
+## the SBOMs, the chart's package, and the workflows checked by actionlint.
+release-checks: image-tool image-reproducible unit-arm64 sbom chart release-notes actionlint
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

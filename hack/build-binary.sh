@@ -1,12 +1,20 @@
 #!/bin/sh
 # build-binary.sh OUTPUT — the one command that builds the multireg binary shipped in the image.
-# The Dockerfile's build stage runs it, and so does CI, so the image's binary is known to build.
+# `make build`, `make binaries` (every platform of the image) and CI run it, so the image's
+# binary is the one CI builds.
 #
-#   VERSION, COMMIT   stamped into `multireg version` (default: devel, unknown)
+#   VERSION           stamped into `multireg version` and multireg_build_info (default: the
+#                     VERSION file, the project's one version)
+#   COMMIT            the commit, stamped beside it (default: unknown)
 #   GO                the go command (default: go)
-#   GOOS, GOARCH      cross-compile, as for go build (the Dockerfile sets them for each platform)
+#   GOOS, GOARCH      cross-compile, as for go build; GOARM (arm), GOAMD64, GOARM64, GOPPC64
+#                     default to the baseline of each architecture, so that an environment's
+#                     setting never changes the bytes (make binaries sets GOARM=7)
 #
-# Static (CGO_ENABLED=0: the image has no libc), reproducible (-trimpath), stripped (-s -w).
+# Static (CGO_ENABLED=0: the image has no libc), stripped (-s -w) and reproducible: -trimpath
+# (no path of the build machine), -buildvcs=false (the commit is stamped explicitly, never read
+# from the checkout's state), no cgo. The same commit, VERSION and Go toolchain give the same
+# bytes on any machine and in any directory.
 # -tags grpcnotrace leaves out gRPC's request tracing (golang.org/x/net/trace, with
 # html/template), which multireg never turns on or serves: the binary is 2.8 MB smaller, and
 # 2.4 MiB less of it is resident (BENCHMARKS.md). e2e/mrproc and e2e/cmd/bench build the same.
@@ -23,6 +31,8 @@ case $out in
 esac
 
 cd "$(dirname "$0")/.."
-CGO_ENABLED=0 exec "${GO:-go}" build -trimpath -tags grpcnotrace \
-	-ldflags "-s -w -X main.version=${VERSION:-devel} -X main.commit=${COMMIT:-unknown}" \
+version=${VERSION:-$(cat VERSION)}
+CGO_ENABLED=0 GOFLAGS='' GOAMD64=${GOAMD64:-v1} GOARM=${GOARM:-7} GOARM64=${GOARM64:-v8.0} GOPPC64=${GOPPC64:-power8} \
+	exec "${GO:-go}" build -trimpath -buildvcs=false -tags grpcnotrace \
+	-ldflags "-s -w -X main.version=$version -X main.commit=${COMMIT:-unknown}" \
 	-o "$out" ./cmd/multireg

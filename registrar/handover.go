@@ -104,12 +104,15 @@ type wireID struct {
 	CNsec int64  `json:"ctimeNsec"`
 }
 
+// toWire and fileID convert the change time through int64 seconds and nanoseconds: a
+// Timespec's fields are 32-bit on 32-bit platforms (linux/arm).
 func toWire(id fileID) wireID {
-	return wireID{Dev: id.dev, Ino: id.ino, CSec: id.ctime.Sec, CNsec: id.ctime.Nsec}
+	sec, nsec := id.ctime.Unix()
+	return wireID{Dev: id.dev, Ino: id.ino, CSec: sec, CNsec: nsec}
 }
 
 func (w wireID) fileID() fileID {
-	return fileID{dev: w.Dev, ino: w.Ino, ctime: syscall.Timespec{Sec: w.CSec, Nsec: w.CNsec}}
+	return fileID{dev: w.Dev, ino: w.Ino, ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
 }
 
 // handoverConn is one end of a hand-over connection.

@@ -73,6 +73,7 @@ func typeOf(doc []byte) (typeMeta, error) {
 var (
 	kindDaemonSet     = typeMeta{"apps/v1", "DaemonSet"}
 	kindConfigMap     = typeMeta{"v1", "ConfigMap"}
+	kindSA            = typeMeta{"v1", "ServiceAccount"}
 	kindKustomization = typeMeta{"kustomize.config.k8s.io/v1beta1", "Kustomization"}
 	kindRegistrar     = typeMeta{"multireg.dev/v1alpha1", "RegistrarConfig"}
 )
@@ -95,16 +96,18 @@ var strictSerializer = func() *k8sjson.Serializer {
 type manifests struct {
 	daemonSets []*appsv1.DaemonSet
 	configMaps []*corev1.ConfigMap
+	// serviceAccounts: the chart's own, unless serviceAccount.create is false.
+	serviceAccounts []*corev1.ServiceAccount
 }
 
 // decodeObject decodes one Kubernetes document strictly into its k8s.io/api type. Kinds other
-// than DaemonSet and ConfigMap are errors: nothing else is shipped.
+// than DaemonSet, ConfigMap and ServiceAccount are errors: nothing else is shipped.
 func decodeObject(doc []byte) (k8sruntime.Object, error) {
 	tm, err := typeOf(doc)
 	if err != nil {
 		return nil, err
 	}
-	if tm != kindDaemonSet && tm != kindConfigMap {
+	if tm != kindDaemonSet && tm != kindConfigMap && tm != kindSA {
 		return nil, fmt.Errorf("unexpected kind %q", tm)
 	}
 	gvk := schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind)
@@ -132,6 +135,8 @@ func decodeManifests(b []byte) (manifests, error) {
 			m.daemonSets = append(m.daemonSets, o)
 		case *corev1.ConfigMap:
 			m.configMaps = append(m.configMaps, o)
+		case *corev1.ServiceAccount:
+			m.serviceAccounts = append(m.serviceAccounts, o)
 		}
 	}
 	return m, nil

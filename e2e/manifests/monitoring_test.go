@@ -70,7 +70,7 @@ var monitoringSerializer = func() *k8sjson.Serializer {
 
 // monitoringInstall is every object of a render (or of a kustomization) with monitoring.
 type monitoringInstall struct {
-	manifests       // the DaemonSet and the drivers file's ConfigMap
+	manifests       // the DaemonSet, the drivers file's ConfigMap, the service account
 	dashboards      []*corev1.ConfigMap
 	services        []*corev1.Service
 	podMonitors     []*monitoringv1.PodMonitor
@@ -107,6 +107,8 @@ func decodeMonitoring(b []byte) (monitoringInstall, error) {
 			}
 		case *corev1.Service:
 			m.services = append(m.services, o)
+		case *corev1.ServiceAccount:
+			m.serviceAccounts = append(m.serviceAccounts, o)
 		case *monitoringv1.PodMonitor:
 			m.podMonitors = append(m.podMonitors, o)
 		case *monitoringv1.ServiceMonitor:

@@ -37,6 +37,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ include "multireg.chart" . }}
 {{- end }}
 
+{{/* The container's image: repository@digest when a digest is set, else repository:tag (the tag defaults to appVersion). */}}
+{{- define "multireg.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* The pods' service account: the created one (the full name unless named), or the named or "default" one. */}}
+{{- define "multireg.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "multireg.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{/* kubelet's root directory, cleaned: a trailing "/" (or "//" inside) names the same directory. */}}
 {{- define "multireg.kubeletDir" -}}
 {{ clean .Values.kubeletDir }}

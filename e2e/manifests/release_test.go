@@ -1,0 +1,242 @@
+package manifests
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"multireg.dev/multireg/e2e/manifests/valuesdoc"
+	"sigs.k8s.io/yaml"
+)
+
+// makeVar returns the value of a `NAME :=` line of the Makefile.
+func makeVar(t *testing.T, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + name + `\s*:?=\s*(\S+)\s*$`).FindStringSubmatch(string(readRepoFile(t, "Makefile")))
+	if m == nil {
+		t.Fatalf("the Makefile sets no %s", name)
+	}
+	return m[1]
+}
+
+// TestOneVersion: the VERSION file is the one version; the chart's version and appVersion, its
+// Artifact Hub image, the CHANGELOG's newest section and the examples' image tag say the same,
+// and every default image is the one the release workflow publishes.
+func TestOneVersion(t *testing.T) {
+	version := strings.TrimSpace(string(readRepoFile(t, "VERSION")))
+	if !regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`).MatchString(version) {
+		t.Fatalf("VERSION %q is not a semantic version with a leading v", version)
+	}
+	c := loadChart(t)
+	if c.Metadata.Version != strings.TrimPrefix(version, "v") {
+		t.Errorf("Chart.yaml version %q; want %q (VERSION without the v)", c.Metadata.Version, strings.TrimPrefix(version, "v"))
+	}
+	if c.Metadata.AppVersion != version {
+		t.Errorf("Chart.yaml appVersion %q; want VERSION's %q", c.Metadata.AppVersion, version)
+	}
+	repo := makeVar(t, "IMAGE_REPO")
+	var images []struct{ Name, Image string }
+	if err := yaml.Unmarshal([]byte(c.Metadata.Annotations["artifacthub.io/images"]), &images); err != nil {
+		t.Fatal(err)
+	}
+	if len(images) != 1 || images[0].Image != repo+":"+version {
+		t.Errorf("artifacthub.io/images %+v; want %s:%s", images, repo, version)
+	}
+	if got := c.Values["image"].(map[string]any)["repository"]; got != repo {
+		t.Errorf("values.yaml image.repository %q; want the release's %q (the Makefile's IMAGE_REPO)", got, repo)
+	}
+	kust := string(readRepoFile(t, "examples/kustomization.yaml"))
+	if !strings.Contains(kust, "newName: "+repo+"\n") || !strings.Contains(kust, "newTag: "+version+"\n") {
+		t.Errorf("examples/kustomization.yaml: want images newName: %s, newTag: %s", repo, version)
+	}
+	if ds := string(readRepoFile(t, "examples/daemonset.yaml")); !strings.Contains(ds, "image: "+repo+":"+version) {
+		t.Errorf("examples/daemonset.yaml: want image %s:%s", repo, version)
+	}
+
+	changelog := string(readRepoFile(t, "CHANGELOG.md"))
+	sections := regexp.MustCompile(`(?m)^## \[?(v[^\]\s]+)\]?`).FindAllStringSubmatch(changelog, -1)
+	if len(sections) == 0 || sections[0][1] != version {
+		t.Errorf("CHANGELOG.md's newest section is %v; want one for %s first", sections, version)
+	}
+	var changes []struct{ Kind, Description string }
+	if err := yaml.Unmarshal([]byte(c.Metadata.Annotations["artifacthub.io/changes"]), &changes); err != nil || len(changes) == 0 {
+		t.Errorf("artifacthub.io/changes: %d changes (%v); want this release's", len(changes), err)
+	}
+	for _, ch := range changes {
+		if !regexp.MustCompile(`^(added|changed|deprecated|removed|fixed|security)$`).MatchString(ch.Kind) || ch.Description == "" {
+			t.Errorf("artifacthub.io/changes: %+v: want a kind Artifact Hub knows and a description", ch)
+		}
+	}
+	// The release workflow pushes to the same repository and checks the tag against VERSION.
+	wf := string(readRepoFile(t, ".github/workflows/release.yaml"))
+	for _, want := range []string{"make -s image-repo", "$(cat VERSION)", "make -s image-push", "make image sbom chart release-notes", ".ci/run"} {
+		if !strings.Contains(wf, want) {
+			t.Errorf("the release workflow does not run %q", want)
+		}
+	}
+}
+
+// TestChartMetadata: what Artifact Hub and helm show of the chart.
+func TestChartMetadata(t *testing.T) {
+	m := loadChart(t).Metadata
+	if m.KubeVersion != ">=1.33.0-0" {
+		t.Errorf("kubeVersion %q; want >=1.33.0-0 (kubelet 1.33 to 1.37)", m.KubeVersion)
+	}
+	if m.Home == "" || len(m.Sources) == 0 || len(m.Maintainers) == 0 {
+		t.Errorf("home %q, sources %q, maintainers %v: want each", m.Home, m.Sources, m.Maintainers)
+	}
+	if m.Annotations["artifacthub.io/license"] != "Apache-2.0" {
+		t.Errorf("artifacthub.io/license %q; want Apache-2.0", m.Annotations["artifacthub.io/license"])
+	}
+	if !strings.HasPrefix(string(readRepoFile(t, "LICENSE")), "\n                                 Apache License\n                           Version 2.0, January 2004\n") {
+		t.Error("LICENSE is not the Apache License 2.0")
+	}
+}
+
+// TestChartReadmeValues: the chart's README documents every value as values.yaml says
+// (make chart-readme writes the table).
+func TestChartReadmeValues(t *testing.T) {
+	values, err := os.ReadFile(filepath.Join(chartDir(t), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := valuesdoc.Table(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(chartDir(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := valuesdoc.Update(readme, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(want) != string(readme) {
+		t.Error("charts/multireg/README.md's values table is not values.yaml's: run make chart-readme")
+	}
+	for _, key := range []string{"image.digest", "serviceAccount.create", "serviceAccount.name", "env", "kubeletDir", "drivers"} {
+		if !strings.Contains(table, "| `"+key+"` |") {
+			t.Errorf("the values table has no row for %s", key)
+		}
+	}
+	for _, want := range []string{"pod-security.kubernetes.io/enforce=privileged", "add-scc-to-user", "helm install"} {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("the chart's README does not say %q", want)
+		}
+	}
+}
+
+// renderDeployment renders the chart with values (YAML) and returns the deployment and the
+// objects.
+func renderDeployment(t *testing.T, values string) (*deployment, manifests) {
+	t.Helper()
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(values), &v); err != nil {
+		t.Fatal(err)
+	}
+	out, err := renderChart(loadChart(t), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeManifests([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := deploymentOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, m
+}
+
+func TestChartImage(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("0123456789abcdef", 4)
+	tests := []struct {
+		name, values, want string
+	}{
+		{"default", "", "ghcr.io/multireg/multireg:v0.1.0"},
+		{"tag", "image: {tag: v9.9.9}", "ghcr.io/multireg/multireg:v9.9.9"},
+		{"digest", "image: {repository: registry.test/mr, digest: " + digest + "}", "registry.test/mr@" + digest},
+		{"digest wins over the tag", "image: {tag: v9.9.9, digest: " + digest + "}", "ghcr.io/multireg/multireg@" + digest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, _ := renderDeployment(t, tt.values)
+			if d.container.Image != tt.want {
+				t.Errorf("image %q; want %q", d.container.Image, tt.want)
+			}
+		})
+	}
+	checkRenders(t, loadChart(t), []renderCase{
+		{"digest without its algorithm", "image: {digest: " + strings.Repeat("0123456789abcdef", 4) + "}", "at '/image/digest'"},
+		{"digest too short", "image: {digest: sha256:0123}", "at '/image/digest'"},
+		{"a tag in the digest", "image: {digest: 'v0.1.0@" + digest + "'}", "at '/image/digest'"},
+	})
+}
+
+func TestChartServiceAccount(t *testing.T) {
+	tests := []struct {
+		name, values string
+		wantSA       string // the pods' service account
+		created      bool
+	}{
+		{"created by default", "", "multireg", true},
+		{"created under a name", "serviceAccount: {name: registrar}", "registrar", true},
+		{"an existing one", "serviceAccount: {create: false, name: node-agents}", "node-agents", false},
+		{"the namespace's default", "serviceAccount: {create: false}", "default", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, m := renderDeployment(t, tt.values)
+			spec := d.ds.Spec.Template.Spec
+			if spec.ServiceAccountName != tt.wantSA {
+				t.Errorf("serviceAccountName %q; want %q", spec.ServiceAccountName, tt.wantSA)
+			}
+			if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+				t.Error("the pods mount a service account token; multireg never talks to the API server")
+			}
+			if !tt.created {
+				if len(m.serviceAccounts) != 0 {
+					t.Errorf("%d service accounts rendered; want none", len(m.serviceAccounts))
+				}
+				return
+			}
+			if len(m.serviceAccounts) != 1 {
+				t.Fatalf("%d service accounts rendered; want 1", len(m.serviceAccounts))
+			}
+			sa := m.serviceAccounts[0]
+			if sa.Name != tt.wantSA || sa.Namespace != releaseNamespace {
+				t.Errorf("service account %s/%s; want %s/%s", sa.Namespace, sa.Name, releaseNamespace, tt.wantSA)
+			}
+			if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+				t.Error("the service account automounts its token")
+			}
+			if sa.Labels["app.kubernetes.io/instance"] != releaseName {
+				t.Errorf("service account labels %v; want the chart's", sa.Labels)
+			}
+		})
+	}
+	checkRenders(t, loadChart(t), []renderCase{
+		{"misspelt create", "serviceAccount: {created: true}", "additional properties 'created' not allowed"},
+		{"annotations not strings", "serviceAccount: {annotations: {a: 1}}", "at '/serviceAccount/annotations/a'"},
+	})
+}
+
+func TestChartEnv(t *testing.T) {
+	d, _ := renderDeployment(t, "env: [{name: GOMEMLIMIT, value: 100MiB}, {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}]")
+	env := d.container.Env
+	if len(env) != 2 || env[0].Name != "GOMEMLIMIT" || env[0].Value != "100MiB" ||
+		env[1].ValueFrom == nil || env[1].ValueFrom.FieldRef == nil || env[1].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("env %+v; want GOMEMLIMIT=100MiB and NODE from the node's name", env)
+	}
+	if d, _ := renderDeployment(t, ""); d.container.Env != nil {
+		t.Errorf("env %+v by default; want none", d.container.Env)
+	}
+	checkRenders(t, loadChart(t), []renderCase{
+		{"env without a name", "env: [{value: x}]", "missing property 'name'"},
+		{"env as a map", "env: {GOMEMLIMIT: 100MiB}", "at '/env'"},
+	})
+}
