@@ -22,19 +22,9 @@ type handler struct {
 	typ string
 }
 
+// Its cache.PluginHandler methods, whose signatures differ between kubelet minors, are in
+// api_*.go, selected by build tags.
 var _ cache.PluginHandler = handler{}
-
-func (h handler) ValidatePlugin(name, endpoint string, versions []string) error {
-	return h.k.validate(h.typ, name, endpoint, versions)
-}
-
-func (h handler) RegisterPlugin(name, endpoint string, versions []string, _ *time.Duration) error {
-	return h.k.register(h.typ, name, endpoint, versions)
-}
-
-func (h handler) DeRegisterPlugin(name, endpoint string) {
-	h.k.deregister(h.typ, name, endpoint)
-}
 
 func (k *Kubelet) validate(typ, name, endpoint string, versions []string) error {
 	if !k.enter() {
