@@ -69,7 +69,7 @@ type Kubelet struct {
 	fail    map[string]int           // name → registrations still to fail
 	delay   map[string]time.Duration // name → RegisterPlugin delay
 	csi     map[string]*csiDriver    // keyed by name, like kubelet's csiDrivers
-	devices map[string]string        // name → endpoint, like the device manager's clients
+	devices map[string][]string      // name → endpoints, like the device manager's clients (one before 1.37)
 	dra     map[string][]string      // name → endpoints: DRA is keyed by (name, endpoint)
 }
 
@@ -115,7 +115,7 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		fail:            map[string]int{},
 		delay:           map[string]time.Duration{},
 		csi:             map[string]*csiDriver{},
-		devices:         map[string]string{},
+		devices:         map[string][]string{},
 		dra:             map[string][]string{},
 	}
 

@@ -190,9 +190,10 @@ func TestValidationFailure(t *testing.T) {
 	t.Parallel()
 	dir := shortDir(t)
 	k := startKubelet(t, dir, kubelet.Options{})
+	const oldDRA = "dra.example.com"
 	infos := []pluginInfo{
 		{Type: registerapi.CSIPlugin, Name: "csi2.example.com", Versions: []string{"2.0.0"}},
-		{Type: registerapi.DRAPlugin, Name: "dra.example.com", Versions: []string{"v1alpha4"}},
+		{Type: registerapi.DRAPlugin, Name: oldDRA, Versions: []string{"v1alpha4"}},
 		{Type: registerapi.DevicePlugin, Name: "nodomain", Versions: []string{"v1beta1"}},
 		{Type: registerapi.DevicePlugin, Name: "example.com/old", Versions: []string{"v1alpha"}},
 	}
@@ -203,6 +204,20 @@ func TestValidationFailure(t *testing.T) {
 	}
 	for i, info := range infos {
 		p := plugins[i]
+		if info.Name == oldDRA && kubelet.DRAFallsBackToAlpha() {
+			// 1.33 accepts a DRA plugin whatever it lists; RegisterPlugin then fails on the
+			// endpoint, which nothing serves.
+			wait.For(t, registerTimeout, info.Name+" validated, then failed to register", func() bool {
+				return k.Counts(info.Name).RegistrationFailures >= 1 && len(p.Statuses()) >= 1
+			})
+			if c := k.Counts(info.Name); c.ValidationFailures != 0 || c.Validations == 0 {
+				t.Errorf("%s: kubelet %s refused v1alpha4 services:%s", info.Name, kubelet.Version(), kubelet.FormatEvents(k.EventsFor(info.Name)))
+			}
+			if s := p.Statuses()[0]; s.Registered || !strings.Contains(s.Error, "connect to endpoint") {
+				t.Errorf("%s: notified %+v, want a failed connect", info.Name, s)
+			}
+			continue
+		}
 		wait.For(t, registerTimeout, info.Name+" refused", func() bool {
 			return k.Counts(info.Name).ValidationFailures >= 1 && len(p.Statuses()) >= 1
 		})
