@@ -329,6 +329,44 @@ func TestNameKeys(t *testing.T) {
 	})
 }
 
+// TestDevicePluginEndpoints: two sockets of one device plugin at two endpoints. Up to 1.36 the
+// device manager keeps one client per resource: the second registration replaces the first,
+// and removing either socket removes it. 1.37 keeps a client per endpoint, and removing a
+// socket removes only its own.
+func TestDevicePluginEndpoints(t *testing.T) {
+	t.Parallel()
+	dir := shortDir(t)
+	k := startKubelet(t, dir, kubelet.Options{})
+	const name = "example.com/gpu"
+	var plugins []*testPlugin
+	var endpoints []string
+	for _, n := range []string{"a", "b"} {
+		info := pluginInfo{Type: registerapi.DevicePlugin, Name: name, Endpoint: filepath.Join(dir, "dp-"+n+".sock"), Versions: []string{"v1beta1"}}
+		listenEndpoint(t, info.Endpoint)
+		plugins = append(plugins, servePlugin(t, filepath.Join(k.Dir(), "dp-"+n+"-reg.sock"), info))
+		endpoints = append(endpoints, info.Endpoint)
+		wait.For(t, registerTimeout, "instance "+n+" registered", func() bool { return k.Counts(name).Registrations == len(plugins) })
+	}
+	keyed := kubelet.DevicePluginsKeyedByEndpoint()
+	want := endpoints[1:]
+	if keyed {
+		want = endpoints
+	}
+	if got := k.RegisteredEndpoints(name); !slices.Equal(got, want) {
+		t.Errorf("kubelet %s: endpoints %v after two registrations, want %v", kubelet.Version(), got, want)
+	}
+
+	plugins[0].stop()
+	wait.For(t, registerTimeout, "the first socket deregistered", func() bool { return k.Counts(name).Deregistrations == 1 })
+	want = nil
+	if keyed {
+		want = endpoints[1:]
+	}
+	if got := k.RegisteredEndpoints(name); !slices.Equal(got, want) {
+		t.Errorf("kubelet %s: endpoints %v once the first socket is gone, want %v:%s", kubelet.Version(), got, want, kubelet.FormatEvents(k.EventsFor(name)))
+	}
+}
+
 func TestStartFails(t *testing.T) {
 	dir := shortDir(t)
 	file := filepath.Join(dir, "file")
