@@ -36,9 +36,10 @@ FUZZTIME ?= 20s
 # Prometheus's promtool, which checks and unit-tests the alerts: built from source once per
 # release and Go toolchain (e2e/monitoring/build-promtool.sh), then cached here.
 PROMTOOL ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/multireg/promtool/promtool
-# KUBE=1.35 runs the demo against kubelet 1.35's plugin manager instead of 1.36's.
+# KUBE=1.33, 1.34, 1.35 or 1.37 runs the demo against that kubelet's plugin manager instead of
+# 1.36's (e2e/kube1XX/go.mod, built with the tag kube1XX).
 KUBE     ?= 1.36
-MODFILE  := $(if $(filter 1.35,$(KUBE)),-modfile=kube135/go.mod,)
+MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$(KUBE))/go.mod -tags=kube$(subst .,,$(KUBE)),)
 
 .PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \

@@ -80,8 +80,7 @@ func (k *Kubelet) Registered(name string) bool {
 	if d, ok := k.csi[name]; ok && d.registered {
 		return true
 	}
-	_, dev := k.devices[name]
-	return dev || len(k.dra[name]) > 0
+	return len(k.devices[name]) > 0 || len(k.dra[name]) > 0
 }
 
 // RegisteredNames returns the names of all registered plugins, sorted.
@@ -104,8 +103,9 @@ func (k *Kubelet) RegisteredNames() []string {
 	return slices.Compact(names)
 }
 
-// RegisteredEndpoints returns the endpoints registered for name: one for a CSI driver or a
-// device plugin, one per instance for a DRA driver.
+// RegisteredEndpoints returns the endpoints registered for name: one for a CSI driver, one for
+// a device plugin on kubelet 1.36 and older (one per endpoint from 1.37, see
+// [DevicePluginsKeyedByEndpoint]), one per instance for a DRA driver.
 func (k *Kubelet) RegisteredEndpoints(name string) []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -113,9 +113,7 @@ func (k *Kubelet) RegisteredEndpoints(name string) []string {
 	if d, ok := k.csi[name]; ok && d.registered {
 		eps = append(eps, d.endpoint)
 	}
-	if ep, ok := k.devices[name]; ok {
-		eps = append(eps, ep)
-	}
+	eps = append(eps, k.devices[name]...)
 	return append(eps, k.dra[name]...)
 }
 

@@ -22,19 +22,9 @@ type handler struct {
 	typ string
 }
 
+// Its cache.PluginHandler methods, whose signatures differ between kubelet minors, are in
+// api_*.go, selected by build tags.
 var _ cache.PluginHandler = handler{}
-
-func (h handler) ValidatePlugin(name, endpoint string, versions []string) error {
-	return h.k.validate(h.typ, name, endpoint, versions)
-}
-
-func (h handler) RegisterPlugin(name, endpoint string, versions []string, _ *time.Duration) error {
-	return h.k.register(h.typ, name, endpoint, versions)
-}
-
-func (h handler) DeRegisterPlugin(name, endpoint string) {
-	h.k.deregister(h.typ, name, endpoint)
-}
 
 func (k *Kubelet) validate(typ, name, endpoint string, versions []string) error {
 	if !k.enter() {
@@ -127,8 +117,13 @@ func (k *Kubelet) registerSteps(typ, name, endpoint string, versions []string) (
 		}
 		k.dra[name] = append(k.dra[name], endpoint)
 	case registerapi.DevicePlugin:
-		// The device manager replaces the client of a name that is already registered.
-		k.devices[name] = endpoint
+		if !DevicePluginsKeyedByEndpoint() {
+			// The device manager replaces the client of a name that is already registered.
+			k.devices[name] = []string{endpoint}
+		} else if !slices.Contains(k.devices[name], endpoint) {
+			// 1.37 adds a client beside those of the name's other endpoints.
+			k.devices[name] = append(k.devices[name], endpoint)
+		}
 	}
 	return nil
 }
@@ -144,7 +139,14 @@ func (k *Kubelet) deregister(typ, name, endpoint string) {
 	case registerapi.CSIPlugin:
 		delete(k.csi, name) // by name, whatever the endpoint
 	case registerapi.DevicePlugin:
-		delete(k.devices, name) // by name, whatever the endpoint
+		if !DevicePluginsKeyedByEndpoint() {
+			delete(k.devices, name) // by name, whatever the endpoint
+			break
+		}
+		k.devices[name] = slices.DeleteFunc(k.devices[name], func(e string) bool { return e == endpoint })
+		if len(k.devices[name]) == 0 {
+			delete(k.devices, name)
+		}
 	case registerapi.DRAPlugin:
 		k.dra[name] = slices.DeleteFunc(k.dra[name], func(e string) bool { return e == endpoint })
 		if len(k.dra[name]) == 0 {
@@ -185,14 +187,29 @@ func validateCSIVersions(versions []string) (*version.Version, error) {
 }
 
 // draServicesSupportedByKubelet is servicesSupportedByKubelet of pkg/kubelet/cm/dra/plugin,
-// the same in 1.35 and 1.36.
+// the same from 1.34 to 1.37.
 var draServicesSupportedByKubelet = []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}
 
-// validateDRAServices is the DRA manager's validateSupportedServices: the first entry kubelet
-// supports is chosen.
+// draServices133 are the services of 1.33's validateSupportedServices
+// (pkg/kubelet/cm/dra/plugin/registration.go), most recent first; the last, v1alpha4's
+// NodeService, is also its fallback for a plugin that lists none of them.
+var draServices133 = []string{"v1beta1.DRAPlugin", "v1alpha3.NodeService"}
+
+// validateDRAServices is the DRA manager's validateSupportedServices: from 1.34 the first
+// entry kubelet supports is chosen, and a plugin that lists none is refused; 1.33 chooses the
+// most recent service it knows that the plugin lists, and falls back to v1alpha4's whatever
+// the plugin lists.
 func validateDRAServices(services []string) (string, error) {
 	if len(services) == 0 {
 		return "", errors.New("empty list of supported gRPC services (aka supported versions)")
+	}
+	if DRAFallsBackToAlpha() {
+		for _, s := range draServices133 {
+			if slices.Contains(services, s) {
+				return s, nil
+			}
+		}
+		return draServices133[len(draServices133)-1], nil
 	}
 	for _, s := range services {
 		if slices.Contains(draServicesSupportedByKubelet, s) {

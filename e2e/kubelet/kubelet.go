@@ -19,10 +19,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
@@ -31,9 +29,10 @@ import (
 // Options configure a [Kubelet]. The zero value is a kubelet that checks endpoints and logs
 // nothing.
 type Options struct {
-	// Log receives the plugin manager's contextual log output (the plugin watcher's) and the
-	// handlers' own records. Nil discards both. Kubelet's reconciler and operation executor log
-	// through klog's global logger (stderr) whatever this is.
+	// Log receives the plugin manager's contextual log output (the plugin watcher's from kubelet
+	// 1.35, the reconciler's and operation executor's too from 1.37) and the handlers' own
+	// records. Nil discards both. What the linked kubelet does not log contextually goes to
+	// klog's global logger (stderr) whatever this is: all of it on 1.34 and older.
 	Log *slog.Logger
 	// SkipEndpointCheck turns off the connect to the advertised endpoint that RegisterPlugin
 	// makes by default, the way kubelet's CSI handler (NodeGetInfo) and device manager (dial)
@@ -57,7 +56,7 @@ type Kubelet struct {
 	checkEndpoints  bool
 	endpointTimeout time.Duration
 
-	ctx    context.Context // cancelled by Stop: ends register delays and endpoint checks
+	ctx    context.Context // cancelled by Stop: ends register delays, endpoint checks and (1.37) the reconciler
 	cancel context.CancelFunc
 	stopCh chan struct{} // closed by Stop: ends the plugin manager
 	done   chan struct{} // closed when the plugin manager's Run has returned
@@ -70,7 +69,7 @@ type Kubelet struct {
 	fail    map[string]int           // name → registrations still to fail
 	delay   map[string]time.Duration // name → RegisterPlugin delay
 	csi     map[string]*csiDriver    // keyed by name, like kubelet's csiDrivers
-	devices map[string]string        // name → endpoint, like the device manager's clients
+	devices map[string][]string      // name → endpoints, like the device manager's clients (one before 1.37)
 	dra     map[string][]string      // name → endpoints: DRA is keyed by (name, endpoint)
 }
 
@@ -103,7 +102,7 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		startTimeout = 10 * time.Second
 	}
 
-	kctx, cancel := context.WithCancel(context.Background())
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k := &Kubelet{
 		dir:             registryDir,
 		log:             log,
@@ -116,7 +115,7 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		fail:            map[string]int{},
 		delay:           map[string]time.Duration{},
 		csi:             map[string]*csiDriver{},
-		devices:         map[string]string{},
+		devices:         map[string][]string{},
 		dra:             map[string][]string{},
 	}
 
@@ -126,10 +125,9 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 	}
 
 	sw := newStartWatch(log.Handler())
-	runCtx := klog.NewContext(context.WithoutCancel(ctx), logr.FromSlogHandler(sw))
 	go func() {
 		defer close(k.done)
-		pm.Run(runCtx, allSourcesReady{}, k.stopCh)
+		runPluginManager(kctx, pm, sw, k.stopCh)
 	}()
 
 	timer := time.NewTimer(startTimeout)

@@ -190,9 +190,10 @@ func TestValidationFailure(t *testing.T) {
 	t.Parallel()
 	dir := shortDir(t)
 	k := startKubelet(t, dir, kubelet.Options{})
+	const oldDRA = "dra.example.com"
 	infos := []pluginInfo{
 		{Type: registerapi.CSIPlugin, Name: "csi2.example.com", Versions: []string{"2.0.0"}},
-		{Type: registerapi.DRAPlugin, Name: "dra.example.com", Versions: []string{"v1alpha4"}},
+		{Type: registerapi.DRAPlugin, Name: oldDRA, Versions: []string{"v1alpha4"}},
 		{Type: registerapi.DevicePlugin, Name: "nodomain", Versions: []string{"v1beta1"}},
 		{Type: registerapi.DevicePlugin, Name: "example.com/old", Versions: []string{"v1alpha"}},
 	}
@@ -203,6 +204,20 @@ func TestValidationFailure(t *testing.T) {
 	}
 	for i, info := range infos {
 		p := plugins[i]
+		if info.Name == oldDRA && kubelet.DRAFallsBackToAlpha() {
+			// 1.33 accepts a DRA plugin whatever it lists; RegisterPlugin then fails on the
+			// endpoint, which nothing serves.
+			wait.For(t, registerTimeout, info.Name+" validated, then failed to register", func() bool {
+				return k.Counts(info.Name).RegistrationFailures >= 1 && len(p.Statuses()) >= 1
+			})
+			if c := k.Counts(info.Name); c.ValidationFailures != 0 || c.Validations == 0 {
+				t.Errorf("%s: kubelet %s refused v1alpha4 services:%s", info.Name, kubelet.Version(), kubelet.FormatEvents(k.EventsFor(info.Name)))
+			}
+			if s := p.Statuses()[0]; s.Registered || !strings.Contains(s.Error, "connect to endpoint") {
+				t.Errorf("%s: notified %+v, want a failed connect", info.Name, s)
+			}
+			continue
+		}
 		wait.For(t, registerTimeout, info.Name+" refused", func() bool {
 			return k.Counts(info.Name).ValidationFailures >= 1 && len(p.Statuses()) >= 1
 		})
@@ -312,6 +327,44 @@ func TestNameKeys(t *testing.T) {
 	wait.For(t, retryTimeout, "second CSI socket registered once the first is gone", func() bool {
 		return slices.Equal(k.RegisteredEndpoints(csi), []string{second.Endpoint})
 	})
+}
+
+// TestDevicePluginEndpoints: two sockets of one device plugin at two endpoints. Up to 1.36 the
+// device manager keeps one client per resource: the second registration replaces the first,
+// and removing either socket removes it. 1.37 keeps a client per endpoint, and removing a
+// socket removes only its own.
+func TestDevicePluginEndpoints(t *testing.T) {
+	t.Parallel()
+	dir := shortDir(t)
+	k := startKubelet(t, dir, kubelet.Options{})
+	const name = "example.com/gpu"
+	var plugins []*testPlugin
+	var endpoints []string
+	for _, n := range []string{"a", "b"} {
+		info := pluginInfo{Type: registerapi.DevicePlugin, Name: name, Endpoint: filepath.Join(dir, "dp-"+n+".sock"), Versions: []string{"v1beta1"}}
+		listenEndpoint(t, info.Endpoint)
+		plugins = append(plugins, servePlugin(t, filepath.Join(k.Dir(), "dp-"+n+"-reg.sock"), info))
+		endpoints = append(endpoints, info.Endpoint)
+		wait.For(t, registerTimeout, "instance "+n+" registered", func() bool { return k.Counts(name).Registrations == len(plugins) })
+	}
+	keyed := kubelet.DevicePluginsKeyedByEndpoint()
+	want := endpoints[1:]
+	if keyed {
+		want = endpoints
+	}
+	if got := k.RegisteredEndpoints(name); !slices.Equal(got, want) {
+		t.Errorf("kubelet %s: endpoints %v after two registrations, want %v", kubelet.Version(), got, want)
+	}
+
+	plugins[0].stop()
+	wait.For(t, registerTimeout, "the first socket deregistered", func() bool { return k.Counts(name).Deregistrations == 1 })
+	want = nil
+	if keyed {
+		want = endpoints[1:]
+	}
+	if got := k.RegisteredEndpoints(name); !slices.Equal(got, want) {
+		t.Errorf("kubelet %s: endpoints %v once the first socket is gone, want %v:%s", kubelet.Version(), got, want, kubelet.FormatEvents(k.EventsFor(name)))
+	}
 }
 
 func TestStartFails(t *testing.T) {

@@ -8,8 +8,10 @@ import (
 )
 
 // The plugin manager's Run says nothing to its caller: it logs msgStarted once its plugin
-// watcher is running, or msgStartFailed and returns. Both lines are the same in 1.35 and 1.36
-// (pkg/kubelet/pluginmanager/plugin_manager.go).
+// watcher is running, or msgStartFailed and returns. Both lines are the same from 1.33 to 1.37
+// (pkg/kubelet/pluginmanager/plugin_manager.go); 1.35 and later log them through the contextual
+// logger of Run's context, which is a startWatch, 1.34 and older through klog's global logger
+// (see api_run_kube133.go).
 const (
 	msgStarted     = "Starting Kubelet Plugin Manager"
 	msgStartFailed = "The desired_state_of_world populator (plugin watcher) starts failed!"
@@ -35,6 +37,14 @@ func newStartWatch(inner slog.Handler) startWatch {
 
 func (s startWatch) Started() <-chan struct{} { return s.state.started }
 
+func (s *startState) markStarted() { s.once.Do(func() { close(s.started) }) }
+
+func (s *startState) setFailure(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failure = err
+}
+
 func (s startWatch) err() error {
 	s.state.mu.Lock()
 	defer s.state.mu.Unlock()
@@ -52,7 +62,7 @@ func (s startWatch) Enabled(ctx context.Context, l slog.Level) bool {
 func (s startWatch) Handle(ctx context.Context, r slog.Record) error {
 	switch r.Message {
 	case msgStarted:
-		s.state.once.Do(func() { close(s.state.started) })
+		s.state.markStarted()
 	case msgStartFailed:
 		failure := errors.New(msgStartFailed)
 		r.Attrs(func(a slog.Attr) bool {
@@ -62,9 +72,7 @@ func (s startWatch) Handle(ctx context.Context, r slog.Record) error {
 			}
 			return true
 		})
-		s.state.mu.Lock()
-		s.state.failure = failure
-		s.state.mu.Unlock()
+		s.state.setFailure(failure)
 	}
 	if !s.inner.Enabled(ctx, r.Level) {
 		return nil

@@ -36,18 +36,24 @@ func TestValidateCSIVersions(t *testing.T) {
 }
 
 func TestValidateDRAServices(t *testing.T) {
+	// want133 is what 1.33 chooses (see DRAFallsBackToAlpha): the most recent service it knows,
+	// else v1alpha4's, whatever the plugin lists; it never refuses a non-empty list.
+	const alpha = "v1alpha3.NodeService"
 	for _, tt := range []struct {
-		give    []string
-		want    string
-		wantErr bool
+		give          []string
+		want, want133 string
+		wantErr       bool
 	}{
-		{give: []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}, want: "v1.DRAPlugin"},
-		{give: []string{"v1beta1.DRAPlugin", "v1.DRAPlugin"}, want: "v1beta1.DRAPlugin"},
-		{give: []string{"v1alpha1.DRAResourceHealth", "v1.DRAPlugin"}, want: "v1.DRAPlugin"},
-		{give: []string{"v1alpha4"}, wantErr: true},
-		{give: []string{"1.0.0"}, wantErr: true},
+		{give: []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}, want: "v1.DRAPlugin", want133: "v1beta1.DRAPlugin"},
+		{give: []string{"v1beta1.DRAPlugin", "v1.DRAPlugin"}, want: "v1beta1.DRAPlugin", want133: "v1beta1.DRAPlugin"},
+		{give: []string{"v1alpha1.DRAResourceHealth", "v1.DRAPlugin"}, want: "v1.DRAPlugin", want133: alpha},
+		{give: []string{"v1alpha4"}, wantErr: true, want133: alpha},
+		{give: []string{"1.0.0"}, wantErr: true, want133: alpha},
 		{give: nil, wantErr: true},
 	} {
+		if DRAFallsBackToAlpha() && tt.give != nil {
+			tt.want, tt.wantErr = tt.want133, false
+		}
 		got, err := validateDRAServices(tt.give)
 		if (err != nil) != tt.wantErr || got != tt.want {
 			t.Errorf("validateDRAServices(%q) = %q, %v; want %q, error %v", tt.give, got, err, tt.want, tt.wantErr)

@@ -80,12 +80,35 @@ func Version() string {
 
 // RetriesRegisterFailures reports whether the linked kubelet retries a failed RegisterPlugin
 // step on the same socket (1.36 and later). An older kubelet leaves the plugin failed until its
-// registration socket is recreated. It panics if the version is unknown, which a binary built
-// by the go command in module mode never is.
-func RetriesRegisterFailures() bool {
+// registration socket is recreated.
+//
+// The difference is in GenerateRegisterPluginFunc of
+// pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go: from 1.36 a failed
+// RegisterPlugin, or a failed NotifyRegistrationStatus after a successful one, removes the
+// socket from the actual state of the world (and the latter calls DeRegisterPlugin), so the
+// reconciler registers it again; up to 1.35 the plugin stays in the actual state.
+func RetriesRegisterFailures() bool { return atLeast(36) }
+
+// DRAFallsBackToAlpha reports whether the linked kubelet's DRA handler accepts a plugin
+// whatever services it lists (1.33: validateSupportedServices of
+// pkg/kubelet/cm/dra/plugin/registration.go falls back to v1alpha4's "v1alpha3.NodeService"
+// and knows no "v1.DRAPlugin"). From 1.34 the plugin must list "v1.DRAPlugin" or
+// "v1beta1.DRAPlugin", or ValidatePlugin refuses it.
+func DRAFallsBackToAlpha() bool { return !atLeast(34) }
+
+// DevicePluginsKeyedByEndpoint reports whether the linked kubelet's device manager keeps a
+// client per (resource, endpoint) (1.37, pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go:
+// RegisterPlugin adds one, DeRegisterPlugin removes the one of its endpoint). Up to 1.36 it keeps
+// one client per resource: a registration replaces it, and DeRegisterPlugin of any endpoint of
+// the name removes it.
+func DevicePluginsKeyedByEndpoint() bool { return atLeast(37) }
+
+// atLeast reports whether the linked kubelet is 1.minor or newer. It panics if the version is
+// unknown, which a binary built by the go command in module mode never is.
+func atLeast(minor uint) bool {
 	v, err := linkedVersion()
 	if err != nil {
 		panic(fmt.Sprintf("kubelet version: %v", err))
 	}
-	return v.AtLeast(version.MajorMinor(1, 36))
+	return v.AtLeast(version.MajorMinor(1, minor))
 }
