@@ -37,6 +37,23 @@ func Start(path, typ, name string) (*Endpoint, error) {
 
 // StartNode is Start with a CSI plugin whose NodeGetInfo answers nodeID.
 func StartNode(path, typ, name, nodeID string) (*Endpoint, error) {
+	var n *node
+	e, err := startServer(path, name, func(s *grpc.Server) {
+		if typ == "CSIPlugin" {
+			n = &node{id: nodeID}
+			csi.RegisterIdentityServer(s, &identity{name: name})
+			csi.RegisterNodeServer(s, n)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.node = n
+	return e, nil
+}
+
+// startServer serves at path, creating its directory, the services register registers.
+func startServer(path, name string, register func(*grpc.Server)) (*Endpoint, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -45,11 +62,7 @@ func StartNode(path, typ, name, nodeID string) (*Endpoint, error) {
 		return nil, fmt.Errorf("plugin %s: %w", name, err)
 	}
 	e := &Endpoint{Path: path, srv: grpc.NewServer(), done: make(chan struct{})}
-	if typ == "CSIPlugin" {
-		e.node = &node{id: nodeID}
-		csi.RegisterIdentityServer(e.srv, &identity{name: name})
-		csi.RegisterNodeServer(e.srv, e.node)
-	}
+	register(e.srv)
 	go func() {
 		defer close(e.done)
 		_ = e.srv.Serve(l)
@@ -98,4 +111,35 @@ type node struct {
 func (n *node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
 	n.calls.Add(1)
 	return &csi.NodeGetInfoResponse{NodeId: n.id}, nil
+}
+
+// StartDRAHealth serves a DRA plugin at path, as Start does, that also serves
+// v1alpha1.DRAResourceHealth: NodeWatchResources sends one (empty) report and stays open, as a
+// driver with healthy devices and nothing to add does. The service is described here rather
+// than taken from k8s.io/kubelet, whose releases before 1.34 lack it: the suites build against
+// every kubelet from 1.33 on.
+func StartDRAHealth(path, name string) (*Endpoint, error) {
+	return startServer(path, name, func(s *grpc.Server) { s.RegisterService(&draHealthDesc, nil) })
+}
+
+// draHealthDesc is v1alpha1.DRAResourceHealth with its one method. Its request and response
+// are read and written as an empty message (any will do: CSI's ProbeRequest), which is a
+// report without devices on the wire.
+var draHealthDesc = grpc.ServiceDesc{
+	ServiceName: "v1alpha1.DRAResourceHealth",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "NodeWatchResources",
+		ServerStreams: true,
+		Handler: func(_ any, stream grpc.ServerStream) error {
+			if err := stream.RecvMsg(new(csi.ProbeRequest)); err != nil {
+				return err
+			}
+			if err := stream.SendMsg(new(csi.ProbeRequest)); err != nil {
+				return err
+			}
+			<-stream.Context().Done()
+			return nil
+		},
+	}},
 }
