@@ -173,8 +173,9 @@ unit:
 fuzz:
 	$(GO) test ./config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
-## e2e: the built binary against the real kubelet plugin manager, kubelet 1.36 and 1.35. (go test
-## runs vet's checks on the packages it tests; `make -C e2e vet` runs the full vet of both builds.)
+## e2e: the built binary against the real kubelet plugin manager of every supported kubelet, 1.33
+## to 1.37. (go test runs vet's checks on the packages it tests; `make -C e2e vet` runs the full
+## vet of every build.)
 e2e:
 	$(MAKE) -C e2e test
 
