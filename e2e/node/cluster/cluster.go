@@ -56,12 +56,16 @@ type Cluster struct {
 	stopErr  error
 
 	opts   Options
+	flags  releaseFlags
 	pki    *pki
 	state  *stateStore
 	procs  map[string]*proc
 	phases []Phase
 
-	Client kubernetes.Interface
+	// Version is the release of the binaries (their --version); the flags that differ
+	// between releases follow it (flagsFor).
+	Version Version
+	Client  kubernetes.Interface
 	// Kubeconfig is an admin kubeconfig (for kubectl).
 	Kubeconfig string
 	// KubeletRoot is kubelet's --root-dir; PluginsRegistry and PluginsDir are below it.
@@ -229,6 +233,12 @@ func (c *Cluster) preflight() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing: %s (make e2e-node installs the packages: etcd-server containerd containernetworking-plugins openssl iproute2)", strings.Join(missing, ", "))
 	}
+	v, err := binariesVersion(c.opts.BinDir)
+	if err != nil {
+		return err
+	}
+	c.Version, c.flags = v, flagsFor(v)
+	fmt.Fprintf(c.opts.Log, "=== Kubernetes %s (%s)\n", v, c.opts.BinDir)
 	// kubelet always serves its device-plugin registration socket at this fixed path and
 	// deletes every socket in its directory at start: a kubelet of this host would lose its
 	// device plugins.
@@ -295,7 +305,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.pki
-	if _, err := c.startProc("kube-apiserver", filepath.Join(c.opts.BinDir, "kube-apiserver"),
+	if _, err := c.startProc("kube-apiserver", filepath.Join(c.opts.BinDir, "kube-apiserver"), c.flags.apiServerArgs(
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.ports["etcd"]),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", c.ports["apiserver"]),
@@ -314,7 +324,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		// a minute stopped the API server in 5 s to over 10 s (killed).
 		"--feature-gates=SizeBasedListCostEstimate=false",
 		"--profiling=false",
-	); err != nil {
+	)...); err != nil {
 		return err
 	}
 	if err := c.waitHTTP(ctx, "kube-apiserver", c.apiServerURL+"/readyz", &p.adminToken); err != nil {

@@ -279,7 +279,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		"--leader-elect=false",
 		"--service-account-private-key-file="+c.pki.saKey, "--root-ca-file="+c.pki.caCert,
 		"--use-service-account-credentials=false",
-		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-binder,-attachdetach",
+		"--controllers="+c.flags.controllers,
 	); err != nil {
 		return err
 	}
