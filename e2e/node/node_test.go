@@ -239,13 +239,28 @@ func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config s
 	})
 	t.Logf("multireg /status lastError of %s: %q", csiC, reason)
 	start := time.Now()
+	// Until it is in CSINode: how many NodeGetInfo calls kubelet made while multireg's first
+	// socket was still the only one (the count read before multireg's /status, so that a
+	// look that still sees the first socket counts no call made on the second).
+	onFirst := 0
 	waitUntil(t, 60*time.Second, csiC+" in CSINode", func(ctx context.Context) (bool, string) {
+		ok, failed := eps.c.NodeGetInfoCalls()
+		if st, err := mr.status(ctx); err == nil && st[csiC].Attempts == 1 {
+			onFirst = max(onFirst, ok+failed)
+		}
 		drivers, err := csiNodeDrivers(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		return drivers[csiC] == "gamma-node-1", fmt.Sprint(drivers)
 	})
+	t.Logf("kubelet %s called NodeGetInfo %d time(s) on the rejected first socket during multireg's 2 s backoff", cl.Version, onFirst)
+	// kubelet 1.35 and older never try a failed RegisterPlugin again by themselves (the
+	// plugin stays in their actual state of the world): only multireg's new socket gets the
+	// driver registered there.
+	if !cl.Version.AtLeast(1, 36) && onFirst != 1 {
+		t.Errorf("kubelet %s called NodeGetInfo %d times on the first socket; it never retries a failed registration by itself", cl.Version, onFirst)
+	}
 	st := waitAllRegistered(t, mr, append(others, csiC)...)
 	okCalls, failed := eps.c.NodeGetInfoCalls()
 	t.Logf("%s in CSINode %.1fs after its rejection was seen; NodeGetInfo: %d failed, %d ok; multireg: %d sockets published, %d failures",
@@ -578,7 +593,7 @@ func scenarioDevicePluginRestart(t *testing.T, mr *hostMultireg, eps *hostDriver
 		t.Errorf("%s's registration socket was not published anew", widget)
 	}
 	t.Logf("device plugin restart: registered again; allocatable seen short of %d for %s", nWidgets, short.total.Round(time.Millisecond))
-	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s (node status, polled)", short.total.Round(time.Millisecond)))
+	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s, longest %dms (node status, polled)", short.total.Round(time.Millisecond), short.longest.Milliseconds()))
 }
 
 // entryCSlow is scenario 2's driver with a slow first retry.
