@@ -141,10 +141,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return c, err
 		}
 	}
+	taken := map[int]bool{}
 	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "controller-manager", "scheduler"} {
-		if c.ports[name], err = FreePort(); err != nil {
-			return c, err
+		for c.ports[name] == 0 || taken[c.ports[name]] { // each its own
+			if c.ports[name], err = FreePort(); err != nil {
+				return c, err
+			}
 		}
+		taken[c.ports[name]] = true
 	}
 	c.apiServerURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
 
@@ -352,11 +356,9 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string)
 		}
 	}
 	defer hc.CloseIdleConnections()
-	return wait.Poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
-		if p := c.proc(name); p != nil {
-			if p.Exited() {
-				return false, fmt.Errorf("%s exited: %v; see %s", name, p.Err(), p.log)
-			}
+	return poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
+		if err := c.exitedErr(name); err != nil {
+			return false, err
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if token != nil {
@@ -400,6 +402,26 @@ func (c *Cluster) exitedErr(name string) error {
 }
 
 var errExited = errors.New("component exited")
+
+// poll is wait.Poll, except that an error of cond wrapping errExited ends it at once, with that
+// error: a component that exits at start fails the wait for it then, not at its deadline.
+func poll(ctx context.Context, interval time.Duration, what string, cond func() (bool, error)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var exited error
+	err := wait.Poll(ctx, interval, what, func() (bool, error) {
+		ok, err := cond()
+		if errors.Is(err, errExited) {
+			exited = err
+			cancel()
+		}
+		return ok, err
+	})
+	if exited != nil {
+		return fmt.Errorf("%s: %w", what, exited)
+	}
+	return err
+}
 
 // Stop tears the cluster down: components in order, then Cleanup. It is safe to call on a
 // partly started cluster, and more than once or concurrently: the teardown runs once.
