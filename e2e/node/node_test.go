@@ -225,6 +225,7 @@ func waitRegisteredAt(t *testing.T, who, url string, names ...string) map[string
 func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config string) {
 	others := []string{csiA, csiB, widget, draName}
 	before := idents(t, others...)
+	logFrom := kubeletLogSize(t)
 	// A slow first retry keeps kubelet's verdict visible in /status for a while.
 	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(), entryCSlow()))
 	var reason string
@@ -239,29 +240,29 @@ func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config s
 	})
 	t.Logf("multireg /status lastError of %s: %q", csiC, reason)
 	start := time.Now()
-	// Until it is in CSINode: how many NodeGetInfo calls kubelet made while multireg's first
-	// socket was still the only one (the count read before multireg's /status, so that a
-	// look that still sees the first socket counts no call made on the second).
-	onFirst := 0
 	waitUntil(t, 60*time.Second, csiC+" in CSINode", func(ctx context.Context) (bool, string) {
-		ok, failed := eps.c.NodeGetInfoCalls()
-		if st, err := mr.status(ctx); err == nil && st[csiC].Attempts == 1 {
-			onFirst = max(onFirst, ok+failed)
-		}
 		drivers, err := csiNodeDrivers(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		return drivers[csiC] == "gamma-node-1", fmt.Sprint(drivers)
 	})
-	t.Logf("kubelet %s called NodeGetInfo %d time(s) on the rejected first socket during multireg's 2 s backoff", cl.Version, onFirst)
-	// kubelet 1.35 and older never try a failed RegisterPlugin again by themselves (the
-	// plugin stays in their actual state of the world): only multireg's new socket gets the
-	// driver registered there.
-	if !cl.Version.AtLeast(1, 36) && onFirst != 1 {
-		t.Errorf("kubelet %s called NodeGetInfo %d times on the first socket; it never retries a failed registration by itself", cl.Version, onFirst)
-	}
 	st := waitAllRegistered(t, mr, append(others, csiC)...)
+	// kubelet 1.35 and older keep a plugin whose RegisterPlugin failed in their actual state
+	// of the world, as if registered, and never try it again by themselves: only a removed
+	// socket (an unregistration) and a new one get it registered. There each rejected socket
+	// that multireg withdrew shows as one unregistration in kubelet's log; newer kubelets
+	// take a rejected plugin out at once, and unregister nothing.
+	unregs := 0
+	for _, l := range pluginManagerEvents(t, logFrom, csiC)[csiC] {
+		if strings.Contains(l, "OperationExecutor.UnregisterPlugin started") {
+			unregs++
+		}
+	}
+	t.Logf("kubelet %s unregistered %s %d time(s) while multireg withdrew its rejected sockets", cl.Version, csiC, unregs)
+	if !cl.Version.AtLeast(1, 36) && unregs != 2 {
+		t.Errorf("kubelet %s unregistered %s %d time(s); want 2: each rejected socket it kept, withdrawn by multireg", cl.Version, csiC, unregs)
+	}
 	okCalls, failed := eps.c.NodeGetInfoCalls()
 	t.Logf("%s in CSINode %.1fs after its rejection was seen; NodeGetInfo: %d failed, %d ok; multireg: %d sockets published, %d failures",
 		csiC, time.Since(start).Seconds(), failed, okCalls, st[csiC].Attempts, st[csiC].Failures)
