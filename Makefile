@@ -200,7 +200,8 @@ monitoring: promtool
 ## e2e-node: a real single-node Kubernetes built from source (kubelet, API server, controller
 ## manager, scheduler; etcd and containerd from Debian) with bin/multireg on the host and as the
 ## shipped DaemonSet: CSINode, device capacity, DRA, a kubelet restart, ConfigMap edits, a
-## rollout restart. Needs root; installs its Debian packages; caches the Kubernetes binaries.
+## rollout restart. On Kubernetes 1.37 then 1.35 (`KUBE=1.35` for one: see e2e/node/Makefile).
+## Needs root; installs its Debian packages; caches each release's binaries.
 e2e-node: build
 	$(MAKE) -C e2e/node fmt tidy-check test MULTIREG=$(CURDIR)/bin/multireg
 

@@ -128,6 +128,7 @@ func runMain(m *testing.M) (code int) {
 	code = m.Run()
 	phases = append(phases, cluster.Phase{Name: "scenarios", Duration: time.Since(testsStart)})
 	phases = append(phases, scenarioPhases...)
+	fmt.Printf("e2e-node: Kubernetes %s\n", cl.Version)
 	for _, f := range figures {
 		fmt.Println("e2e-node figure:", f)
 	}

@@ -228,6 +228,7 @@ func waitRegisteredAt(t *testing.T, who, url string, names ...string) map[string
 func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config string) {
 	others := []string{csiA, csiB, widget, draName}
 	before := idents(t, others...)
+	logFrom := kubeletLogSize(t)
 	// A slow first retry keeps kubelet's verdict visible in /status for a while.
 	writeFileAtomic(t, config, hostConfig(entryA(), entryB(), entryDP(), entryDRA(), entryCSlow()))
 	var reason string
@@ -250,6 +251,21 @@ func scenarioRejected(t *testing.T, mr *hostMultireg, eps *hostDrivers, config s
 		return drivers[csiC] == "gamma-node-1", fmt.Sprint(drivers)
 	})
 	st := waitAllRegistered(t, mr, append(others, csiC)...)
+	// kubelet 1.35 and older keep a plugin whose RegisterPlugin failed in their actual state
+	// of the world, as if registered, and never try it again by themselves: only a removed
+	// socket (an unregistration) and a new one get it registered. There each rejected socket
+	// that multireg withdrew shows as one unregistration in kubelet's log; newer kubelets
+	// take a rejected plugin out at once, and unregister nothing.
+	unregs := 0
+	for _, l := range pluginManagerEvents(t, logFrom, csiC)[csiC] {
+		if strings.Contains(l, "OperationExecutor.UnregisterPlugin started") {
+			unregs++
+		}
+	}
+	t.Logf("kubelet %s unregistered %s %d time(s) while multireg withdrew its rejected sockets", cl.Version, csiC, unregs)
+	if !cl.Version.AtLeast(1, 36) && unregs != 2 {
+		t.Errorf("kubelet %s unregistered %s %d time(s); want 2: each rejected socket it kept, withdrawn by multireg", cl.Version, csiC, unregs)
+	}
 	okCalls, failed := eps.c.NodeGetInfoCalls()
 	t.Logf("%s in CSINode %.1fs after its rejection was seen; NodeGetInfo: %d failed, %d ok; multireg: %d sockets published, %d failures",
 		csiC, time.Since(start).Seconds(), failed, okCalls, st[csiC].Attempts, st[csiC].Failures)
@@ -581,7 +597,7 @@ func scenarioDevicePluginRestart(t *testing.T, mr *hostMultireg, eps *hostDriver
 		t.Errorf("%s's registration socket was not published anew", widget)
 	}
 	t.Logf("device plugin restart: registered again; allocatable seen short of %d for %s", nWidgets, short.total.Round(time.Millisecond))
-	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s (node status, polled)", short.total.Round(time.Millisecond)))
+	figures = append(figures, fmt.Sprintf("device plugin restart: re-registered; allocatable seen short for %s, longest %dms (node status, polled)", short.total.Round(time.Millisecond), short.longest.Milliseconds()))
 }
 
 // entryCSlow is scenario 2's driver with a slow first retry.

@@ -83,7 +83,7 @@ func scenarioDRARollingUpdate(t *testing.T, mr *hostMultireg, eps *hostDrivers, 
 		t.Errorf("kubelet's plugin manager held none of %s's registration sockets at %d of %d looks", draName, missing, looks)
 	}
 	t.Logf("DRA rolling update: kubelet held a registration of %s at all %d looks (every 200 ms)", draName, looks)
-	figures = append(figures, fmt.Sprintf("DRA rolling update (two instances, dra-*.sock): kubelet held a registration at %d of %d looks; the claim was prepared by the new instance", looks-missing, looks))
+	figures = append(figures, fmt.Sprintf("DRA rolling update (two instances, dra-*.sock): kubelet held a registration at %d of %d looks, longest gap %dms; the claim was prepared by the new instance", looks-missing, looks, watch.gap.longest.Milliseconds()))
 }
 
 // entriesAfterRollingUpdate are the drivers file's entries from scenario 4e on: the DRA driver
@@ -109,6 +109,7 @@ type holdWatcher struct {
 	cancel         context.CancelFunc
 	done           chan struct{}
 	looks, missing int
+	gap            shortfall // how long it was seen holding none (from look to look)
 }
 
 func holdWatch(t *testing.T, sockets ...string) *holdWatcher {
@@ -129,9 +130,11 @@ func holdWatch(t *testing.T, sockets ...string) *holdWatcher {
 				continue // the look failed: it says nothing
 			}
 			w.looks++
-			if len(held(reg, sockets...)) == 0 {
+			n := len(held(reg, sockets...))
+			if n == 0 {
 				w.missing++
 			}
+			w.gap.observe(min(n, 1), 1)
 		}
 	}()
 	t.Cleanup(func() { w.stop() })
@@ -142,5 +145,6 @@ func holdWatch(t *testing.T, sockets ...string) *holdWatcher {
 func (w *holdWatcher) stop() (looks, missing int) {
 	w.cancel()
 	<-w.done
+	w.gap.observe(1, 1) // a gap still open at the end ends here
 	return w.looks, w.missing
 }

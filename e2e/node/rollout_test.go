@@ -64,6 +64,10 @@ func followRollout(t *testing.T, old corev1.Pod, args ...string) *rollout {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// Each pod's role, looked at every 50 ms apart from the slower looks below (four requests
+	// each): a standby can last half a second.
+	stopRoles := r.watchRoles()
+	defer stopRoles()
 	start := time.Now()
 	if out, err := cl.Kubectl(ctx, args...); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -125,6 +129,7 @@ func followRollout(t *testing.T, old corev1.Pod, args ...string) *rollout {
 		r.pod, r.done = fresh[0], time.Since(start)
 		return true, ""
 	})
+	stopRoles()
 	waitUntil(t, 30*time.Second, "the old pod's log ends with its container", func(context.Context) (bool, string) {
 		select {
 		case <-logDone:
@@ -142,22 +147,55 @@ func followRollout(t *testing.T, old corev1.Pod, args ...string) *rollout {
 	return r
 }
 
-// look reads p's /status: it records p's role when it changed since p's last one, and returns
-// the drivers (none when p does not answer).
+// look reads p's /status and returns the drivers (none when p does not answer).
 func (r *rollout) look(ctx context.Context, p corev1.Pod) map[string]driverStatus {
 	if p.Status.PodIP == "" {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	inst, drivers, err := statusDocAt(ctx, podStatusURL(p))
+	_, drivers, err := statusDocAt(ctx, podStatusURL(p))
 	if err != nil {
 		return nil
 	}
-	if seen := r.roles[p.Name]; len(seen) == 0 || seen[len(seen)-1] != inst.Role {
-		r.roles[p.Name] = append(seen, inst.Role)
-	}
 	return drivers
+}
+
+// watchRoles reads every multireg pod's /status every 50 ms and records each pod's role when it
+// changed since its last one (r.roles), until the returned stop is called (more than once is
+// fine); stop returns once the watch has ended, so r.roles is then the caller's alone.
+func (r *rollout) watchRoles() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if pods, err := multiregPods(ctx); err == nil {
+				for _, p := range pods {
+					if p.Status.PodIP == "" {
+						continue
+					}
+					lctx, lcancel := context.WithTimeout(ctx, time.Second)
+					inst, _, err := statusDocAt(lctx, podStatusURL(p))
+					lcancel()
+					if err != nil {
+						continue
+					}
+					if seen := r.roles[p.Name]; len(seen) == 0 || seen[len(seen)-1] != inst.Role {
+						r.roles[p.Name] = append(seen, inst.Role)
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // report logs what the looks saw and returns it as one line for the figures.

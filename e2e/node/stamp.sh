@@ -14,3 +14,23 @@ stamp_fresh() {
 	rm -f "$dir/.stamp"
 	return 1
 }
+
+# kube_modfile MINOR: the module file of kube/ that pins Kubernetes MINOR (1.37, 1.35, …):
+# kube/MINOR.mod (with its MINOR.sum), or kube/go.mod when it pins that minor (the newest
+# release, the default). Build with `go build -modfile=…` in kube/; fails naming the others.
+# The caller sets $here, the directory of e2e/node.
+kube_modfile() {
+	kdir=$here/kube
+	if [ -f "$kdir/$1.mod" ]; then
+		echo "$1.mod"
+		return 0
+	fi
+	newest=$(cd "$kdir" && go list -modfile=go.mod -m -f '{{.Version}}' k8s.io/kubernetes)
+	case $newest in v$1.*)
+		echo go.mod
+		return 0
+		;;
+	esac
+	echo "no Kubernetes $1 in kube/: go.mod pins $newest; others: $(cd "$kdir" && ls -- *.mod | grep -v '^go.mod$' | sed 's/\.mod$//' | tr '\n' ' ')" >&2
+	return 1
+}

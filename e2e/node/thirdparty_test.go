@@ -280,7 +280,7 @@ func sampleDevicePluginRestart(t *testing.T, mr *hostMultireg, dp *hostPlugin, d
 	}
 	t.Logf("sample device plugin restart under a new name (%s → %s): registered again; allocatable seen short of %d for %s",
 		filepath.Base(oldSock), filepath.Base(sock), nSample, short.total.Round(time.Millisecond))
-	figures = append(figures, fmt.Sprintf("sample device plugin restart, new socket name, endpoint pattern dp.*: re-registered; allocatable seen short for %s (node status, polled)", short.total.Round(time.Millisecond)))
+	figures = append(figures, fmt.Sprintf("sample device plugin restart, new socket name, endpoint pattern dp.*: re-registered; allocatable seen short for %s, longest %dms (node status, polled)", short.total.Round(time.Millisecond), short.longest.Milliseconds()))
 	sampleDevicePod(t, restarted)
 }
 

@@ -56,10 +56,11 @@ func stays(t *testing.T, d time.Duration, what string, cond func(ctx context.Con
 	}
 }
 
-// shortfall adds up, over a poll, how long a count was seen below what it should be.
+// shortfall adds up, over a poll, how long a count was seen below what it should be, and
+// the longest such stretch.
 type shortfall struct {
-	since time.Time // when the count was first seen short, while it is
-	total time.Duration
+	since          time.Time // when the count was first seen short, while it is
+	total, longest time.Duration
 }
 
 // observe takes one look: the count n, of want.
@@ -69,7 +70,9 @@ func (s *shortfall) observe(n, want int) {
 	case n < want && s.since.IsZero():
 		s.since = now
 	case n >= want && !s.since.IsZero():
-		s.total += now.Sub(s.since)
+		d := now.Sub(s.since)
+		s.total += d
+		s.longest = max(s.longest, d)
 		s.since = time.Time{}
 	}
 }

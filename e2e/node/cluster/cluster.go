@@ -56,12 +56,16 @@ type Cluster struct {
 	stopErr  error
 
 	opts   Options
+	flags  releaseFlags
 	pki    *pki
 	state  *stateStore
 	procs  map[string]*proc
 	phases []Phase
 
-	Client kubernetes.Interface
+	// Version is the release of the binaries (their --version); the flags that differ
+	// between releases follow it (flagsFor).
+	Version Version
+	Client  kubernetes.Interface
 	// Kubeconfig is an admin kubeconfig (for kubectl).
 	Kubeconfig string
 	// KubeletRoot is kubelet's --root-dir; PluginsRegistry and PluginsDir are below it.
@@ -137,10 +141,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return c, err
 		}
 	}
+	taken := map[int]bool{}
 	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "controller-manager", "scheduler"} {
-		if c.ports[name], err = FreePort(); err != nil {
-			return c, err
+		for c.ports[name] == 0 || taken[c.ports[name]] { // each its own
+			if c.ports[name], err = FreePort(); err != nil {
+				return c, err
+			}
 		}
+		taken[c.ports[name]] = true
 	}
 	c.apiServerURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
 
@@ -229,6 +237,12 @@ func (c *Cluster) preflight() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing: %s (make e2e-node installs the packages: etcd-server containerd containernetworking-plugins openssl iproute2)", strings.Join(missing, ", "))
 	}
+	v, err := binariesVersion(c.opts.BinDir)
+	if err != nil {
+		return err
+	}
+	c.Version, c.flags = v, flagsFor(v)
+	fmt.Fprintf(c.opts.Log, "=== Kubernetes %s (%s)\n", v, c.opts.BinDir)
 	// kubelet always serves its device-plugin registration socket at this fixed path and
 	// deletes every socket in its directory at start: a kubelet of this host would lose its
 	// device plugins.
@@ -295,7 +309,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.pki
-	if _, err := c.startProc("kube-apiserver", filepath.Join(c.opts.BinDir, "kube-apiserver"),
+	if _, err := c.startProc("kube-apiserver", filepath.Join(c.opts.BinDir, "kube-apiserver"), c.flags.apiServerArgs(
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.ports["etcd"]),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", c.ports["apiserver"]),
@@ -314,7 +328,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		// a minute stopped the API server in 5 s to over 10 s (killed).
 		"--feature-gates=SizeBasedListCostEstimate=false",
 		"--profiling=false",
-	); err != nil {
+	)...); err != nil {
 		return err
 	}
 	if err := c.waitHTTP(ctx, "kube-apiserver", c.apiServerURL+"/readyz", &p.adminToken); err != nil {
@@ -342,11 +356,9 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string)
 		}
 	}
 	defer hc.CloseIdleConnections()
-	return wait.Poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
-		if p := c.proc(name); p != nil {
-			if p.Exited() {
-				return false, fmt.Errorf("%s exited: %v; see %s", name, p.Err(), p.log)
-			}
+	return poll(ctx, 200*time.Millisecond, name+" answering "+url, func() (bool, error) {
+		if err := c.exitedErr(name); err != nil {
+			return false, err
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if token != nil {
@@ -390,6 +402,26 @@ func (c *Cluster) exitedErr(name string) error {
 }
 
 var errExited = errors.New("component exited")
+
+// poll is wait.Poll, except that an error of cond wrapping errExited ends it at once, with that
+// error: a component that exits at start fails the wait for it then, not at its deadline.
+func poll(ctx context.Context, interval time.Duration, what string, cond func() (bool, error)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var exited error
+	err := wait.Poll(ctx, interval, what, func() (bool, error) {
+		ok, err := cond()
+		if errors.Is(err, errExited) {
+			exited = err
+			cancel()
+		}
+		return ok, err
+	})
+	if exited != nil {
+		return fmt.Errorf("%s: %w", what, exited)
+	}
+	return err
+}
 
 // Stop tears the cluster down: components in order, then Cleanup. It is safe to call on a
 // partly started cluster, and more than once or concurrently: the teardown runs once.

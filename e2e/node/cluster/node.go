@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -109,7 +111,7 @@ state = %q
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := wait.Poll(wctx, 100*time.Millisecond, "containerd answering on "+c.ContainerdAddress, func() (bool, error) {
+	if err := poll(wctx, 100*time.Millisecond, "containerd answering on "+c.ContainerdAddress, func() (bool, error) {
 		if err := c.exitedErr("containerd"); err != nil {
 			return false, err
 		}
@@ -239,7 +241,7 @@ func appendNew(list []string, add ...string) []string {
 func (c *Cluster) WaitNodeReady(ctx context.Context, since time.Time, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	return wait.Poll(ctx, 250*time.Millisecond, "node "+NodeName+" Ready with a CSINode", func() (bool, error) {
+	return poll(ctx, 250*time.Millisecond, "node "+NodeName+" Ready with a CSINode", func() (bool, error) {
 		if err := c.exitedErr("kubelet"); err != nil {
 			return false, err
 		}
@@ -279,7 +281,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		"--leader-elect=false",
 		"--service-account-private-key-file="+c.pki.saKey, "--root-ca-file="+c.pki.caCert,
 		"--use-service-account-credentials=false",
-		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-binder,-attachdetach",
+		"--controllers="+c.flags.controllers,
 	); err != nil {
 		return err
 	}
@@ -378,8 +380,30 @@ func (c *Cluster) KubeletMetrics(ctx context.Context) (string, error) {
 	return string(b), nil
 }
 
-// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago, below the kernel's
+// ephemeral range when it can: a port of that range (what listening on port 0 gives) may be
+// taken by any outgoing connection of the machine before the component binds it (kubelet,
+// started seconds later, once found its healthz port in use).
 func FreePort() (int, error) {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 20000
+	for range 50 {
+		if low <= first {
+			break
+		}
+		port := first + rand.IntN(low-first)
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+			l.Close()
+			return port, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
