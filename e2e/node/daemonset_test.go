@@ -410,7 +410,7 @@ configMapGenerator:
     options:
       disableNameSuffixHash: true
 images:
-  - name: registry.example/multireg
+  - name: ghcr.io/multireg/multireg
     newName: %[1]s
     newTag: %[2]s
 patches:

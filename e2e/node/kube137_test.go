@@ -193,6 +193,12 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 	withEntry(t, mr, config, res, driverEntry(res, "DevicePlugin", filepath.Join(dir, "dp.*")))
 	first := registeredAt(old).Socket
 	second := strings.TrimSuffix(first, ".sock") + ".1.sock"
+	// The watch starts once node status has the new resource too: kubelet writes it a moment
+	// after the registration, and that first moment is no shortfall of the update.
+	waitUntil(t, time.Minute, "node status shows "+res, func(ctx context.Context) (bool, string) {
+		_, a, err := capacity(ctx, res)
+		return err == nil && a == n, fmt.Sprintf("allocatable %d (%v)", a, err)
+	})
 	watch := watchAllocatable(t, res, n)
 
 	nw := start("dp.2") // the rolling update's new instance

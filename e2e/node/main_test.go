@@ -153,8 +153,9 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The binary users get, as the Dockerfile installs it (there on a distroless base, here
-	// alone: multireg needs no file of the base image); and the release, alike.
+	// The binary users get, alone in the image as `make image` puts it (without /LICENSE: the
+	// image is assembled here, not yet the released one pulled from a registry); and the
+	// release, alike.
 	tars := []string{pause}
 	for _, im := range []struct{ ref, bin, file string }{{multiregRef, *multiregBin, "multireg.tar"}, {releaseRef, *releaseBin, "release.tar"}} {
 		mr := images.Image{Ref: im.ref, Files: []images.File{{Path: "/multireg", Source: im.bin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"}
