@@ -58,6 +58,8 @@ type driver struct {
 	// health are the DRAResourceHealth services the driver's endpoint serves, advertised after
 	// its versions (health.go); nil when none, or not asked.
 	health []string
+	// healthOf is the endpoint socket health was asked of (or a hand-over told of).
+	healthOf fileID
 	// prev is the generation a handover leaves registered, until its successor is registered
 	// and prev's endpoint is gone (pattern.go).
 	prev *generation

@@ -47,7 +47,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		ep.take() // what happened before this look is seen by it
 		id, statErr, err := d.lookTarget(ctx)
 		if err == nil {
-			err = d.lookHealth(ctx)
+			err = d.lookHealth(ctx, id)
 		}
 		d.setPresence(statErr)
 		if ctx.Err() != nil {

@@ -101,11 +101,13 @@ func (d *driver) versions() []string {
 	return slices.Concat(d.spec.SupportedVersions, d.health)
 }
 
-// lookHealth asks the driver's endpoint, the loop's target, which health services it serves,
-// when the driver detects them (config.Driver.DetectsHealth), and keeps the answer for the
-// next socket generation's GetInfo. A change is logged.
-func (d *driver) lookHealth(ctx context.Context) error {
-	if !d.spec.DetectsHealth() {
+// lookHealth asks the driver's endpoint, the loop's target, whose socket is ep, which health
+// services it serves, when the driver detects them (config.Driver.DetectsHealth), and keeps
+// the answer for the next socket generation's GetInfo. A change is logged. The endpoint is
+// asked once per socket: again only after the driver restarted (or another match of a pattern
+// is the target).
+func (d *driver) lookHealth(ctx context.Context, ep fileID) error {
+	if !d.spec.DetectsHealth() || ep != (fileID{}) && ep == d.healthOf {
 		return nil
 	}
 	var served []string
@@ -120,5 +122,19 @@ func (d *driver) lookHealth(ctx context.Context) error {
 		d.log.Info("device health services the DRA driver serves, advertised to kubelet", "services", served, "was", d.health)
 		d.health = served
 	}
+	d.healthOf = ep
 	return nil
+}
+
+// adoptHealth takes from a hand-over the health services the other instance advertised
+// (versions, its current socket's) for the endpoint socket it last probed (ep), so that the
+// loop asks the endpoint again only once that socket changes: a hand-over asks the drivers
+// nothing. A predecessor that did not say what it advertised (an older release) is not taken
+// at its word: the endpoint is asked.
+func (d *driver) adoptHealth(versions []string, ep fileID) {
+	n := len(d.spec.SupportedVersions)
+	if !d.spec.DetectsHealth() || versions == nil || ep == (fileID{}) || len(versions) < n || !slices.Equal(versions[:n], d.spec.SupportedVersions) {
+		return
+	}
+	d.health, d.healthOf = slices.Clone(versions[n:]), ep
 }

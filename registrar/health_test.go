@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +21,14 @@ import (
 // at once, as the DRA kubeletplugin helper does; without, it says nothing until a change.
 type healthV1 struct {
 	drahealthv1.UnimplementedDRAResourceHealthServer
-	send bool
+	send  bool
+	calls *atomic.Int32 // counts the calls, if set
 }
 
 func (h healthV1) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, s grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+	if h.calls != nil {
+		h.calls.Add(1)
+	}
 	if h.send {
 		if err := s.Send(&drahealthv1.NodeWatchResourcesResponse{}); err != nil {
 			return err
@@ -192,4 +197,43 @@ func TestDRARestartWithHealthReregisters(t *testing.T) {
 	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 {
 		t.Errorf("recreations: %v, want endpoint_restarted 1", st.Recreations)
 	}
+}
+
+// TestHandOverAsksNoHealth: a hand-over tells the next instance which health services a DRA
+// driver's socket advertises: the next instance asks the endpoint nothing (kubelet and the
+// driver see nothing), and its GetInfo answers what kubelet was told. A restart of the driver
+// afterwards is asked again.
+func TestHandOverAsksNoHealth(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	d := testDriver(dir, "gpu.example.com", config.DRAPlugin, filepath.Join(dir, "ep", "dra.sock"))
+	calls := new(atomic.Int32)
+	serve := func() *endpoint {
+		return serveEndpoint(t, d.LocalEndpoint, func(srv *grpc.Server) {
+			drahealthv1.RegisterDRAResourceHealthServer(srv, healthV1{send: true, calls: calls})
+		})
+	}
+	e := serve()
+	a := startMultireg(t, reg, []config.Driver{d})
+	awaitSocket(t, d)
+	registerAndWait(t, a.sup, d)
+	asked := calls.Load()
+	if asked != 1 {
+		t.Fatalf("NodeWatchResources asked %d times before the registration, want 1", asked)
+	}
+
+	b := startMultireg(t, reg, []config.Driver{d})
+	if b.sup.Adopted() != 1 {
+		t.Fatal("the socket was not taken over")
+	}
+	testkit.Eventually(t, 5*time.Second, "Registered in the new instance", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
+	testkit.Never(t, 500*time.Millisecond, "the endpoint asked again after the hand-over", func() bool { return calls.Load() != asked })
+	want := append(slices.Clone(d.SupportedVersions), "v1.DRAResourceHealth")
+	if got := dialKubelet(t, d.SocketPath).getInfo(t).GetSupportedVersions(); !slices.Equal(got, want) {
+		t.Errorf("the new instance's GetInfo: %q, want %q", got, want)
+	}
+
+	crash(t, b.sup, d, e)
+	serve()
+	testkit.Eventually(t, 5*time.Second, "the restarted driver asked", func() bool { return calls.Load() > asked })
 }

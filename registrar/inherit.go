@@ -141,6 +141,7 @@ func (d *driver) inherit(h *handedDriver) int {
 			d.prev = g
 		} else {
 			a.cur = g
+			d.adoptHealth(hs.Versions, a.epID)
 		}
 	}
 	switch {
