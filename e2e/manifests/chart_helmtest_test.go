@@ -36,18 +36,7 @@ func TestChartHelmTest(t *testing.T) {
 			if pod == nil {
 				t.Fatal("no test pod")
 			}
-			out, err := renderChart(c, values)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, err := decodeManifests([]byte(out))
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := deploymentOf(m)
-			if err != nil {
-				t.Fatal(err)
-			}
+			d, _ := renderChartDeployment(t, c, values)
 			if pod.Annotations["helm.sh/hook"] != "test" {
 				t.Errorf("annotations %v: want helm.sh/hook: test", pod.Annotations)
 			}

@@ -129,18 +129,7 @@ func TestChartDriversFileOrder(t *testing.T) {
 	})
 
 	c := loadChart(t)
-	out, err := renderChart(c, readValues(t, "values-every-field.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := decodeManifests([]byte(out))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := deploymentOf(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, _ := renderChartDeployment(t, c, readValues(t, "values-every-field.yaml"))
 	doc, err := kyaml.Parse(d.cm.Data["config.yaml"])
 	if err != nil {
 		t.Fatal(err)

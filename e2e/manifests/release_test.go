@@ -7,8 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"multireg.dev/multireg/e2e/manifests/valuesdoc"
+	"helm.sh/helm/v3/pkg/chart"
 	"sigs.k8s.io/yaml"
+
+	"multireg.dev/multireg/e2e/manifests/valuesdoc"
 )
 
 // makeVar returns the value of a `NAME :=` line of the Makefile.
@@ -137,7 +139,13 @@ func renderDeployment(t *testing.T, values string) (*deployment, manifests) {
 	if err := yaml.Unmarshal([]byte(values), &v); err != nil {
 		t.Fatal(err)
 	}
-	out, err := renderChart(loadChart(t), v)
+	return renderChartDeployment(t, loadChart(t), v)
+}
+
+// renderChartDeployment renders chart c with values and returns the deployment and the objects.
+func renderChartDeployment(t testing.TB, c *chart.Chart, values map[string]any) (*deployment, manifests) {
+	t.Helper()
+	out, err := renderChart(c, values)
 	if err != nil {
 		t.Fatal(err)
 	}
