@@ -12,9 +12,9 @@ import (
 )
 
 // hub accepts the connections of every registration socket of a supervisor in one loop, and
-// gives each to its generation, which serves it on a goroutine of its own. An accept loop per
-// socket would park a goroutine in Accept for each, with its stack, for as long as the socket
-// lives: 1000 drivers, 1000 goroutines doing nothing.
+// gives each to its generation's gRPC server (a server's own accept loop, Serve, would park a
+// goroutine in Accept for each socket, with its stack, for as long as the socket lives: 1000
+// drivers, 1000 goroutines doing nothing).
 //
 // The loop waits on an epoll instance that holds every listening socket, itself waited on
 // through Go's poller, so no thread blocks in it. A generation stops its connections itself
@@ -224,6 +224,47 @@ func (h *hub) acceptOn(fd int32) error {
 		if err != nil {
 			return err
 		}
-		g.give(c, h.serves.Go)
+		srv := g.give(c)
+		if srv == nil {
+			continue // g stopped
+		}
+		// Serve returns once the listener has no second connection; it blocks longer only
+		// while the server stops, hence a goroutine.
+		h.serves.Go(func() { _ = srv.Serve(&oneConn{c: c, addr: c.LocalAddr()}) })
 	}
 }
+
+// oneConn is a listener that yields one connection, then fails: Serve returns, and the server
+// keeps the connection.
+type oneConn struct {
+	addr net.Addr
+	mu   sync.Mutex
+	c    net.Conn // until Accept takes it
+}
+
+// errServed ends a Serve call whose connection was taken.
+var errServed = errors.New("connection handed to the server")
+
+func (o *oneConn) Accept() (net.Conn, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := o.c
+	o.c = nil
+	if c == nil {
+		return nil, errServed
+	}
+	return c, nil
+}
+
+// Close closes the connection if the server never took it (it had stopped).
+func (o *oneConn) Close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.c != nil {
+		o.c.Close()
+		o.c = nil
+	}
+	return nil
+}
+
+func (o *oneConn) Addr() net.Addr { return o.addr }

@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,7 +10,11 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/stats"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -25,14 +30,16 @@ func (v *verdict) rejection() error {
 	return errors.New("kubelet rejected the registration: " + v.msg)
 }
 
-// registrationServer serves kubelet's Registration API on one socket generation (through
-// rpcConn). GetInfo is answered from memory: kubelet allows it one second.
+// registrationServer serves kubelet's Registration API on one socket generation. GetInfo is
+// answered from memory: kubelet allows it one second.
 //
 // A verdict counts only on a connection that asked this server's GetInfo. kubelet calls
 // GetInfo and NotifyRegistrationStatus on one connection, but its gRPC client reconnects to
 // the same path when the socket is recreated: a verdict about an older socket can then arrive
 // on the new one, over a connection that never asked the new one anything.
 type registrationServer struct {
+	registerapi.UnsafeRegistrationServer
+
 	gen    uint64
 	info   *registerapi.PluginInfo
 	notify func(verdict)      // must not block
@@ -46,51 +53,74 @@ type registrationServer struct {
 	// another instance answered).
 	anyConn atomic.Bool
 
-	infoMsg []byte // info, encoded
-
 	mu    sync.Mutex
 	asked map[uint64]bool // connections that called GetInfo, until they close
 }
 
-// getInfo answers GetInfo on connection conn, a call from a client whose user agent is agent.
-func (s *registrationServer) getInfo(conn uint64, agent string) ([]byte, *rpcStatus) {
+var _ registerapi.RegistrationServer = (*registrationServer)(nil)
+
+// GetInfo answers from memory, and tells onInfo the caller's user agent.
+func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
 	s.mu.Lock()
-	s.asked[conn] = true
+	s.asked[connOf(ctx).id] = true
 	s.mu.Unlock()
 	s.awaiting.Store(true)
+	var agent string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("user-agent"); len(v) > 0 {
+			agent = v[0]
+		}
+	}
 	s.onInfo(agent)
-	return s.infoMsg, nil
+	return s.info, nil
 }
 
-// notifyStatus hands kubelet's verdict, received on connection conn, to the loop, and always
-// answers normally: a failure is the loop's to handle, in the background.
-func (s *registrationServer) notifyStatus(conn uint64, st *registerapi.RegistrationStatus) ([]byte, *rpcStatus) {
+// NotifyRegistrationStatus hands kubelet's verdict to the loop and always answers normally:
+// a failure is the loop's to handle, in the background.
+func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
 	s.mu.Lock()
-	asked := s.asked[conn]
+	asked := s.asked[connOf(ctx).id]
 	s.mu.Unlock()
 	if !asked && !s.anyConn.CompareAndSwap(true, false) {
 		s.onLate()
-		return nil, nil // RegistrationStatusResponse has no field: its encoding is empty
+		return &registerapi.RegistrationStatusResponse{}, nil
 	}
 	s.anyConn.Store(false)
 	s.awaiting.Store(false)
 	s.notify(verdict{gen: s.gen, registered: st.PluginRegistered, msg: st.Error})
-	return nil, nil
-}
-
-// forget forgets a closed connection.
-func (s *registrationServer) forget(conn uint64) {
-	s.mu.Lock()
-	delete(s.asked, conn)
-	s.mu.Unlock()
+	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
 // connIDs numbers connections across every generation of the process.
 var connIDs atomic.Uint64
 
-// generation is one published registration socket and the connections kubelet made to it.
-// It has no accept loop of its own: the supervisor's hub accepts the socket's connections and
-// gives each to it (give), to be served by a goroutine of its own until it closes.
+// conn is what a generation's server knows of one connection: its number, and the accepted
+// socket itself, which gRPC's transport reads unwrapped (gRPC reads an *net.UnixConn into a
+// pooled buffer only once data is there, and keeps no buffer of its own while the connection
+// is idle).
+type conn struct {
+	credentials.CommonAuthInfo
+	id uint64
+	c  net.Conn
+}
+
+func (*conn) AuthType() string { return "unix" }
+
+// connOf returns the connection a call came on.
+func connOf(ctx context.Context) *conn {
+	if p, ok := peer.FromContext(ctx); ok {
+		if c, ok := p.AuthInfo.(*conn); ok {
+			return c
+		}
+	}
+	return &conn{} // unreachable: every connection goes through tagger
+}
+
+// generation is one published registration socket and the gRPC server on it. The server has
+// no accept loop of its own: the supervisor's hub accepts the socket's connections and gives
+// each to the server (give). Each generation has a server of its own so that stopping it
+// stops its connections the way gRPC stops a server: the calls begun are answered, then
+// GOAWAY.
 type generation struct {
 	gen  uint64
 	path string
@@ -104,66 +134,125 @@ type generation struct {
 	hub        *hub
 	once       sync.Once
 
-	mu      sync.Mutex
-	conns   map[*rpcConn]struct{} // being served
+	mu  sync.Mutex
+	srv *grpc.Server // created with the first connection
+	// opening: connections given to srv whose HTTP/2 handshake has not ended, and when they
+	// were given; stop closes them, as gRPC's stop would wait for their handshake.
+	opening map[net.Conn]time.Time
+	served  int // connections past the handshake and not closed
 	stopped bool
-	served  sync.WaitGroup // the connections' goroutines
 }
+
+// Bounds on what a client of a registration socket may hold. Kubelet makes one call at a time
+// on a connection, with messages of a few hundred bytes (a rejection's reason may run longer).
+const (
+	maxCallStreams = 16
+	maxRequest     = 1 << 20  // gRPC's own default is 4 MiB
+	maxHeaderList  = 16 << 10 // a call's header block
+	// handshakeTimeout bounds the wait for a client's HTTP/2 preface; kubelet sends it at once.
+	handshakeTimeout = 10 * time.Second
+)
 
 // serve serves rs on l, the listening socket at path, through h. No idle or age limits:
 // kubelet keeps one connection open from GetInfo to NotifyRegistrationStatus, and the
 // plugin's registration in between may take minutes.
 func serve(h *hub, l *net.UnixListener, path string, id fileID, rs *registrationServer) (*generation, error) {
 	rs.asked = map[uint64]bool{}
-	msg, err := proto.Marshal(rs.info)
-	if err != nil {
-		return nil, fmt.Errorf("serve the registration socket %s: encode its PluginInfo: %w", path, err)
-	}
-	rs.infoMsg = msg
 	raw, err := l.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
-	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h, conns: map[*rpcConn]struct{}{}}
+	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h, opening: map[net.Conn]time.Time{}}
 	if err := h.add(g); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// give serves a connection accepted on g's socket, with go (the hub's goroutine starter). A
-// stopped generation closes it instead.
-func (g *generation) give(c net.Conn, goServe func(func())) {
+// give hands a connection accepted on g's socket to g's server, created for it if there is
+// none yet. It returns the server, or nil when g has stopped (c is closed).
+func (g *generation) give(c net.Conn) *grpc.Server {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopped {
 		c.Close()
-		return
+		return nil
 	}
-	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	rc := newRPCConn(g, c)
-	g.conns[rc] = struct{}{}
-	g.served.Add(1)
-	goServe(func() {
-		defer g.served.Done()
-		rc.serve()
-		g.mu.Lock()
-		delete(g.conns, rc)
-		g.mu.Unlock()
-	})
+	if g.srv == nil {
+		g.srv = grpc.NewServer(
+			grpc.Creds(tagger{g}),
+			grpc.StatsHandler(connStats{g}),
+			grpc.ConnectionTimeout(handshakeTimeout),
+			grpc.MaxConcurrentStreams(maxCallStreams),
+			grpc.MaxRecvMsgSize(maxRequest),
+			grpc.MaxHeaderListSize(maxHeaderList),
+			// Replies are a few hundred bytes: written as they are, without a buffer kept for
+			// each connection.
+			grpc.WriteBufferSize(0),
+			grpc.WaitForHandlers(true), // stop returns once no call can reach the loop
+		)
+		registerapi.RegisterRegistrationServer(g.srv, g.rs)
+	}
+	now := time.Now()
+	if len(g.opening) >= 64 {
+		for oc, at := range g.opening {
+			if now.Sub(at) > 2*handshakeTimeout {
+				delete(g.opening, oc) // its handshake failed: gRPC closed it
+			}
+		}
+	}
+	g.opening[c] = now
+	return g.srv
 }
 
-// setDeadline sets c's read deadline to t, unless g is stopping (stop set it to interrupt
-// the read).
-func (g *generation) setDeadline(c net.Conn, t time.Time) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.stopped {
-		return false
-	}
-	_ = c.SetReadDeadline(t)
-	return true
+// tagger is a generation's transport credentials: none, as for kubelet's client. It gives
+// each connection its number and keeps the socket unwrapped.
+type tagger struct{ g *generation }
+
+func (t tagger) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return c, &conn{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, id: connIDs.Add(1), c: c}, nil
 }
+
+func (tagger) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("a registration socket's credentials serve only")
+}
+
+func (tagger) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
+}
+
+func (t tagger) Clone() credentials.TransportCredentials { return t }
+
+func (tagger) OverrideServerName(string) error { return nil }
+
+// connStats follows a generation's connections: past the handshake, and closed; a closed
+// connection's GetInfo is forgotten.
+type connStats struct{ g *generation }
+
+func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
+	c := connOf(ctx)
+	g := s.g
+	switch st.(type) {
+	case *stats.ConnBegin:
+		g.mu.Lock()
+		delete(g.opening, c.c)
+		g.served++
+		g.mu.Unlock()
+	case *stats.ConnEnd:
+		g.mu.Lock()
+		g.served--
+		g.mu.Unlock()
+		g.rs.mu.Lock()
+		delete(g.rs.asked, c.id)
+		g.rs.mu.Unlock()
+	}
+}
+
+func (connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (connStats) HandleRPC(context.Context, stats.RPCStats) {}
 
 // isStopped reports whether stop was called.
 func (g *generation) isStopped() bool {
@@ -176,35 +265,37 @@ func (g *generation) isStopped() bool {
 // the NotifyRegistrationStatus that made the loop stop it must reach kubelet.
 const stopGrace = time.Second
 
-// stop stops accepting connections and closes the listener, lets each connection finish the
-// calls its client began (for at most stopGrace: rpcConn) and closes it. Once it has returned, no call
-// reaches rs: each connection's goroutine has ended. The socket file stays. It is idempotent.
+// stop stops accepting connections and closes the listener, lets every call begun finish (for
+// at most stopGrace) and closes every connection: gRPC's graceful stop, GOAWAY then close, so
+// that a client retries a later call elsewhere instead of failing it. Once it has returned, no
+// call reaches rs. The socket file stays. It is idempotent.
 func (g *generation) stop() {
 	g.once.Do(func() {
 		g.hub.remove(g)
 		_ = g.l.Close()
 		g.mu.Lock()
 		g.stopped = true
-		for rc := range g.conns {
-			_ = rc.c.SetReadDeadline(time.Unix(1, 0)) // the next read fails; a reply being written is not cut
+		srv := g.srv
+		for c := range g.opening {
+			c.Close() // no call began on it; gRPC's stop would wait for its handshake
 		}
+		g.opening = nil
 		g.mu.Unlock()
-		done := make(chan struct{})
+		if srv == nil {
+			return
+		}
+		graceful := make(chan struct{})
 		go func() {
-			defer close(done)
-			g.served.Wait()
+			defer close(graceful)
+			srv.GracefulStop()
 		}()
 		t := time.NewTimer(stopGrace)
 		defer t.Stop()
 		select {
-		case <-done:
+		case <-graceful:
 		case <-t.C:
-			g.mu.Lock()
-			for rc := range g.conns {
-				rc.c.Close() // a client that does not read its reply
-			}
-			g.mu.Unlock()
-			<-done
+			srv.Stop() // a client that does not read its reply, or a call that takes its time
+			<-graceful
 		}
 	})
 }
