@@ -9,6 +9,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -81,7 +82,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 				})
 				old.stop()
 				testkit.Eventually(t, 5*time.Second, "a new registration socket for dp.2", func() bool {
-					id, _, err := statID(d.SocketPath)
+					id, _, err := fsid.Stat(d.SocketPath)
 					return err == nil && id != first
 				})
 				if info := registerAs(t, d.SocketPath, tt.agent, true, ""); info.Endpoint != dp2 {
@@ -94,7 +95,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 				t.Errorf("the second socket's endpoint %q, want %q", info.Endpoint, dp2)
 			}
 			testkit.Never(t, 500*time.Millisecond, "the old registration withdrawn while dp.1 runs", func() bool {
-				id, _, err := statID(d.SocketPath)
+				id, _, err := fsid.Stat(d.SocketPath)
 				return err != nil || id != first
 			})
 			old.stop()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // Dir is this process's hold on its registration directory: everything multireg keeps there
@@ -354,7 +355,7 @@ func removeTempSockets(dir string, log *slog.Logger) {
 		return
 	}
 	for _, e := range entries {
-		if !isTempSocketName(e.Name()) || e.Type() != fs.ModeSocket {
+		if !sockfile.IsTempName(e.Name()) || e.Type() != fs.ModeSocket {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

@@ -15,6 +15,8 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // Why a loop's context ends, as its cause.
@@ -59,14 +61,14 @@ type driver struct {
 	// its versions (health.go); nil when none, or not asked.
 	health []string
 	// healthOf is the endpoint socket health was asked of (or a hand-over told of).
-	healthOf fileID
+	healthOf fsid.ID
 	// prev is the generation a handover leaves registered, until its successor is registered
 	// and prev's endpoint is gone (pattern.go).
 	prev *generation
 	// p paces registration attempts.
 	p *pacing
 	// probed is the endpoint's socket as last probed ready; zero when it was not there.
-	probed fileID
+	probed fsid.ID
 	// adopted is what a hand-over gave the loop to go on from (inherit.go); the loop takes it
 	// when it starts. handed is what the loop hands over when it stops for one (detach).
 	adopted *adoption
@@ -386,7 +388,7 @@ type waiting struct {
 	// The endpoint's socket as this wait knows it; d.probed stays the one the registration
 	// was made or kept with until the loop probes the endpoint again, so that a hand-over in
 	// between tells the next instance of a restart.
-	epID fileID
+	epID fsid.ID
 	// moveOnVerdict: a newer instance answered while kubelet was registering g; the pattern
 	// is looked at again once the verdict is in (see look).
 	moveOnVerdict bool
@@ -473,7 +475,7 @@ func (d *driver) socketGone(ev change, g *generation) bool {
 	if ev&evDirGone != 0 {
 		d.log.Warn("registration directory removed or moved", "dir", filepath.Dir(g.path))
 	}
-	id, _, err := statID(g.path)
+	id, _, err := fsid.Stat(g.path)
 	return err != nil || id != g.id
 }
 
@@ -510,10 +512,10 @@ func (d *driver) shutdown(cause error, cur *generation) {
 	d.log.Info("registration socket removed; kubelet deregisters the plugin", "socket", d.spec.SocketPath)
 }
 
-// removeStale removes a socket at path that no one serves (see removeStale), and logs why it
+// removeStale removes a socket at path that no one serves (see sockfile.RemoveStale), and logs why it
 // could not.
 func (d *driver) removeStale(path string) {
-	if err := removeStale(path); err != nil {
+	if err := sockfile.RemoveStale(path); err != nil {
 		d.log.Warn("remove stale registration socket", "socket", path, "err", err)
 	}
 }
@@ -521,7 +523,7 @@ func (d *driver) removeStale(path string) {
 // retire stops a generation and removes its socket, so that kubelet deregisters it.
 func (d *driver) retire(g *generation) {
 	g.stop()
-	if _, err := removeIfOurs(g.path, g.id); err != nil {
+	if _, err := sockfile.RemoveIfOurs(g.path, g.id); err != nil {
 		d.log.Warn("remove registration socket", "socket", g.path, "err", err)
 	}
 }
@@ -541,21 +543,21 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 	d.st.Attempts++
 	d.mu.Unlock()
 
-	var id fileID
+	var id fsid.ID
 	err := d.checkGuard()
 	if err == nil {
-		var ours fileID
+		var ours fsid.ID
 		if cur != nil && cur.path == path {
 			ours = cur.id
 		}
-		err = checkNotServed(path, ours)
+		err = sockfile.CheckNotServed(path, ours)
 	}
 	var g *generation
 	if err == nil {
 		// Served before it is renamed onto path: a failure to serve must not replace cur.
-		_, id, err = publish(path, func(l *net.UnixListener) (func(), error) {
+		_, id, err = sockfile.Publish(path, func(l *net.UnixListener) (func(), error) {
 			var err error
-			g, err = d.serveOn(l, path, fileID{}, gen, d.at, d.versions(), false)
+			g, err = d.serveOn(l, path, fsid.ID{}, gen, d.at, d.versions(), false)
 			if err != nil {
 				return nil, err
 			}
@@ -582,7 +584,7 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 // path (identity id), telling kubelet the endpoint of t and versions. With anyConn, the first
 // verdict on any connection counts: kubelet asked GetInfo of another instance (a hand-over),
 // and its verdict comes on a connection of its own.
-func (d *driver) serveOn(l *net.UnixListener, path string, id fileID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
+func (d *driver) serveOn(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
 	rs := &registrationServer{
 		gen: gen,
 		info: &registerapi.PluginInfo{
@@ -643,15 +645,16 @@ func (d *driver) takeVerdict() *verdict {
 
 // backOff records a failure, waits for the next backoff interval and reports whether the
 // loop goes on. When something that is not ours blocks a registration socket's path (err holds
-// a notSocketError or a servedError), the wait also ends once it is gone: ws watches the path.
+// a sockfile.NotSocketError or a sockfile.ServedError), the wait also ends once it is gone: ws
+// watches the path.
 func (d *driver) backOff(ctx context.Context, err error, ws watches) bool {
 	wait := d.failed(err)
-	if ns, blocked := errors.AsType[*notSocketError](err); blocked {
-		return d.sleepBlocked(ctx, wait, ws.of(ns.path), ns.path, func() bool { return pathClear(ns.path) })
+	if ns, blocked := errors.AsType[*sockfile.NotSocketError](err); blocked {
+		return d.sleepBlocked(ctx, wait, ws.of(ns.Path), ns.Path, func() bool { return pathClear(ns.Path) })
 	}
-	if se, served := errors.AsType[*servedError](err); served {
+	if se, served := errors.AsType[*sockfile.ServedError](err); served {
 		d.setHeldByOther()
-		return d.sleepBlocked(ctx, wait, ws.of(se.path), se.path, func() bool { return checkNotServed(se.path, fileID{}) == nil })
+		return d.sleepBlocked(ctx, wait, ws.of(se.Path), se.Path, func() bool { return sockfile.CheckNotServed(se.Path, fsid.ID{}) == nil })
 	}
 	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from
 	// the node while it backs off is absent at once, not after the backoff.
@@ -703,8 +706,8 @@ func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *sub
 
 // pathClear reports whether nothing but a socket, or nothing, is at a socket's path.
 func pathClear(path string) bool {
-	_, err := checkSocketOrMissing(path)
-	_, blocked := errors.AsType[*notSocketError](err)
+	_, err := sockfile.CheckSocketOrMissing(path)
+	_, blocked := errors.AsType[*sockfile.NotSocketError](err)
 	return !blocked
 }
 

@@ -11,6 +11,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -78,7 +79,7 @@ func TestRejectionRecreatesSocket(t *testing.T) {
 
 	// A new generation replaces the rejected one after the backoff interval.
 	testkit.Eventually(t, 5*time.Second, "a new socket", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	st := statusOf(s, d.Name)
@@ -145,7 +146,7 @@ func TestRegistrationDirectoryRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, time.Second, "socket recreated within 1s", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	// The new directory is watched: deleting the new socket is noticed too.
@@ -154,7 +155,7 @@ func TestRegistrationDirectoryRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, time.Second, "socket recreated again", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != second
 	})
 }
@@ -164,7 +165,7 @@ func TestRegistrationTimeoutRecreates(t *testing.T) {
 	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
 	testkit.Eventually(t, 5*time.Second, "socket recreated after the timeout", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	st := statusOf(s, d.Name)
@@ -211,7 +212,7 @@ func TestStaleVerdictIgnored(t *testing.T) {
 	first := mustID(t, d.SocketPath)
 	os.Remove(d.SocketPath)
 	testkit.Eventually(t, 5*time.Second, "generation 2", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	s.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"multireg.dev/multireg/internal/fsid"
 )
 
 // Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
@@ -17,9 +18,9 @@ const (
 // readyEndpoint returns the identity of the endpoint's socket once the driver is ready to be
 // registered: at once when the driver does not wait for its endpoint (zero when the socket is
 // not there), else when waitEndpoint says so.
-func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fileID, error) {
+func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fsid.ID, error) {
 	if !d.spec.WaitForEndpoint {
-		id, _, err := statID(d.at.local)
+		id, _, err := fsid.Stat(d.at.local)
 		d.setPresence(err)
 		return id, nil
 	}
@@ -30,7 +31,7 @@ func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOf
 // probing again at once when the endpoint's socket is created. It returns the endpoint's
 // identity. It fails only when ctx ends or, while an older socket still serves
 // (cur), when the CSI driver reports another name: that socket must go first.
-func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fileID, error) {
+func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fsid.ID, error) {
 	serving := cur != nil
 	lastErr := ""
 	// A restarted driver whose registration may stay (restart.go) stays Registered while it
@@ -42,7 +43,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
 	// or registering its services: probe again soon, a few times, before the backoff resumes.
 	var quick time.Duration
-	var quickFor fileID // the endpoint socket a quick series was started for
+	var quickFor fsid.ID // the endpoint socket a quick series was started for
 	for {
 		ep.take() // what happened before this look is seen by it
 		id, statErr, err := d.lookTarget(ctx)
@@ -51,11 +52,11 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		}
 		d.setPresence(statErr)
 		if ctx.Err() != nil {
-			return fileID{}, ctx.Err()
+			return fsid.ID{}, ctx.Err()
 		}
 		if err == nil {
 			if statErr != nil {
-				id = fileID{}
+				id = fsid.ID{}
 			}
 			d.setEndpointUp(true)
 			b.Reset()
@@ -76,7 +77,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		}
 		d.update(phase, err.Error(), time.Now().Add(wait))
 		if mismatch && serving {
-			return fileID{}, err
+			return fsid.ID{}, err
 		}
 		// Each distinct reason is a warning once; its repetitions are debug.
 		if msg := err.Error(); msg != lastErr {
@@ -94,7 +95,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 			return ev&(evCreated|evLost) != 0
 		})
 		if !ok {
-			return fileID{}, ctx.Err()
+			return fsid.ID{}, ctx.Err()
 		}
 		if woken {
 			quick = quickProbeMin
@@ -112,8 +113,8 @@ func (d *driver) lookPresence() {
 // have been lost, it is no longer the file probed (*probed; set here when zero, the socket
 // was not there when probed). A change of attributes (a chmod) is no restart. It records
 // whether the endpoint is there.
-func (d *driver) endpointRestarted(ev change, probed *fileID) bool {
-	id, _, err := statID(d.at.local)
+func (d *driver) endpointRestarted(ev change, probed *fsid.ID) bool {
+	id, _, err := fsid.Stat(d.at.local)
 	if !d.spec.EndpointIsPattern() {
 		d.setPresence(err)
 	}
@@ -124,7 +125,7 @@ func (d *driver) endpointRestarted(ev change, probed *fileID) bool {
 		return false
 	}
 	d.setEndpointUp(true)
-	if *probed == (fileID{}) {
+	if *probed == (fsid.ID{}) {
 		*probed = id // not there when the socket was published (waitForEndpoint: false)
 		return false
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -68,7 +69,7 @@ func TestEndpointRestartReregisters(t *testing.T) {
 	// The driver comes back: a new socket makes kubelet register it again.
 	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io")
 	testkit.Eventually(t, 5*time.Second, "socket recreated after the restart", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	testkit.Eventually(t, 5*time.Second, "endpoint up", func() bool { return statusOf(s, d.Name).EndpointUp })

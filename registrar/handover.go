@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // A hand-over passes the registration directory from the instance that holds it to a new one
@@ -96,7 +98,7 @@ type handoverMsg struct {
 	Sockets int `json:"sockets,omitempty"`
 }
 
-// wireID is a fileID in a message.
+// wireID is a fsid.ID in a message.
 type wireID struct {
 	Dev   uint64 `json:"dev"`
 	Ino   uint64 `json:"ino"`
@@ -104,15 +106,15 @@ type wireID struct {
 	CNsec int64  `json:"ctimeNsec"`
 }
 
-// toWire and fileID convert the change time through int64 seconds and nanoseconds: a
+// toWire and id convert the change time through int64 seconds and nanoseconds: a
 // Timespec's fields are 32-bit on 32-bit platforms (linux/arm).
-func toWire(id fileID) wireID {
-	sec, nsec := id.ctime.Unix()
-	return wireID{Dev: id.dev, Ino: id.ino, CSec: sec, CNsec: nsec}
+func toWire(id fsid.ID) wireID {
+	sec, nsec := id.Ctime.Unix()
+	return wireID{Dev: id.Dev, Ino: id.Ino, CSec: sec, CNsec: nsec}
 }
 
-func (w wireID) fileID() fileID {
-	return fileID{dev: w.Dev, ino: w.Ino, ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
+func (w wireID) id() fsid.ID {
+	return fsid.ID{Dev: w.Dev, Ino: w.Ino, Ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
 }
 
 // handoverConn is one end of a hand-over connection.
@@ -254,10 +256,10 @@ func sameUser(c *net.UnixConn) error {
 
 // listenHandover listens for hand-over requests at dir's HandoverName, replacing what an
 // earlier holder left there: only the holder of the directory's lock calls it. The socket is
-// published as a registration socket is (publish): 0600 from the moment it has its name, and
+// published as a registration socket is (sockfile.Publish): 0600 from the moment it has its name, and
 // not unlinked when closed, since by then a new holder may have put its own there.
 func listenHandover(dir string) (*net.UnixListener, error) {
-	l, _, err := publishAs("unixpacket", filepath.Join(dir, HandoverName), nil)
+	l, _, err := sockfile.PublishAs("unixpacket", filepath.Join(dir, HandoverName), nil)
 	if err != nil {
 		return nil, fmt.Errorf("listen for hand-overs: %w", err)
 	}
@@ -325,11 +327,11 @@ func lockFileOf(f *os.File, dir string) error {
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("the lock descriptor is not a regular file")
 	}
-	cur, err := keyAt(filepath.Join(dir, LockName))
+	cur, err := fsid.KeyAt(filepath.Join(dir, LockName))
 	if err != nil {
 		return err
 	}
-	if cur != keyOf(fi) {
+	if cur != fsid.KeyOf(fi) {
 		return fmt.Errorf("the lock descriptor is not the file at %s", filepath.Join(dir, LockName))
 	}
 	return nil
@@ -360,8 +362,8 @@ func isListeningUnixStream(f *os.File) error {
 }
 
 // socketAt checks that the file at path is the socket with identity id.
-func socketAt(path string, id fileID) error {
-	cur, mode, err := statID(path)
+func socketAt(path string, id fsid.ID) error {
+	cur, mode, err := fsid.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("%s is gone", path)

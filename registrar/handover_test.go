@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -94,7 +96,7 @@ func (in *multiregInstance) handedOver(t testing.TB) int {
 
 // registeredMultireg starts the drivers of handoverDrivers on a first multireg, registered,
 // and returns the registration directory, the drivers, the instance and its sockets' identities.
-func registeredMultireg(t *testing.T) (string, []config.Driver, *multiregInstance, []fileID) {
+func registeredMultireg(t *testing.T) (string, []config.Driver, *multiregInstance, []fsid.ID) {
 	t.Helper()
 	dir := testkit.ShortDir(t)
 	reg := filepath.Join(dir, "reg")
@@ -108,8 +110,8 @@ func registeredMultireg(t *testing.T) (string, []config.Driver, *multiregInstanc
 }
 
 // ids returns the identity of each driver's registration socket.
-func ids(t testing.TB, ds []config.Driver) []fileID {
-	var out []fileID
+func ids(t testing.TB, ds []config.Driver) []fsid.ID {
+	var out []fsid.ID
 	for _, d := range ds {
 		out = append(out, mustID(t, d.SocketPath))
 	}
@@ -187,7 +189,7 @@ func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
 	b := startMultireg(t, reg, []config.Driver{changed, ds[1]})
 	a.handedOver(t)
 	testkit.Eventually(t, 5*time.Second, "the changed driver's new socket", func() bool {
-		id, _, err := statID(changed.SocketPath)
+		id, _, err := fsid.Stat(changed.SocketPath)
 		return err == nil && id != before[0]
 	})
 	if isSocket(removed.SocketPath) {
@@ -264,7 +266,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	l, id, err := publish(d.SocketPath, nil)
+	l, id, err := sockfile.Publish(d.SocketPath, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +276,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Someone replaces the socket after it was handed over.
-	l2, id2, err := publish(d.SocketPath, nil)
+	l2, id2, err := sockfile.Publish(d.SocketPath, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +291,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 		t.Fatalf("%d sockets taken over, want none", n)
 	}
 	testkit.Eventually(t, 5*time.Second, "a socket of the loop's own", func() bool {
-		now, _, err := statID(d.SocketPath)
+		now, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && now != id && now != id2
 	})
 	registerAndWait(t, s, d)

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"multireg.dev/multireg/internal/fsid"
 )
 
 // A file's identity survives the hand-over message unchanged, on 64-bit and 32-bit platforms
@@ -14,7 +16,7 @@ func TestWireIDRoundTrip(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	id, _, err := statID(path)
+	id, _, err := fsid.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +28,7 @@ func TestWireIDRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b, &w); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.fileID(); got != id {
+	if got := w.id(); got != id {
 		t.Errorf("identity after the wire = %+v; want %+v (message %s)", got, id, b)
 	}
 }

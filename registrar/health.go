@@ -13,6 +13,8 @@ import (
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // A DRA driver's device health reaches kubelet through the DRAResourceHealth service of its
@@ -45,7 +47,7 @@ var healthWatches = map[string]func(context.Context, *grpc.ClientConn) (interfac
 func healthServices(ctx context.Context, path string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	conn, err := grpcClient(path)
+	conn, err := sockfile.Client(path)
 	if err != nil {
 		return nil, fmt.Errorf("endpoint %s: %w", path, err)
 	}
@@ -106,8 +108,8 @@ func (d *driver) versions() []string {
 // the answer for the next socket generation's GetInfo. A change is logged. The endpoint is
 // asked once per socket: again only after the driver restarted (or another match of a pattern
 // is the target).
-func (d *driver) lookHealth(ctx context.Context, ep fileID) error {
-	if !d.spec.DetectsHealth() || ep != (fileID{}) && ep == d.healthOf {
+func (d *driver) lookHealth(ctx context.Context, ep fsid.ID) error {
+	if !d.spec.DetectsHealth() || ep != (fsid.ID{}) && ep == d.healthOf {
 		return nil
 	}
 	var served []string
@@ -131,9 +133,9 @@ func (d *driver) lookHealth(ctx context.Context, ep fileID) error {
 // loop asks the endpoint again only once that socket changes: a hand-over asks the drivers
 // nothing. A predecessor that did not say what it advertised (an older release) is not taken
 // at its word: the endpoint is asked.
-func (d *driver) adoptHealth(versions []string, ep fileID) {
+func (d *driver) adoptHealth(versions []string, ep fsid.ID) {
 	n := len(d.spec.SupportedVersions)
-	if !d.spec.DetectsHealth() || versions == nil || ep == (fileID{}) || len(versions) < n || !slices.Equal(versions[:n], d.spec.SupportedVersions) {
+	if !d.spec.DetectsHealth() || versions == nil || ep == (fsid.ID{}) || len(versions) < n || !slices.Equal(versions[:n], d.spec.SupportedVersions) {
 		return
 	}
 	d.health, d.healthOf = slices.Clone(versions[n:]), ep

@@ -14,6 +14,7 @@ import (
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -187,7 +188,7 @@ func TestDRARestartWithHealthReregisters(t *testing.T) {
 	crash(t, s, d, e)
 	healthEndpoint(t, d.LocalEndpoint, "v1")
 	testkit.Eventually(t, 5*time.Second, "a new registration socket", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	want := append(slices.Clone(d.SupportedVersions), "v1.DRAResourceHealth")

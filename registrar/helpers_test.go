@@ -22,6 +22,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -158,9 +159,9 @@ func isSocket(path string) bool {
 	return err == nil && fi.Mode().Type() == fs.ModeSocket
 }
 
-func mustID(t testing.TB, path string) fileID {
+func mustID(t testing.TB, path string) fsid.ID {
 	t.Helper()
-	id, _, err := statID(path)
+	id, _, err := fsid.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func runSlowKubelet(t *testing.T, path string, delay time.Duration) (stop func()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var last fileID
+		var last fsid.ID
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -352,7 +353,7 @@ func runSlowKubelet(t *testing.T, path string, delay time.Duration) (stop func()
 				return
 			case <-tick.C:
 			}
-			if id, _, err := statID(path); err == nil && id != last {
+			if id, _, err := fsid.Stat(path); err == nil && id != last {
 				last = id
 				if err := registerSlowly(ctx, path, delay); err != nil {
 					t.Logf("slow kubelet: %v", err)

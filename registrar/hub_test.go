@@ -13,6 +13,8 @@ import (
 
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -39,7 +41,7 @@ func serveTestLog(t *testing.T, n int, log *slog.Logger) (*hub, []*generation) {
 	})
 	for i := range n {
 		path := filepath.Join(dir, fmt.Sprintf("d%d.sock", i))
-		l, id, err := publish(path, nil)
+		l, id, err := sockfile.Publish(path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +104,7 @@ func TestGenerationServesAgainAfterIdle(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "the connection's goroutine gone with it", func() bool { return !g.connected() })
 	register(t, g.path, true, "")
 	g.stop()
-	if answersGetInfo(g.path) {
+	if sockfile.AnswersGetInfo(g.path) {
 		t.Error("a stopped generation still answers")
 	}
 }
@@ -128,7 +130,7 @@ func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
 	if _, err := d.publish(d.slot(cur), cur); err == nil || !strings.Contains(err.Error(), "stopping") {
 		t.Fatalf("publish with the hub stopped: %v, want the error that says so", err)
 	}
-	if id, _, err := statID(cur.path); err != nil || id != cur.id {
+	if id, _, err := fsid.Stat(cur.path); err != nil || id != cur.id {
 		t.Errorf("the registered socket was replaced or removed: %v, %v (was %v)", id, err, cur.id)
 	}
 	entries, err := os.ReadDir(filepath.Dir(cur.path))
@@ -136,7 +138,7 @@ func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if isTempSocketName(e.Name()) {
+		if sockfile.IsTempName(e.Name()) {
 			t.Errorf("a temporary socket is left: %s", e.Name())
 		}
 	}
@@ -177,7 +179,7 @@ func TestStopWaitsForCallsInFlight(t *testing.T) {
 	testkit.Never(t, time.Second, "stop returned while a call was in flight", isStopped)
 	close(release)
 	testkit.Eventually(t, 5*time.Second, "stop returned once the call ended", isStopped)
-	if answersGetInfo(g.path) {
+	if sockfile.AnswersGetInfo(g.path) {
 		t.Error("a call after stop was answered")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"multireg.dev/multireg/internal/fsid"
 )
 
 // How a loop hands its sockets and state to another instance, and how a loop goes on from
@@ -17,7 +18,7 @@ import (
 // adoption is what a loop starts from after a hand-over.
 type adoption struct {
 	cur      *generation // the socket handed over, served already; nil when there was none
-	epID     fileID      // the endpoint's socket as the other instance last probed it
+	epID     fsid.ID     // the endpoint's socket as the other instance last probed it
 	resumeAt time.Time   // a backing-off driver's next attempt
 }
 
@@ -112,7 +113,7 @@ func (d *driver) lateVerdict(g *generation, v *verdict) *generation {
 // It returns how many sockets it serves.
 func (d *driver) inherit(h *handedDriver) int {
 	n := 0
-	a := &adoption{epID: h.EndpointID.fileID()}
+	a := &adoption{epID: h.EndpointID.id()}
 	if d.spec.EndpointIsPattern() {
 		d.at = target{endpoint: h.Endpoint, local: h.LocalEndpoint}
 	}
@@ -171,7 +172,7 @@ func (d *driver) adoptSocket(hs *handedSocket) (*generation, error) {
 	if err := isListeningUnixStream(f); err != nil {
 		return nil, err
 	}
-	id := hs.ID.fileID()
+	id := hs.ID.id()
 	if err := socketAt(hs.Path, id); err != nil {
 		return nil, err
 	}
@@ -203,18 +204,18 @@ func (d *driver) adoptSocket(hs *handedSocket) (*generation, error) {
 // hand-over gave it (cur; a.cur): keep a registered one (resume) unless the driver restarted
 // meanwhile (restarted, as after any restart: restart.go), or wait for the verdict kubelet
 // owes an unregistered one (pending). Otherwise the loop publishes anew.
-func (d *driver) adoptFlags(a *adoption, cur *generation, epID fileID) (resume, restarted, pending bool) {
+func (d *driver) adoptFlags(a *adoption, cur *generation, epID fsid.ID) (resume, restarted, pending bool) {
 	switch {
 	case cur == nil || cur != a.cur:
 		return false, false, false
-	case !cur.registered && (!d.spec.WaitForEndpoint || a.epID == (fileID{}) || epID == a.epID):
+	case !cur.registered && (!d.spec.WaitForEndpoint || a.epID == (fsid.ID{}) || epID == a.epID):
 		return false, false, true
 	case !cur.registered:
 		d.reregister("why", "the driver restarted during the hand-over")
 		return false, false, false
 	case cur.at != d.at:
 		return d.handover(), false, false // a newer instance of the endpoint answers
-	case !d.spec.WaitForEndpoint || a.epID == (fileID{}) || epID == a.epID:
+	case !d.spec.WaitForEndpoint || a.epID == (fsid.ID{}) || epID == a.epID:
 		return true, false, false
 	case d.keepsOnRestart(cur):
 		return false, true, false

@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // LockName is the lock file that allows one multireg per registration directory. Its leading
@@ -72,26 +75,6 @@ func tryLock(dir string, log *slog.Logger) (*dirLock, error) {
 	return &dirLock{dir: dir, f: f}, nil
 }
 
-// fileKey identifies a file by device and inode: a lock follows the inode, not the path.
-type fileKey struct{ dev, ino uint64 }
-
-func keyOf(fi fs.FileInfo) fileKey {
-	st := fi.Sys().(*syscall.Stat_t)
-	return fileKey{dev: st.Dev, ino: st.Ino}
-}
-
-// keyAt returns the key of the file at path; the zero key when there is none.
-func keyAt(path string) (fileKey, error) {
-	fi, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fileKey{}, nil
-	}
-	if err != nil {
-		return fileKey{}, err
-	}
-	return keyOf(fi), nil
-}
-
 // acquire returns the lock file of dir, locked and verified to be the file at the path.
 func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*os.File, error) {
 	a := &acquisition{dir: dir, path: filepath.Join(dir, LockName), log: log, wait: wait}
@@ -119,7 +102,7 @@ type acquisition struct {
 	log       *slog.Logger
 	wait      bool // wait while another process holds the lock, rather than fail
 
-	seen    fileKey   // the lock file last seen held by another process
+	seen    fsid.Key  // the lock file last seen held by another process
 	changed time.Time // when the file at the path was first seen to differ from seen
 	waiting bool      // said that it waits
 }
@@ -127,14 +110,14 @@ type acquisition struct {
 // try makes one attempt: it returns the lock file, locked; or again, to try anew after a
 // pause; or an error.
 func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err error) {
-	if err := ensureDir(a.dir); err != nil {
+	if err := sockfile.EnsureDir(a.dir); err != nil {
 		return nil, false, err
 	}
-	cur, err := keyAt(a.path)
+	cur, err := fsid.KeyAt(a.path)
 	if err != nil {
 		return nil, false, fmt.Errorf("lock %s: %w", a.path, err)
 	}
-	if a.seen != (fileKey{}) && cur != a.seen {
+	if a.seen != (fsid.Key{}) && cur != a.seen {
 		// The lock file seen held vanished or was replaced: its holder, if it lives, locks
 		// the new one within lockCheck. Leave it that long.
 		if a.changed.IsZero() {
@@ -156,7 +139,7 @@ func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err erro
 		f.Close()
 		return nil, again, err
 	}
-	if a.seen != (fileKey{}) && held != a.seen {
+	if a.seen != (fsid.Key{}) && held != a.seen {
 		// Not the file the other instance held: it lost its lock file and did not come back
 		// for it in time. If it still runs, it finds the directory lost within lockCheck and
 		// stops: let it, before serving.
@@ -167,7 +150,7 @@ func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err erro
 			return nil, false, ctx.Err()
 		case <-time.After(lockSettle):
 		}
-		if now, err := keyAt(a.path); err != nil || now != held {
+		if now, err := fsid.KeyAt(a.path); err != nil || now != held {
 			f.Close()
 			return nil, true, nil
 		}
@@ -178,34 +161,34 @@ func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err erro
 // lock locks f, opened at the path, and returns its key once it is locked and still the file
 // at the path: a lock on a file that is no longer at the path holds nothing. It reports again
 // while another process holds it (when waiting) or the file was replaced meanwhile.
-func (a *acquisition) lock(f *os.File) (held fileKey, again bool, err error) {
+func (a *acquisition) lock(f *os.File) (held fsid.Key, again bool, err error) {
 	fi, err := f.Stat()
 	if err != nil {
-		return fileKey{}, false, fmt.Errorf("lock %s: %w", a.path, err)
+		return fsid.Key{}, false, fmt.Errorf("lock %s: %w", a.path, err)
 	}
-	held = keyOf(fi)
+	held = fsid.KeyOf(fi)
 	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 	switch {
 	case err == nil:
-		if now, err := keyAt(a.path); err != nil || now != held {
+		if now, err := fsid.KeyAt(a.path); err != nil || now != held {
 			if !a.wait {
-				return fileKey{}, false, fmt.Errorf("lock %s: the file was replaced or removed while it was being locked", a.path)
+				return fsid.Key{}, false, fmt.Errorf("lock %s: the file was replaced or removed while it was being locked", a.path)
 			}
-			return fileKey{}, true, nil
+			return fsid.Key{}, true, nil
 		}
 		return held, false, nil
 	case errors.Is(err, syscall.EWOULDBLOCK):
 		if !a.wait {
-			return fileKey{}, false, fmt.Errorf("%w: %s", errHeld, a.path)
+			return fsid.Key{}, false, fmt.Errorf("%w: %s", errHeld, a.path)
 		}
 		a.seen, a.changed = held, time.Time{}
 		if !a.waiting {
 			a.waiting = true
 			a.log.Info("another multireg holds the registration directory; waiting for it to exit", "lock", a.path)
 		}
-		return fileKey{}, true, nil
+		return fsid.Key{}, true, nil
 	}
-	return fileKey{}, false, fmt.Errorf("lock %s: %w", a.path, err)
+	return fsid.Key{}, false, fmt.Errorf("lock %s: %w", a.path, err)
 }
 
 // release lets the next instance take the directory. The lock file stays.
@@ -225,7 +208,7 @@ func (l *dirLock) refresh() error {
 	if err != nil {
 		return fmt.Errorf("lock %s: %w", path, err)
 	}
-	if cur, err := keyAt(path); err == nil && cur == keyOf(held) {
+	if cur, err := fsid.KeyAt(path); err == nil && cur == fsid.KeyOf(held) {
 		return nil
 	}
 	next, err := acquire(context.Background(), l.dir, slog.New(slog.DiscardHandler), false)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -142,8 +143,8 @@ func holdsPath(t *testing.T, l *dirLock) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := keyAt(filepath.Join(l.dir, LockName))
-	return err == nil && cur == keyOf(fi)
+	cur, err := fsid.KeyAt(filepath.Join(l.dir, LockName))
+	return err == nil && cur == fsid.KeyOf(fi)
 }
 
 // TestLockFileGoneWhileAnotherWaits: the lock file of a held directory is deleted, replaced

@@ -14,6 +14,8 @@ import (
 	"sync"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // OwnedName is the file in the registration directory that records which sockets multireg
@@ -63,10 +65,10 @@ func removeOrphans(dir string, keep []string, log *slog.Logger) ([]string, error
 			continue
 		}
 		path := filepath.Join(dir, name)
-		if _, mode, err := statID(path); err != nil || mode&fs.ModeSocket == 0 {
+		if _, mode, err := fsid.Stat(path); err != nil || mode&fs.ModeSocket == 0 {
 			continue
 		}
-		if err := removeStale(path); err != nil {
+		if err := sockfile.RemoveStale(path); err != nil {
 			log.Warn("remove the socket of a driver no longer configured", "socket", path, "err", err)
 			continue
 		}

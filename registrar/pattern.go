@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 )
 
 // A driver whose endpoint's last element is a pattern (config.Driver.EndpointIsPattern) starts
@@ -45,7 +46,7 @@ type target struct {
 // match is a socket that matches a driver's endpoint pattern.
 type match struct {
 	target
-	id  fileID
+	id  fsid.ID
 	mod int64 // modification time, ns: when the socket was bound
 }
 
@@ -78,7 +79,7 @@ func (d *driver) matches() []match {
 		if err != nil {
 			continue // gone since
 		}
-		id, err := idOf(local, info)
+		id, err := fsid.Of(local, info)
 		if err != nil {
 			continue
 		}
@@ -95,14 +96,14 @@ func (d *driver) matches() []match {
 // returns the identity of the file probed (the newest match when none answers; zero when there
 // is none), the error of a look at the file (fs.ErrNotExist: the driver is absent) and the
 // probe's error.
-func (d *driver) lookTarget(ctx context.Context) (fileID, error, error) {
+func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
 	if !d.spec.EndpointIsPattern() {
-		id, _, statErr := statID(d.at.local)
+		id, _, statErr := fsid.Stat(d.at.local)
 		return id, statErr, d.probeAt(ctx, d.at)
 	}
 	ms := d.matches()
 	if len(ms) == 0 {
-		return fileID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
+		return fsid.ID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
 	}
 	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.handover() {
 		// Stay with the target while it answers: a move costs a re-registration.
@@ -116,7 +117,7 @@ func (d *driver) lookTarget(ctx context.Context) (fileID, error, error) {
 			return m.id, nil, nil
 		}
 		if ctx.Err() != nil {
-			return fileID{}, nil, ctx.Err()
+			return fsid.ID{}, nil, ctx.Err()
 		}
 		// A match that answers under another name is another driver's: it is only not ours.
 		if nm, ok := errors.AsType[*nameMismatchError](err); ok {
@@ -151,7 +152,7 @@ func (d *driver) setTarget(t target) {
 // a matching socket.
 func (d *driver) present() error {
 	if !d.spec.EndpointIsPattern() {
-		_, _, err := statID(d.at.local)
+		_, _, err := fsid.Stat(d.at.local)
 		return err
 	}
 	if len(d.matches()) == 0 {
@@ -197,7 +198,7 @@ func (d *driver) moved(ctx context.Context) (to string, others bool) {
 
 // gone reports whether the driver's endpoint at t is gone: no file, or no answer.
 func (d *driver) gone(ctx context.Context, t target) bool {
-	if _, _, err := statID(t.local); err != nil {
+	if _, _, err := fsid.Stat(t.local); err != nil {
 		return true
 	}
 	return d.probeAt(ctx, t) != nil
@@ -225,8 +226,8 @@ func (d *driver) slot(cur *generation) string {
 	case d.prev != nil:
 		return d.other(d.prev.path)
 	}
-	_, _, primary := statID(d.spec.SocketPath)
-	_, _, alt := statID(d.spec.AltSocketPath)
+	_, _, primary := fsid.Stat(d.spec.SocketPath)
+	_, _, alt := fsid.Stat(d.spec.AltSocketPath)
 	switch {
 	case primary != nil && alt == nil:
 		return d.spec.AltSocketPath

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -104,7 +105,7 @@ func TestPatternDevicePluginFollowsRestart(t *testing.T) {
 	old.stop()
 	startInstance(t, d, "dp.2")
 	testkit.Eventually(t, 5*time.Second, "a new registration socket", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	if info := register(t, d.SocketPath, true, ""); info.Endpoint != filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.2") {
@@ -144,7 +145,7 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 
 	startInstance(t, d, "csi-b.sock")
 	testkit.Never(t, time.Second, "the registration socket replaced while its endpoint answers", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err != nil || id != first
 	})
 
@@ -153,7 +154,7 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 		t.Fatal("csi-a's socket file went with its process")
 	}
 	testkit.Eventually(t, 10*time.Second, "a new registration socket for csi-b", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first
 	})
 	if info := register(t, d.SocketPath, true, ""); info.Endpoint != filepath.Join(epDir, "csi-b.sock") {
@@ -185,7 +186,7 @@ func TestPatternDRAHandover(t *testing.T) {
 	s, d, a := registeredDRAPattern(t, Options{Log: log.Logger()})
 	epDir := filepath.Dir(d.LocalEndpoint)
 	first := mustID(t, d.SocketPath)
-	unchanged := func() bool { id, _, err := statID(d.SocketPath); return err == nil && id == first }
+	unchanged := func() bool { id, _, err := fsid.Stat(d.SocketPath); return err == nil && id == first }
 
 	startInstance(t, d, "dra-b.sock")
 	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
@@ -231,7 +232,7 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	s.Start(d)
 	awaitSocket(t, d)
 	first := mustID(t, d.SocketPath)
-	unchanged := func() bool { id, _, err := statID(d.SocketPath); return err == nil && id == first }
+	unchanged := func() bool { id, _, err := fsid.Stat(d.SocketPath); return err == nil && id == first }
 
 	k := dialKubelet(t, d.SocketPath)
 	if info := k.getInfo(t); info.Endpoint != a.path {
@@ -273,7 +274,7 @@ func TestPatternDRAHandoverRejected(t *testing.T) {
 	second := mustID(t, d.AltSocketPath)
 	register(t, d.AltSocketPath, false, "no")
 	testkit.Eventually(t, 5*time.Second, "another attempt on the second socket", func() bool {
-		id, _, err := statID(d.AltSocketPath)
+		id, _, err := fsid.Stat(d.AltSocketPath)
 		return err == nil && id != second
 	})
 	if id := mustID(t, d.SocketPath); id != first {
@@ -301,7 +302,7 @@ func TestPatternDRARestartOverStaleSocket(t *testing.T) {
 				t.Fatal(err)
 			}
 			paths := map[string]string{"primary": d.SocketPath, "alt": d.AltSocketPath}
-			stale := map[string]fileID{}
+			stale := map[string]fsid.ID{}
 			for name, there := range map[string]bool{"primary": tt.primary, "alt": tt.alt} {
 				if there {
 					deadSocket(t, paths[name]) // the earlier run's, served by no one
@@ -312,7 +313,7 @@ func TestPatternDRARestartOverStaleSocket(t *testing.T) {
 			s.Start(d)
 			at := paths[tt.wantAt]
 			testkit.Eventually(t, 5*time.Second, "a socket published over the stale one at "+tt.wantAt, func() bool {
-				id, _, err := statID(at)
+				id, _, err := fsid.Stat(at)
 				return err == nil && id != stale[tt.wantAt]
 			})
 			if tt.wantGone != "" && isSocket(paths[tt.wantGone]) {
@@ -350,7 +351,7 @@ func TestPatternDRANewInstanceGoes(t *testing.T) {
 	b.stop()
 	testkit.Eventually(t, 5*time.Second, "the new instance's registration withdrawn", func() bool { return !isSocket(d.AltSocketPath) })
 	testkit.Never(t, time.Second, "the old instance's registration touched", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err != nil || id != first || isSocket(d.AltSocketPath)
 	})
 	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.path {
@@ -369,7 +370,7 @@ func TestPatternDRANewInstanceRejectedAndGone(t *testing.T) {
 	register(t, d.AltSocketPath, false, "no")
 	b.stop()
 	testkit.Never(t, time.Second, "a second registration of the old instance", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return isSocket(d.AltSocketPath) || err != nil || id != first
 	})
 	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.path {

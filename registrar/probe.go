@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"syscall"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // probeTimeout bounds one endpoint probe: a hung endpoint is not ready.
@@ -60,7 +58,7 @@ func (e *nameMismatchError) Error() string {
 func probeEndpoint(ctx context.Context, d config.Driver) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	c, err := dialUnix(ctx, d.LocalEndpoint)
+	c, err := sockfile.Dial(ctx, d.LocalEndpoint)
 	if err != nil {
 		return fmt.Errorf("endpoint %s does not accept connections: %w", d.LocalEndpoint, sysErr(err))
 	}
@@ -68,7 +66,7 @@ func probeEndpoint(ctx context.Context, d config.Driver) error {
 	if d.Type != config.CSIPlugin {
 		return nil
 	}
-	conn, err := grpcClient(d.LocalEndpoint)
+	conn, err := sockfile.Client(d.LocalEndpoint)
 	if err != nil {
 		return fmt.Errorf("endpoint %s: %w", d.LocalEndpoint, err)
 	}
@@ -81,21 +79,6 @@ func probeEndpoint(ctx context.Context, d config.Driver) error {
 		return &nameMismatchError{endpoint: d.LocalEndpoint, got: info.GetName(), want: d.Name}
 	}
 	return nil
-}
-
-// dialUnix connects to the unix socket at path.
-func dialUnix(ctx context.Context, path string) (net.Conn, error) {
-	var dialer net.Dialer
-	return dialer.DialContext(ctx, "unix", path)
-}
-
-// grpcClient returns a gRPC client of the endpoint at path; it connects on its first call.
-// The path never becomes part of a gRPC target: a target is parsed as a URL, and a path
-// holding '#', '?' or '%' would be cut or decoded. The dialer dials the path itself.
-func grpcClient(path string) (*grpc.ClientConn, error) {
-	return grpc.NewClient("passthrough:///localhost",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dialUnix(ctx, path) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
 // sysErr shortens a dial error to its cause ("connection refused", "no such file or

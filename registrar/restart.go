@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // What a driver's restart (its endpoint socket created anew) does to its registration, per
@@ -55,7 +56,7 @@ func nodeInfoTracked(d config.Driver) bool {
 func nodeInfo(ctx context.Context, endpoint string) (*csi.NodeGetInfoResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	conn, err := grpcClient(endpoint)
+	conn, err := sockfile.Client(endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("endpoint %s: %w", endpoint, err)
 	}

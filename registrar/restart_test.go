@@ -10,6 +10,7 @@ import (
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -51,7 +52,7 @@ func TestCSIRestartSameNodeInfoKeepsRegistration(t *testing.T) {
 	const kept = "driver endpoint restarted; NodeGetInfo unchanged, the registration stays"
 	testkit.Eventually(t, 5*time.Second, "the restart seen and the registration kept", func() bool { return strings.Contains(log.String(), kept) })
 	testkit.Never(t, 1500*time.Millisecond, "the registration socket replaced or removed", func() bool {
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err != nil || id != first
 	})
 	st := statusOf(s, d.Name)
@@ -78,7 +79,7 @@ func TestCSIRestartOtherNodeIDReregisters(t *testing.T) {
 	startCSINode(t, d.LocalEndpoint, d.Name, "node-b")
 	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
 		st := statusOf(s, d.Name)
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first && st.Phase == Registered && st.Results[ResultRegistered] == 2
 	})
 	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 || st.Attempts != 2 {
@@ -101,7 +102,7 @@ func TestCSIRestartNodeGetInfoFailsReregisters(t *testing.T) {
 	startEndpoint(t, d.LocalEndpoint, d.Name) // Identity only: NodeGetInfo is unimplemented
 	testkit.Eventually(t, 5*time.Second, "registered again on a new socket", func() bool {
 		st := statusOf(s, d.Name)
-		id, _, err := statID(d.SocketPath)
+		id, _, err := fsid.Stat(d.SocketPath)
 		return err == nil && id != first && st.Phase == Registered && st.Results[ResultRegistered] == 2
 	})
 	if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 || st.EndpointRestarts != 1 {
@@ -157,7 +158,7 @@ func TestRestartPerType(t *testing.T) {
 			if tt.keep {
 				testkit.Eventually(t, 5*time.Second, "the restart seen", func() bool { return statusOf(s, d.Name).EndpointUp })
 				testkit.Never(t, time.Second, "the registration socket replaced or removed", func() bool {
-					id, _, err := statID(d.SocketPath)
+					id, _, err := fsid.Stat(d.SocketPath)
 					return err != nil || id != first
 				})
 				if st := statusOf(s, d.Name); st.Phase != Registered || st.Attempts != 1 || st.Recreations[ReasonEndpointRestarted] != 0 {
@@ -166,7 +167,7 @@ func TestRestartPerType(t *testing.T) {
 				return
 			}
 			testkit.Eventually(t, 5*time.Second, "a new socket after the restart", func() bool {
-				id, _, err := statID(d.SocketPath)
+				id, _, err := fsid.Stat(d.SocketPath)
 				return err == nil && id != first
 			})
 			if st := statusOf(s, d.Name); st.Recreations[ReasonEndpointRestarted] != 1 {

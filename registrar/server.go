@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"multireg.dev/multireg/internal/fsid"
 )
 
 // verdict is kubelet's answer to one socket generation.
@@ -127,7 +128,7 @@ type generation struct {
 	at   target // the endpoint its GetInfo gives kubelet
 	// registered: kubelet accepted it. Only the loop's goroutine uses it.
 	registered bool
-	id         fileID
+	id         fsid.ID
 	l          *net.UnixListener
 	raw        syscall.RawConn // l's descriptor, for the hub
 	rs         *registrationServer
@@ -135,11 +136,12 @@ type generation struct {
 	once       sync.Once
 
 	mu  sync.Mutex
-	srv *grpc.Server // created with the first connection
+	srv *grpc.Server // nil while no connection is served
 	// opening: connections given to srv whose HTTP/2 handshake has not ended, and when they
 	// were given; stop closes them, as gRPC's stop would wait for their handshake.
 	opening map[net.Conn]time.Time
 	served  int // connections past the handshake and not closed
+	calls   int // calls whose handler has not returned, on any of srv's connections
 	stopped bool
 }
 
@@ -156,7 +158,7 @@ const (
 // serve serves rs on l, the listening socket at path, through h. No idle or age limits:
 // kubelet keeps one connection open from GetInfo to NotifyRegistrationStatus, and the
 // plugin's registration in between may take minutes.
-func serve(h *hub, l *net.UnixListener, path string, id fileID, rs *registrationServer) (*generation, error) {
+func serve(h *hub, l *net.UnixListener, path string, id fsid.ID, rs *registrationServer) (*generation, error) {
 	rs.asked = map[uint64]bool{}
 	raw, err := l.SyscallConn()
 	if err != nil {
@@ -169,8 +171,8 @@ func serve(h *hub, l *net.UnixListener, path string, id fileID, rs *registration
 	return g, nil
 }
 
-// give hands a connection accepted on g's socket to g's server, created for it if there is
-// none yet. It returns the server, or nil when g has stopped (c is closed).
+// give hands a connection accepted on g's socket to g's server, created for it if none
+// serves. It returns the server, or nil when g has stopped (c is closed).
 func (g *generation) give(c net.Conn) *grpc.Server {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -225,8 +227,8 @@ func (t tagger) Clone() credentials.TransportCredentials { return t }
 
 func (tagger) OverrideServerName(string) error { return nil }
 
-// connStats follows a generation's connections: past the handshake, and closed; a closed
-// connection's GetInfo is forgotten.
+// connStats follows a generation's connections (past the handshake, and closed) and its calls;
+// a closed connection's GetInfo is forgotten.
 type connStats struct{ g *generation }
 
 func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
@@ -239,12 +241,28 @@ func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
 		g.served++
 		g.mu.Unlock()
 	case *stats.ConnEnd:
-		g.mu.Lock()
-		g.served--
-		g.mu.Unlock()
 		g.rs.mu.Lock()
 		delete(g.rs.asked, c.id)
 		g.rs.mu.Unlock()
+		g.mu.Lock()
+		g.served--
+		g.dropIdle()
+		g.mu.Unlock()
+	}
+}
+
+func (s connStats) HandleRPC(_ context.Context, st stats.RPCStats) {
+	g := s.g
+	switch st.(type) {
+	case *stats.Begin:
+		g.mu.Lock()
+		g.calls++
+		g.mu.Unlock()
+	case *stats.End: // after the call's handler returned
+		g.mu.Lock()
+		g.calls--
+		g.dropIdle()
+		g.mu.Unlock()
 	}
 }
 
@@ -252,7 +270,15 @@ func (connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Cont
 
 func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 
-func (connStats) HandleRPC(context.Context, stats.RPCStats) {}
+// dropIdle lets go of g's server once it has no connection and no call: it holds no goroutine
+// then (nor a channelz entry: channelz is off), and the next connection gets a new one.
+// Kubelet connects to register a socket and is then gone: 1000 idle servers would hold some
+// 3 MiB. A stopped generation keeps its server for stop. mu is held.
+func (g *generation) dropIdle() {
+	if g.served == 0 && g.calls == 0 && len(g.opening) == 0 && !g.stopped {
+		g.srv = nil
+	}
+}
 
 // isStopped reports whether stop was called.
 func (g *generation) isStopped() bool {

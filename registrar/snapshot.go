@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // Snapshot is what one instance hands the next (handover.go): for each driver, its
@@ -79,7 +80,7 @@ func (s *Snapshot) Sockets() int {
 
 // Alive is the number of sockets of s that are still the files at their paths.
 func (s *Snapshot) Alive() int {
-	return s.count(func(hs *handedSocket) bool { return socketAt(hs.Path, hs.ID.fileID()) == nil })
+	return s.count(func(hs *handedSocket) bool { return socketAt(hs.Path, hs.ID.id()) == nil })
 }
 
 // count is the number of sockets s holds for which ok holds.
@@ -160,7 +161,7 @@ func (h *handedDriver) retire(log *slog.Logger) {
 		}
 		hs.f.Close()
 		hs.f = nil
-		if removed, err := removeIfOurs(hs.Path, hs.ID.fileID()); err != nil {
+		if removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID.id()); err != nil {
 			log.Warn("remove registration socket", "socket", hs.Path, "err", err)
 		} else if removed {
 			log.Info("registration socket removed; kubelet deregisters the plugin", "socket", hs.Path)

@@ -2,7 +2,6 @@ package registrar
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,47 +12,9 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
-
-// TestPublishNeverReplacesWhatAppears: a non-socket that appears at the path between the
-// check and the rename is put back untouched.
-func TestPublishNeverReplacesWhatAppears(t *testing.T) {
-	for _, exists := range []bool{false, true} {
-		dir := testkit.ShortDir(t)
-		tmp, path := filepath.Join(dir, tempSocketName()), filepath.Join(dir, "x-reg.sock")
-		l, err := listenUnlinked(tmp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		if err := os.WriteFile(path, []byte("precious"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		err = renameOnto(tmp, path, exists)
-		if _, ok := errors.AsType[*notSocketError](err); !ok {
-			t.Errorf("exists=%v: renameOnto over a file: %v, want a not-a-socket error", exists, err)
-		}
-		if b, err := os.ReadFile(path); err != nil || string(b) != "precious" {
-			t.Errorf("exists=%v: the file: %q, %v", exists, b, err)
-		}
-		if !isSocket(tmp) {
-			t.Errorf("exists=%v: our socket is not back under its temporary name", exists)
-		}
-	}
-}
-
-func TestTempSocketNames(t *testing.T) {
-	n := tempSocketName()
-	if len(n) != config.TempSocketNameLen || !isTempSocketName(n) {
-		t.Errorf("tempSocketName() = %q (%d bytes), want %d bytes and recognized", n, len(n), config.TempSocketNameLen)
-	}
-	for _, name := range []string{".mr-0123abcg.tmp", ".mr-0123abc.tmp", "mr-0123abcd.tmp", ".mr-0123abcd.sock"} {
-		if isTempSocketName(name) {
-			t.Errorf("%q taken for a temporary socket", name)
-		}
-	}
-}
 
 func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 	for _, kind := range []string{"file", "directory", "symlink"} {
@@ -192,7 +153,7 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 			if how == "frozen" {
 				awaitSocket(t, d)
 				testkit.Eventually(t, 5*time.Second, "the frozen process's socket replaced", func() bool {
-					id, _, err := statID(d.SocketPath)
+					id, _, err := fsid.Stat(d.SocketPath)
 					return err == nil && id != theirs
 				})
 				registerAndWait(t, s, d)
@@ -203,7 +164,7 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 				return strings.Contains(st.LastError, "is served by another process") && st.HeldByOther
 			})
 			testkit.Never(t, 500*time.Millisecond, "the other process's socket replaced", func() bool {
-				id, _, err := statID(d.SocketPath)
+				id, _, err := fsid.Stat(d.SocketPath)
 				return err != nil || id != theirs
 			})
 			if st := statusOf(s, d.Name); st.Phase != BackingOff || st.Ready() {
@@ -218,7 +179,7 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 				}
 			}
 			testkit.Eventually(t, 5*time.Second, "our own socket published", func() bool {
-				id, _, err := statID(d.SocketPath)
+				id, _, err := fsid.Stat(d.SocketPath)
 				return err == nil && id != theirs
 			})
 			registerAndWait(t, s, d)

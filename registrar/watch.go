@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"multireg.dev/multireg/internal/fsid"
 )
 
 // dirPollInterval paces the look at a file for which inotify refuses every watch (its watch
@@ -91,7 +92,7 @@ type subscription struct {
 	// While inotify refuses the watch: the timer of the next look, and the file at the last
 	// (for a pattern, the matching files: seenSet).
 	poll       *time.Timer
-	seen       fileID
+	seen       fsid.ID
 	seenExists bool
 	seenSet    string
 }
@@ -308,7 +309,7 @@ func (s *subscription) look(watchErr error) change {
 	if s.pattern {
 		return s.lookPattern(watchErr)
 	}
-	id, _, err := statID(s.path)
+	id, _, err := fsid.Stat(s.path)
 	exists := err == nil
 	prev, existed := s.seen, s.seenExists
 	s.seen, s.seenExists = id, exists
@@ -318,7 +319,7 @@ func (s *subscription) look(watchErr error) change {
 	}
 	s.poll.Reset(dirPollInterval)
 	switch {
-	case exists && (!existed || id.key() != prev.key()):
+	case exists && (!existed || id.Key() != prev.Key()):
 		return evCreated
 	case exists && id != prev:
 		return evChanged | evLost // its attributes changed, or a new file got the inode back
@@ -333,7 +334,7 @@ func (s *subscription) look(watchErr error) change {
 func (s *subscription) lookPattern(watchErr error) change {
 	var set strings.Builder
 	for _, e := range matchingEntries(s.dir, s.name) {
-		id, _, _ := statID(filepath.Join(s.dir, e.Name()))
+		id, _, _ := fsid.Stat(filepath.Join(s.dir, e.Name()))
 		fmt.Fprintf(&set, "%s %v\n", e.Name(), id)
 	}
 	prev := s.seenSet

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -235,7 +236,7 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 			e.stop()
 			startEndpoint(t, d.LocalEndpoint, "")
 			testkit.Eventually(t, 5*time.Second, "the socket recreated after the endpoint restarted", func() bool {
-				id, _, err := statID(d.SocketPath)
+				id, _, err := fsid.Stat(d.SocketPath)
 				return err == nil && id != first
 			})
 			second := mustID(t, d.SocketPath)
@@ -243,7 +244,7 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 			testkit.Eventually(t, 5*time.Second, "the removed socket recreated", func() bool {
-				id, _, err := statID(d.SocketPath)
+				id, _, err := fsid.Stat(d.SocketPath)
 				return err == nil && id != second
 			})
 		})

@@ -5,7 +5,9 @@ package testkit
 
 import (
 	"bytes"
+	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"testing"
@@ -101,4 +103,20 @@ type writer struct{ t testing.TB }
 func (w writer) Write(p []byte) (int, error) {
 	w.t.Log(string(bytes.TrimSuffix(p, []byte("\n"))))
 	return len(p), nil
+}
+
+// IsSocket reports whether a socket is at path (not following a symlink).
+func IsSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode().Type() == fs.ModeSocket
+}
+
+// ListenUnlinked listens on a unix socket at path that stays when the listener closes.
+func ListenUnlinked(path string) (*net.UnixListener, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	return l, nil
 }
