@@ -16,6 +16,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
@@ -35,7 +36,7 @@ var (
 type driver struct {
 	spec    config.Driver
 	log     *slog.Logger
-	w       *watcher
+	w       *fswatch.Watcher
 	probe   func(context.Context, config.Driver) error
 	cleanup bool // remove the socket on shutdown too
 	// guard, if set, must pass before a socket is published: the process still holds the
@@ -80,7 +81,7 @@ type driver struct {
 	st      DriverStatus
 }
 
-func newDriver(spec config.Driver, log *slog.Logger, w *watcher, cleanup bool) *driver {
+func newDriver(spec config.Driver, log *slog.Logger, w *fswatch.Watcher, cleanup bool) *driver {
 	d := &driver{
 		spec:     spec,
 		log:      log.With("driver", spec.Name),
@@ -333,7 +334,7 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 	defer w.stop()
 	var altC <-chan struct{}
 	if ws.alt != nil {
-		altC = ws.alt.c
+		altC = ws.alt.C()
 	}
 	if end := w.look(0); end != endStopped { // a first look: is the endpoint up?
 		return end, nil
@@ -354,20 +355,20 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 			}
 		case <-w.timeoutC:
 			return endTimeout, w.timedOut()
-		case <-ws.sock.c:
-			if d.socketsGone(ws.sock.take(), g) {
+		case <-ws.sock.C():
+			if d.socketsGone(ws.sock.Take(), g) {
 				return endSocketRemoved, nil
 			}
 		case <-altC:
-			if d.socketsGone(ws.alt.take(), g) {
+			if d.socketsGone(ws.alt.Take(), g) {
 				return endSocketRemoved, nil
 			}
 		case <-w.recheck.C:
 			if end := w.look(0); end != endStopped {
 				return end, nil
 			}
-		case <-ws.ep.c:
-			if end := w.look(ws.ep.take()); end != endStopped {
+		case <-ws.ep.C():
+			if end := w.look(ws.ep.Take()); end != endStopped {
 				return end, nil
 			}
 		}
@@ -413,7 +414,7 @@ func (w *waiting) stop() {
 
 // look looks at the endpoint after a wake-up (ev; 0: none) and says whether it ends the wait
 // (endStopped: it does not).
-func (w *waiting) look(ev change) ending {
+func (w *waiting) look(ev fswatch.Change) ending {
 	d, g := w.d, w.g
 	if d.spec.EndpointIsPattern() {
 		to, others := d.moved(w.ctx)
@@ -471,8 +472,8 @@ func (w *waiting) timedOut() error {
 
 // socketGone looks at g's socket after a wake-up (ev) and reports whether another file, or
 // none, is at its path.
-func (d *driver) socketGone(ev change, g *generation) bool {
-	if ev&evDirGone != 0 {
+func (d *driver) socketGone(ev fswatch.Change, g *generation) bool {
+	if ev&fswatch.DirGone != 0 {
 		d.log.Warn("registration directory removed or moved", "dir", filepath.Dir(g.path))
 	}
 	id, _, err := fsid.Stat(g.path)
@@ -658,7 +659,7 @@ func (d *driver) backOff(ctx context.Context, err error, ws watches) bool {
 	}
 	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from
 	// the node while it backs off is absent at once, not after the backoff.
-	_, ok := sleepUntil(ctx, wait, ws.ep, func(change) bool {
+	_, ok := sleepUntil(ctx, wait, ws.ep, func(fswatch.Change) bool {
 		d.lookPresence()
 		return false
 	})
@@ -692,12 +693,12 @@ func (d *driver) failed(err error) time.Duration {
 // sleepBlocked waits for wait to pass or, watching a registration socket's path through sock,
 // for the path to be clear (clear) of what blocked the socket: something multireg never
 // removes. It reports false when ctx ends first.
-func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *subscription, path string, clear func() bool) bool {
-	sock.take() // what happened before this look is seen by it
+func (d *driver) sleepBlocked(ctx context.Context, wait time.Duration, sock *fswatch.Subscription, path string, clear func() bool) bool {
+	sock.Take() // what happened before this look is seen by it
 	if clear() {
 		return true
 	}
-	woken, ok := sleepUntil(ctx, wait, sock, func(change) bool { return clear() })
+	woken, ok := sleepUntil(ctx, wait, sock, func(fswatch.Change) bool { return clear() })
 	if woken {
 		d.log.Info("registration socket path is clear; publishing the socket", "socket", path)
 	}
@@ -713,12 +714,12 @@ func pathClear(path string) bool {
 
 // sleepUntil waits for wait to pass, or for a wake-up of s (none when nil) after which ready
 // holds for what s reports (woken). It reports false when ctx ends first.
-func sleepUntil(ctx context.Context, wait time.Duration, s *subscription, ready func(change) bool) (woken, ok bool) {
+func sleepUntil(ctx context.Context, wait time.Duration, s *fswatch.Subscription, ready func(fswatch.Change) bool) (woken, ok bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	var wake <-chan struct{}
 	if s != nil {
-		wake = s.c
+		wake = s.C()
 	}
 	for {
 		select {
@@ -727,7 +728,7 @@ func sleepUntil(ctx context.Context, wait time.Duration, s *subscription, ready 
 		case <-t.C:
 			return false, true
 		case <-wake:
-			if ready(s.take()) {
+			if ready(s.Take()) {
 				return true, true
 			}
 		}

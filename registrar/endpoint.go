@@ -7,6 +7,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/fswatch"
 )
 
 // Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
@@ -18,7 +19,7 @@ const (
 // readyEndpoint returns the identity of the endpoint's socket once the driver is ready to be
 // registered: at once when the driver does not wait for its endpoint (zero when the socket is
 // not there), else when waitEndpoint says so.
-func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fsid.ID, error) {
+func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *fswatch.Subscription, cur *generation) (fsid.ID, error) {
 	if !d.spec.WaitForEndpoint {
 		id, _, err := fsid.Stat(d.at.local)
 		d.setPresence(err)
@@ -31,7 +32,7 @@ func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOf
 // probing again at once when the endpoint's socket is created. It returns the endpoint's
 // identity. It fails only when ctx ends or, while an older socket still serves
 // (cur), when the CSI driver reports another name: that socket must go first.
-func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *subscription, cur *generation) (fsid.ID, error) {
+func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *fswatch.Subscription, cur *generation) (fsid.ID, error) {
 	serving := cur != nil
 	lastErr := ""
 	// A restarted driver whose registration may stay (restart.go) stays Registered while it
@@ -45,7 +46,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	var quick time.Duration
 	var quickFor fsid.ID // the endpoint socket a quick series was started for
 	for {
-		ep.take() // what happened before this look is seen by it
+		ep.Take() // what happened before this look is seen by it
 		id, statErr, err := d.lookTarget(ctx)
 		if err == nil {
 			err = d.lookHealth(ctx, id)
@@ -88,11 +89,11 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		}
 		// Woken when the socket is created, or may have been: a watch was renewed, or moved
 		// closer to it as a directory on the way appeared.
-		woken, ok := sleepUntil(ctx, wait, ep, func(ev change) bool {
-			if ev&evChanged != 0 { // removed, perhaps: the driver left the node
+		woken, ok := sleepUntil(ctx, wait, ep, func(ev fswatch.Change) bool {
+			if ev&fswatch.Changed != 0 { // removed, perhaps: the driver left the node
 				d.lookPresence()
 			}
-			return ev&(evCreated|evLost) != 0
+			return ev&(fswatch.Created|fswatch.Lost) != 0
 		})
 		if !ok {
 			return fsid.ID{}, ctx.Err()
@@ -113,7 +114,7 @@ func (d *driver) lookPresence() {
 // have been lost, it is no longer the file probed (*probed; set here when zero, the socket
 // was not there when probed). A change of attributes (a chmod) is no restart. It records
 // whether the endpoint is there.
-func (d *driver) endpointRestarted(ev change, probed *fsid.ID) bool {
+func (d *driver) endpointRestarted(ev fswatch.Change, probed *fsid.ID) bool {
 	id, _, err := fsid.Stat(d.at.local)
 	if !d.spec.EndpointIsPattern() {
 		d.setPresence(err)
@@ -129,7 +130,7 @@ func (d *driver) endpointRestarted(ev change, probed *fsid.ID) bool {
 		*probed = id // not there when the socket was published (waitForEndpoint: false)
 		return false
 	}
-	if ev&(evCreated|evLost|evDirGone) == 0 || id == *probed {
+	if ev&(fswatch.Created|fswatch.Lost|fswatch.DirGone) == 0 || id == *probed {
 		return false
 	}
 	d.mu.Lock()

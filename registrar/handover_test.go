@@ -71,7 +71,7 @@ func startMultiregLog(t testing.TB, reg string, ds []config.Driver, log *slog.Lo
 	}
 	in.sup.DropInherited()
 	d.Record(cfg) // applied: hand-over requests are served from now on
-	runUntilEnd(t, func(ctx context.Context) { in.ran <- d.Run(ctx, in.sup) })
+	testkit.RunUntilEnd(t, func(ctx context.Context) { in.ran <- d.Run(ctx, in.sup) })
 	t.Cleanup(func() { d.Close() })
 	return in
 }

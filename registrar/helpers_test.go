@@ -7,9 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -100,23 +98,8 @@ func runSupervisor(t testing.TB, opts Options) *Supervisor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilEnd(t, func(ctx context.Context) { s.Run(ctx) })
+	testkit.RunUntilEnd(t, func(ctx context.Context) { s.Run(ctx) })
 	return s
-}
-
-// runUntilEnd runs run in a goroutine until the test ends: then its context is cancelled and
-// the test waits for it to return.
-func runUntilEnd(t testing.TB, run func(context.Context)) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
 }
 
 // deadSocket leaves at path a unix socket file on which nothing listens, nor ever did: a
@@ -395,46 +378,4 @@ func registerSlowly(ctx context.Context, path string, delay time.Duration) error
 		return fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}
 	return nil
-}
-
-// watchLimitEnv tells a test process that it runs in a user namespace of its own, and which
-// inotify watch limit to set there: "<the parent's user namespace>,<watches>".
-const watchLimitEnv = "MULTIREG_TEST_INOTIFY_WATCHES"
-
-// atWatchLimit runs the calling test at inotify's watch limit. inotify's limit is per user
-// namespace: the test runs again in a child process, in a user namespace of its own whose
-// limit is watches; nothing outside the child is touched. It returns true in the child, where
-// the test goes on, and false in the parent, which has reported the child's result.
-func atWatchLimit(t *testing.T, watches int) bool {
-	t.Helper()
-	self, err := os.Readlink("/proc/self/ns/user")
-	if err != nil {
-		t.Skipf("no user namespaces: %v", err)
-	}
-	if v := os.Getenv(watchLimitEnv); v != "" {
-		parent, limit, _ := strings.Cut(v, ",")
-		if self == parent {
-			t.Fatalf("the child runs in its parent's user namespace (%s): the host's inotify limit is left alone", self)
-		}
-		if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte(limit), 0); err != nil {
-			t.Fatal(err)
-		}
-		return true
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d", watchLimitEnv, self, watches))
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
-	}
-	out, err := cmd.CombinedOutput()
-	if _, exited := errors.AsType[*exec.ExitError](err); err != nil && !exited {
-		t.Skipf("cannot start a process in a user namespace of its own: %v", err)
-	}
-	t.Logf("at an inotify watch limit of %d:\n%s", watches, out)
-	if err != nil {
-		t.Fatalf("the test failed at the watch limit: %v", err)
-	}
-	return false
 }

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/fswatch"
 )
 
 // How a loop hands its sockets and state to another instance, and how a loop goes on from
@@ -227,7 +228,7 @@ func (d *driver) adoptFlags(a *adoption, cur *generation, epID fsid.ID) (resume,
 // sleepUntilResume waits, as a backing-off loop, until the next attempt the other instance
 // had planned. It reports false when ctx ends first.
 func (d *driver) sleepUntilResume(ctx context.Context, at time.Time, ws watches) bool {
-	_, ok := sleepUntil(ctx, time.Until(at), ws.ep, func(change) bool {
+	_, ok := sleepUntil(ctx, time.Until(at), ws.ep, func(fswatch.Change) bool {
 		d.lookPresence()
 		return false
 	})

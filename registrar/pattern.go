@@ -12,6 +12,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/fswatch"
 )
 
 // A driver whose endpoint's last element is a pattern (config.Driver.EndpointIsPattern) starts
@@ -66,7 +67,7 @@ func fixedTarget(spec config.Driver) target {
 // that are not sockets, and sockets whose path kubelet cannot dial, are left out.
 func (d *driver) matches() []match {
 	var ms []match
-	for _, e := range matchingEntries(filepath.Dir(d.spec.LocalEndpoint), filepath.Base(d.spec.LocalEndpoint)) {
+	for _, e := range fswatch.MatchingEntries(filepath.Dir(d.spec.LocalEndpoint), filepath.Base(d.spec.LocalEndpoint)) {
 		if e.Type() != fs.ModeSocket {
 			continue
 		}
@@ -294,7 +295,7 @@ func nextRecheck(last time.Duration, woken, others bool) time.Duration {
 // socketsGone looks at g's socket after a wake-up (ev) and reports whether another file, or
 // none, is at its path. The previous generation of a handover, if its socket went, is stopped:
 // kubelet has withdrawn it, and the new one is being registered.
-func (d *driver) socketsGone(ev change, g *generation) bool {
+func (d *driver) socketsGone(ev fswatch.Change, g *generation) bool {
 	if d.prev != nil && d.socketGone(0, d.prev) {
 		d.log.Info("the old instance's registration socket was removed", "socket", d.prev.path)
 		d.prev.stop()
@@ -309,34 +310,34 @@ func (d *driver) socketsGone(ev change, g *generation) bool {
 // watches are a loop's subscriptions: its registration socket's, the second one's of a
 // handover driver (nil for others), and its endpoint's (every match of a pattern).
 type watches struct {
-	sock, alt, ep *subscription
+	sock, alt, ep *fswatch.Subscription
 }
 
 func (d *driver) subscribe() watches {
-	ws := watches{sock: d.w.subscribe(d.spec.SocketPath)}
+	ws := watches{sock: d.w.Subscribe(d.spec.SocketPath)}
 	if d.spec.AltSocketPath != "" {
-		ws.alt = d.w.subscribe(d.spec.AltSocketPath)
+		ws.alt = d.w.Subscribe(d.spec.AltSocketPath)
 	}
 	if d.spec.EndpointIsPattern() {
-		ws.ep = d.w.subscribeMatching(d.spec.LocalEndpoint)
+		ws.ep = d.w.SubscribeMatching(d.spec.LocalEndpoint)
 	} else {
-		ws.ep = d.w.subscribe(d.spec.LocalEndpoint)
+		ws.ep = d.w.Subscribe(d.spec.LocalEndpoint)
 	}
 	return ws
 }
 
 // of returns the subscription of a registration socket's path.
-func (ws watches) of(path string) *subscription {
-	if ws.alt != nil && ws.alt.path == path {
+func (ws watches) of(path string) *fswatch.Subscription {
+	if ws.alt != nil && ws.alt.Path() == path {
 		return ws.alt
 	}
 	return ws.sock
 }
 
 func (ws watches) close() {
-	for _, s := range []*subscription{ws.sock, ws.alt, ws.ep} {
+	for _, s := range []*fswatch.Subscription{ws.sock, ws.alt, ws.ep} {
 		if s != nil {
-			s.close()
+			s.Close()
 		}
 	}
 }

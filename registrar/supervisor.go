@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fswatch"
 )
 
 // Options configure a Supervisor.
@@ -32,7 +33,7 @@ type Supervisor struct {
 	log     *slog.Logger
 	cleanup bool
 	guard   func() error
-	w       *watcher
+	w       *fswatch.Watcher
 	hub     *hub
 	slots   probeSlots
 	kubelet *kubeletClient
@@ -68,13 +69,13 @@ func New(opts Options) (*Supervisor, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w, err := newWatcher(log)
+	h, err := newHub(log)
 	if err != nil {
 		return nil, err
 	}
-	h, err := newHub(log)
+	w, err := fswatch.New(log)
 	if err != nil {
-		w.fs.Close()
+		h.close()
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -176,7 +177,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	watcherDone := make(chan struct{})
 	go func() {
 		defer close(watcherDone)
-		s.w.run(wctx)
+		s.w.Run(wctx)
 	}()
 	<-ctx.Done()
 	cause := errShutdown

@@ -1,4 +1,5 @@
-package registrar
+// Package fswatch shares one inotify instance among every registration loop of the process.
+package fswatch
 
 import (
 	"context"
@@ -20,12 +21,12 @@ import (
 
 // dirPollInterval paces the look at a file for which inotify refuses every watch (its watch
 // limit). It only runs in that state.
-const dirPollInterval = time.Second
+const PollInterval = time.Second
 
-// watcher shares one inotify instance among every loop of the process. Linux allows 128
+// Watcher shares one inotify instance among every loop of the process. Linux allows 128
 // inotify instances per user by default; one per driver would stop at 128 drivers.
 //
-// A subscription names one file and keeps one promise to its owner: from subscribe on, the
+// A subscription names one file and keeps one promise to its owner: from Subscribe on, the
 // owner is woken when the file may have changed. It keeps the promise by itself:
 //   - it watches the file's directory, and watches it again after its watch was lost (the
 //     directory was deleted or moved);
@@ -34,12 +35,12 @@ const dirPollInterval = time.Second
 //   - where inotify refuses a watch (its watch limit), it looks at the file itself every
 //     dirPollInterval.
 //
-// The mending runs in take, on the owner's goroutine (dispatch never adds a watch, see opsMu),
+// The mending runs in Take, on the owner's goroutine (dispatch never adds a watch, see opsMu),
 // and a look is due when a timer kicks the subscription: no goroutine runs for it.
 //
-// A wake-up is only a hint: it may be coalesced or spurious, and take says what it may mean.
+// A wake-up is only a hint: it may be coalesced or spurious, and Take says what it may mean.
 // The owner looks at the file itself to decide what happened.
-type watcher struct {
+type Watcher struct {
 	fs  *fsnotify.Watcher
 	log *slog.Logger
 
@@ -55,26 +56,26 @@ type watcher struct {
 type watchedDir struct {
 	active bool // an inotify watch is in place
 	lost   int  // how many times the watch was lost
-	subs   map[*subscription]struct{}
+	subs   map[*Subscription]struct{}
 }
 
-// change is what may have happened to a subscription's file since its owner last took the
+// Change is what may have happened to a subscription's file since its owner last took the
 // changes. The bits accumulate until taken.
-type change uint8
+type Change uint8
 
 const (
-	evCreated change = 1 << iota // the file was created or renamed into place
-	evChanged                    // removed, renamed away, attributes changed
-	evLost                       // events may have been lost: only a look at the file tells
-	evDirGone                    // the file's directory was removed or moved away
-	evMend                       // internal, never taken: the watch must be mended
+	Created Change = 1 << iota // the file was created or renamed into place
+	Changed                    // removed, renamed away, attributes changed
+	Lost                       // events may have been lost: only a look at the file tells
+	DirGone                    // the file's directory was removed or moved away
+	mend                       // internal, never taken: the watch must be mended
 )
 
-// subscription is one loop's interest in one file, or in the files of one directory whose
+// Subscription is one loop's interest in one file, or in the files of one directory whose
 // names match a pattern (an endpoint pattern). Only its owner's goroutine
-// calls take and close.
-type subscription struct {
-	w       *watcher
+// calls Take and Close.
+type Subscription struct {
+	w       *Watcher
 	path    string
 	dir     string        // the file's directory
 	name    string        // the file's name in dir, or the pattern of their names
@@ -87,7 +88,7 @@ type subscription struct {
 	at, want string
 
 	mu     sync.Mutex
-	events change
+	events Change
 
 	// While inotify refuses the watch: the timer of the next look, and the file at the last
 	// (for a pattern, the matching files: seenSet).
@@ -99,7 +100,13 @@ type subscription struct {
 
 // awaits reports whether base, a name in the directory where s is registered, is what s awaits
 // there: the file, a file matching its pattern, or the next missing directory on the way.
-func (s *subscription) awaits(base string) bool {
+// C is woken when the subscription's file may have changed; Take says what may have happened.
+func (s *Subscription) C() <-chan struct{} { return s.c }
+
+// Path is the file subscribed to (for a pattern, the pattern's path).
+func (s *Subscription) Path() string { return s.path }
+
+func (s *Subscription) awaits(base string) bool {
 	if s.pattern && s.at == s.dir {
 		ok, _ := filepath.Match(s.name, base)
 		return ok
@@ -107,18 +114,20 @@ func (s *subscription) awaits(base string) bool {
 	return s.want == base
 }
 
-func newWatcher(log *slog.Logger) (*watcher, error) {
+// New returns a watcher with its inotify instance; Run must run for subscriptions to be woken,
+// and closes it.
+func New(log *slog.Logger) (*Watcher, error) {
 	fs, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
 	}
-	return &watcher{fs: fs, log: log, dirs: map[string]*watchedDir{}}, nil
+	return &Watcher{fs: fs, log: log, dirs: map[string]*watchedDir{}}, nil
 }
 
-// run dispatches events until ctx is done, then closes the inotify instance. It keeps reading
+// Run dispatches events until ctx is done, then closes the inotify instance. It keeps reading
 // until fsnotify has closed its channels: fsnotify may hold its lock while it waits for us to
 // take an event or an error, and Close needs that lock.
-func (w *watcher) run(ctx context.Context) {
+func (w *Watcher) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -151,12 +160,12 @@ func (w *watcher) run(ctx context.Context) {
 				return
 			}
 			w.log.Warn("file watch error; rechecking every watched file", "err", err)
-			w.kickAll(evLost | evMend)
+			w.kickAll(Lost | mend)
 		}
 	}
 }
 
-func (w *watcher) dispatch(ev fsnotify.Event) {
+func (w *Watcher) dispatch(ev fsnotify.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if d, ok := w.dirs[ev.Name]; ok && ev.Has(fsnotify.Remove|fsnotify.Rename) {
@@ -165,9 +174,9 @@ func (w *watcher) dispatch(ev fsnotify.Event) {
 		d.lost++
 		for s := range d.subs {
 			if s.at == s.dir {
-				s.kick(evDirGone | evMend)
+				s.kick(DirGone | mend)
 			} else {
-				s.kick(evMend) // an ancestor: watch a higher one
+				s.kick(mend) // an ancestor: watch a higher one
 			}
 		}
 	}
@@ -180,16 +189,16 @@ func (w *watcher) dispatch(ev fsnotify.Event) {
 		switch {
 		case !s.awaits(base):
 		case s.at != s.dir:
-			s.kick(evMend) // a directory on the way to the file: watch deeper
+			s.kick(mend) // a directory on the way to the file: watch deeper
 		case ev.Has(fsnotify.Create):
-			s.kick(evCreated)
+			s.kick(Created)
 		default:
-			s.kick(evChanged)
+			s.kick(Changed)
 		}
 	}
 }
 
-func (w *watcher) kickAll(what change) {
+func (w *Watcher) kickAll(what Change) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, d := range w.dirs {
@@ -199,39 +208,39 @@ func (w *watcher) kickAll(what change) {
 	}
 }
 
-// subscribe returns a subscription for path, whose promise holds from the return on. It never
+// Subscribe returns a subscription for path, whose promise holds from the return on. It never
 // fails: what cannot be watched is looked at.
-func (w *watcher) subscribe(path string) *subscription {
+func (w *Watcher) Subscribe(path string) *Subscription {
 	return w.subscribeTo(path, false)
 }
 
-// subscribeMatching is subscribe for the files of path's directory whose names match path's
+// SubscribeMatching is Subscribe for the files of path's directory whose names match path's
 // last element, a pattern (path/filepath.Match).
-func (w *watcher) subscribeMatching(path string) *subscription {
+func (w *Watcher) SubscribeMatching(path string) *Subscription {
 	return w.subscribeTo(path, true)
 }
 
-func (w *watcher) subscribeTo(path string, pattern bool) *subscription {
-	s := &subscription{w: w, path: path, dir: filepath.Dir(path), name: filepath.Base(path), pattern: pattern, c: make(chan struct{}, 1)}
+func (w *Watcher) subscribeTo(path string, pattern bool) *Subscription {
+	s := &Subscription{w: w, path: path, dir: filepath.Dir(path), name: filepath.Base(path), pattern: pattern, c: make(chan struct{}, 1)}
 	s.mend() // what it reports is moot: the owner looks at the file after subscribing
 	return s
 }
 
-// take returns and clears what may have happened to the file since the last take. It mends
+// Take returns and clears what may have happened to the file since the last Take. It mends
 // the watch first when that is due, and then reports evLost if events may have been missed.
-func (s *subscription) take() change {
+func (s *Subscription) Take() Change {
 	s.mu.Lock()
 	ev := s.events
 	s.events = 0
 	s.mu.Unlock()
-	if ev&evMend != 0 {
+	if ev&mend != 0 {
 		ev |= s.mend()
 	}
-	return ev &^ evMend
+	return ev &^ mend
 }
 
-// close ends the subscription; a directory's watch is dropped with its last subscription.
-func (s *subscription) close() {
+// Close ends the subscription; a directory's watch is dropped with its last subscription.
+func (s *Subscription) Close() {
 	w := s.w
 	w.opsMu.Lock()
 	defer w.opsMu.Unlock()
@@ -244,7 +253,7 @@ func (s *subscription) close() {
 	w.unwatch(unwatch)
 }
 
-func (s *subscription) kick(what change) {
+func (s *Subscription) kick(what Change) {
 	s.mu.Lock()
 	s.events |= what
 	s.mu.Unlock()
@@ -257,7 +266,7 @@ func (s *subscription) kick(what change) {
 // mend puts in place what keeps the promise: the watch of the file's directory, or of its
 // nearest existing ancestor, or else a look every dirPollInterval. It reports evLost when a
 // watch was added or moved (events before it are lost), and while polling what the look found.
-func (s *subscription) mend() change {
+func (s *Subscription) mend() Change {
 	w := s.w
 	w.opsMu.Lock()
 	defer w.opsMu.Unlock()
@@ -270,10 +279,10 @@ func (s *subscription) mend() change {
 		s.poll.Stop()
 		s.poll = nil
 		w.log.Info("watching a file's directory again", "path", s.path, "dir", s.at)
-		return evLost
+		return Lost
 	}
 	if added || s.at != was {
-		return evLost
+		return Lost
 	}
 	return 0
 }
@@ -281,7 +290,7 @@ func (s *subscription) mend() change {
 // place registers the subscription where a watch serves it: in the file's directory or, while
 // that is missing, in its nearest existing ancestor, awaiting the next missing directory. It
 // reports whether it added a watch, and fails where inotify refuses one. The caller holds opsMu.
-func (s *subscription) place() (added bool, err error) {
+func (s *Subscription) place() (added bool, err error) {
 	at, want := s.dir, s.name
 	for {
 		added, err = s.w.watchAt(s, at, want)
@@ -297,7 +306,7 @@ func (s *subscription) place() (added bool, err error) {
 	if at != s.dir {
 		// Created between the failed watch below and this one: its event is lost, mend again.
 		if _, err := os.Stat(filepath.Join(at, want)); err == nil {
-			s.kick(evMend)
+			s.kick(mend)
 		}
 	}
 	return added, nil
@@ -305,7 +314,7 @@ func (s *subscription) place() (added bool, err error) {
 
 // look is the poll, while inotify refuses the watch the subscription needs: it reports how the
 // file differs from the last look, and schedules the next. The caller holds opsMu.
-func (s *subscription) look(watchErr error) change {
+func (s *Subscription) look(watchErr error) Change {
 	if s.pattern {
 		return s.lookPattern(watchErr)
 	}
@@ -315,25 +324,25 @@ func (s *subscription) look(watchErr error) change {
 	s.seen, s.seenExists = id, exists
 	if s.poll == nil {
 		s.startPoll(watchErr)
-		return evLost // what happened before the first look is unknown
+		return Lost // what happened before the first look is unknown
 	}
-	s.poll.Reset(dirPollInterval)
+	s.poll.Reset(PollInterval)
 	switch {
 	case exists && (!existed || id.Key() != prev.Key()):
-		return evCreated
+		return Created
 	case exists && id != prev:
-		return evChanged | evLost // its attributes changed, or a new file got the inode back
+		return Changed | Lost // its attributes changed, or a new file got the inode back
 	case !exists && existed:
-		return evChanged
+		return Changed
 	}
 	return 0
 }
 
 // lookPattern is look for a pattern: it reports evCreated when the matching files differ from
 // the last look (one appeared, went or was created anew), which the owner looks at itself.
-func (s *subscription) lookPattern(watchErr error) change {
+func (s *Subscription) lookPattern(watchErr error) Change {
 	var set strings.Builder
-	for _, e := range matchingEntries(s.dir, s.name) {
+	for _, e := range MatchingEntries(s.dir, s.name) {
 		id, _, _ := fsid.Stat(filepath.Join(s.dir, e.Name()))
 		fmt.Fprintf(&set, "%s %v\n", e.Name(), id)
 	}
@@ -341,18 +350,18 @@ func (s *subscription) lookPattern(watchErr error) change {
 	s.seenSet = set.String()
 	if s.poll == nil {
 		s.startPoll(watchErr)
-		return evLost
+		return Lost
 	}
-	s.poll.Reset(dirPollInterval)
+	s.poll.Reset(PollInterval)
 	if s.seenSet != prev {
-		return evCreated | evChanged
+		return Created | Changed
 	}
 	return 0
 }
 
-// matchingEntries lists the files of dir whose names match pattern (path/filepath.Match); dir
+// MatchingEntries lists the files of dir whose names match pattern (path/filepath.Match); dir
 // is taken as it is written, whatever bytes it holds. A directory that cannot be read has none.
-func matchingEntries(dir, pattern string) []fs.DirEntry {
+func MatchingEntries(dir, pattern string) []fs.DirEntry {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil
@@ -364,24 +373,24 @@ func matchingEntries(dir, pattern string) []fs.DirEntry {
 }
 
 // startPoll starts the looks, while inotify refuses the watch s needs, and says why.
-func (s *subscription) startPoll(watchErr error) {
+func (s *Subscription) startPoll(watchErr error) {
 	if errors.Is(watchErr, syscall.ENOSPC) {
 		watchErr = fmt.Errorf("%w: inotify's watch limit is reached (sysctl fs.inotify.max_user_watches)", watchErr)
 	}
-	s.w.log.Warn("cannot watch a file's directory; looking at the file every "+dirPollInterval.String(), "path", s.path, "err", watchErr)
-	s.poll = time.AfterFunc(dirPollInterval, func() { s.kick(evMend) })
+	s.w.log.Warn("cannot watch a file's directory; looking at the file every "+PollInterval.String(), "path", s.path, "err", watchErr)
+	s.poll = time.AfterFunc(PollInterval, func() { s.kick(mend) })
 }
 
 // watchAt registers s in dir, awaiting want there, and makes sure dir is watched. It reports
 // whether it added the watch. The caller holds opsMu.
-func (w *watcher) watchAt(s *subscription, dir, want string) (added bool, err error) {
+func (w *Watcher) watchAt(s *Subscription, dir, want string) (added bool, err error) {
 	w.mu.Lock()
 	var unwatch string
 	if s.at != dir {
 		unwatch = w.leaveLocked(s)
 		d, ok := w.dirs[dir]
 		if !ok {
-			d = &watchedDir{subs: map[*subscription]struct{}{}}
+			d = &watchedDir{subs: map[*Subscription]struct{}{}}
 			w.dirs[dir] = d
 		}
 		d.subs[s] = struct{}{}
@@ -409,7 +418,7 @@ func (w *watcher) watchAt(s *subscription, dir, want string) (added bool, err er
 
 // leaveLocked unregisters s from where it is. It returns the directory to unwatch when s was
 // its last subscription and it is watched, else "". The caller holds opsMu and mu.
-func (w *watcher) leaveLocked(s *subscription) (unwatch string) {
+func (w *Watcher) leaveLocked(s *Subscription) (unwatch string) {
 	d, ok := w.dirs[s.at]
 	if !ok {
 		return ""
@@ -426,11 +435,28 @@ func (w *watcher) leaveLocked(s *subscription) (unwatch string) {
 }
 
 // unwatch removes dir's watch, if dir is not "". The caller holds opsMu, not mu.
-func (w *watcher) unwatch(dir string) {
+func (w *Watcher) unwatch(dir string) {
 	if dir == "" {
 		return
 	}
 	if err := w.fs.Remove(dir); err != nil && !errors.Is(err, fsnotify.ErrNonExistentWatch) && !errors.Is(err, fsnotify.ErrClosed) {
 		w.log.Debug("unwatch", "dir", dir, "err", err)
 	}
+}
+
+// Watches reports whether w has an inotify watch on dir for the file, or the missing
+// directory, name: what a test of its users can wait for.
+func (w *Watcher) Watches(dir, name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d, ok := w.dirs[dir]
+	if !ok || !d.active {
+		return false
+	}
+	for s := range d.subs {
+		if s.want == name {
+			return true
+		}
+	}
+	return false
 }
