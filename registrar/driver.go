@@ -12,11 +12,11 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
@@ -45,7 +45,7 @@ type driver struct {
 	// slots bound the calls to endpoints in flight across the supervisor's loops.
 	slots probeSlots
 	// hub serves the loop's sockets, with the supervisor's other loops'.
-	hub *hub
+	hub *regserver.Hub
 	// kubelet is what the supervisor's loops know of the kubelet that registers them.
 	kubelet *kubeletClient
 
@@ -76,8 +76,8 @@ type driver struct {
 	handed  *handedDriver
 
 	mu      sync.Mutex
-	gen     uint64   // the current socket generation; verdicts for others are dropped
-	pending *verdict // the latest verdict for gen
+	gen     uint64             // the current socket generation; verdicts for others are dropped
+	pending *regserver.Verdict // the latest verdict for gen
 	st      DriverStatus
 }
 
@@ -420,7 +420,7 @@ func (w *waiting) look(ev fswatch.Change) ending {
 		to, others := d.moved(w.ctx)
 		switch {
 		case to == "":
-		case d.handover() && !g.registered && g.rs.awaiting.Load():
+		case d.handover() && !g.registered && g.awaiting():
 			// kubelet asked g's GetInfo and its verdict is on its way: it may hold g's
 			// registration already. Moving now would withdraw it; the new instance is
 			// registered beside it once the verdict is in (await looks again then).
@@ -453,8 +453,8 @@ func (w *waiting) look(ev fswatch.Change) ending {
 func (w *waiting) verdict() error {
 	switch v := w.d.takeVerdict(); {
 	case v == nil:
-	case !v.registered:
-		return v.rejection()
+	case !v.Registered:
+		return v.Rejection()
 	default:
 		w.timeoutC = nil
 		w.d.accepted(w.ctx, w.g)
@@ -581,37 +581,6 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 	return g, nil
 }
 
-// serveOn serves the Registration service of generation gen on l, the listening socket at
-// path (identity id), telling kubelet the endpoint of t and versions. With anyConn, the first
-// verdict on any connection counts: kubelet asked GetInfo of another instance (a hand-over),
-// and its verdict comes on a connection of its own.
-func (d *driver) serveOn(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
-	rs := &registrationServer{
-		gen: gen,
-		info: &registerapi.PluginInfo{
-			Type:              d.spec.Type,
-			Name:              d.spec.Name,
-			Endpoint:          t.endpoint,
-			SupportedVersions: versions,
-		},
-		notify: d.notify,
-		onInfo: func(agent string) {
-			d.kubelet.saw(agent)
-			d.log.Debug("kubelet called GetInfo", "generation", gen)
-		},
-		onLate: func() {
-			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
-		},
-	}
-	rs.anyConn.Store(anyConn)
-	g, err := serve(d.hub, l, path, id, rs)
-	if err != nil {
-		return nil, err
-	}
-	g.at = t
-	return g, nil
-}
-
 // checkGuard runs the guard, if any.
 func (d *driver) checkGuard() error {
 	if d.guard == nil {
@@ -621,11 +590,11 @@ func (d *driver) checkGuard() error {
 }
 
 // notify takes kubelet's verdict from a registration server. It never blocks.
-func (d *driver) notify(v verdict) {
+func (d *driver) notify(v regserver.Verdict) {
 	d.mu.Lock()
-	if v.gen != d.gen {
+	if v.Gen != d.gen {
 		d.mu.Unlock()
-		d.log.Debug("verdict for an older socket ignored", "generation", v.gen, "registered", v.registered)
+		d.log.Debug("verdict for an older socket ignored", "generation", v.Gen, "registered", v.Registered)
 		return
 	}
 	d.pending = &v
@@ -636,7 +605,7 @@ func (d *driver) notify(v verdict) {
 	}
 }
 
-func (d *driver) takeVerdict() *verdict {
+func (d *driver) takeVerdict() *regserver.Verdict {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	v := d.pending

@@ -12,6 +12,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -218,7 +219,7 @@ func TestStaleVerdictIgnored(t *testing.T) {
 	s.mu.Lock()
 	h := s.running[d.Name]
 	s.mu.Unlock()
-	h.d.notify(verdict{gen: 1, registered: false, msg: "late"})
+	h.d.notify(regserver.Verdict{Gen: 1, Registered: false, Msg: "late"})
 	registerAndWait(t, s, d)
 	if st := statusOf(s, d.Name); st.Failures != 0 || st.LastError != "" {
 		t.Errorf("a verdict for generation 1 counted: %+v", st)

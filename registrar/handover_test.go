@@ -16,6 +16,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -142,7 +143,7 @@ func TestHandOverKeepsEverySocket(t *testing.T) {
 		if st := statusOf(b.sup, d.Name); st.Attempts != 1 {
 			t.Errorf("%s: %d attempts in the new instance, want the first instance's 1", d.Name, st.Attempts)
 		}
-		if info := dialKubelet(t, d.SocketPath).getInfo(t); info.Name != d.Name {
+		if info := dialKubelet(t, d.SocketPath).GetInfo(t); info.Name != d.Name {
 			t.Errorf("%s: GetInfo says %q", d.Name, info.Name)
 		}
 	}
@@ -160,7 +161,7 @@ func TestHandOverPendingVerdict(t *testing.T) {
 	d := ds[0]
 	a := startMultireg(t, reg, ds)
 	awaitSocket(t, d)
-	dialKubelet(t, d.SocketPath).getInfo(t) // kubelet registers the plugin meanwhile
+	dialKubelet(t, d.SocketPath).GetInfo(t) // kubelet registers the plugin meanwhile
 
 	b := startMultireg(t, reg, ds)
 	if b.sup.Adopted() != 1 {
@@ -169,7 +170,7 @@ func TestHandOverPendingVerdict(t *testing.T) {
 	if st := statusOf(b.sup, d.Name); st.Phase != Serving {
 		t.Fatalf("new instance: %s, want Serving: the verdict is pending", st.Phase)
 	}
-	dialKubelet(t, d.SocketPath).notify(t, true, "") // a connection of its own
+	dialKubelet(t, d.SocketPath).Notify(t, true, "") // a connection of its own
 	testkit.Eventually(t, 5*time.Second, "the verdict counted", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
 	if st := statusOf(b.sup, d.Name); st.Attempts != 1 || st.Results[ResultRegistered] != 1 {
 		t.Errorf("%+v, want the one attempt, registered", st)
@@ -243,7 +244,7 @@ func TestHandOverAbandonedResumes(t *testing.T) {
 		t.Errorf("the holder lost the directory: %v", err)
 	}
 	for _, d := range ds {
-		if info := dialKubelet(t, d.SocketPath).getInfo(t); info.Name != d.Name {
+		if info := dialKubelet(t, d.SocketPath).GetInfo(t); info.Name != d.Name {
 			t.Errorf("%s: GetInfo says %q", d.Name, info.Name)
 		}
 	}
@@ -352,17 +353,17 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			spec := handoverDrivers(t, dir)[1] // the device plugin
 			d := newDriver(spec, testkit.Logger(t), nil, false)
-			hub, err := newHub(testkit.Logger(t))
+			hub, err := regserver.NewHub(testkit.Logger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer hub.close()
+			defer hub.Close()
 			d.hub = hub
 			g, err := d.publish(spec.SocketPath, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			d.notify(verdict{gen: g.gen, registered: registered, msg: "no"})
+			d.notify(regserver.Verdict{Gen: g.gen, Registered: registered, Msg: "no"})
 			h := d.detach(g)
 			defer h.close()
 			st := h.Status

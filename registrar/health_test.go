@@ -230,7 +230,7 @@ func TestHandOverAsksNoHealth(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "Registered in the new instance", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
 	testkit.Never(t, 500*time.Millisecond, "the endpoint asked again after the hand-over", func() bool { return calls.Load() != asked })
 	want := append(slices.Clone(d.SupportedVersions), "v1.DRAResourceHealth")
-	if got := dialKubelet(t, d.SocketPath).getInfo(t).GetSupportedVersions(); !slices.Equal(got, want) {
+	if got := dialKubelet(t, d.SocketPath).GetInfo(t).GetSupportedVersions(); !slices.Equal(got, want) {
 		t.Errorf("the new instance's GetInfo: %q, want %q", got, want)
 	}
 

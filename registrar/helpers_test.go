@@ -152,54 +152,24 @@ func mustID(t testing.TB, path string) fsid.ID {
 }
 
 // kubelet is the fake kubelet side: a Registration client on one socket generation.
-type kubelet struct {
-	conn *grpc.ClientConn
-	c    registerapi.RegistrationClient
-}
+type kubelet = testkit.Kubelet
 
-// The user agents of kubelet's registration client (kubelet.go): kubelet 1.36 was built with
-// gRPC 1.79, 1.37 with 1.82. gRPC appends its own ("grpc-go/<this module's gRPC>"), which the
-// first name hides.
+// The user agents of kubelet's registration client (kubelet.go).
 const (
-	kubelet136 = "grpc-go/1.79.3"
-	kubelet137 = "grpc-go/1.82.1"
+	kubelet136 = testkit.Kubelet136
+	kubelet137 = testkit.Kubelet137
 )
 
 // dialKubelet dials the socket as kubelet 1.36 does.
 func dialKubelet(t testing.TB, socket string) *kubelet {
 	t.Helper()
-	return dialKubeletAs(t, socket, kubelet136)
+	return testkit.DialKubelet(t, socket, kubelet136)
 }
 
 // dialKubeletAs dials the socket as a kubelet whose registration client's user agent is agent.
 func dialKubeletAs(t testing.TB, socket, agent string) *kubelet {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(agent))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &kubelet{conn: conn, c: registerapi.NewRegistrationClient(conn)}
-}
-
-func (k *kubelet) getInfo(t testing.TB) *registerapi.PluginInfo {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	info, err := k.c.GetInfo(ctx, &registerapi.InfoRequest{})
-	if err != nil {
-		t.Fatalf("GetInfo: %v", err)
-	}
-	return info
-}
-
-func (k *kubelet) notify(t testing.TB, registered bool, msg string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := k.c.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: registered, Error: msg}); err != nil {
-		t.Fatalf("NotifyRegistrationStatus(%v): %v", registered, err)
-	}
+	return testkit.DialKubelet(t, socket, agent)
 }
 
 // awaitSocket waits for the driver's registration socket to be published.
@@ -219,16 +189,13 @@ func registerAndWait(t testing.TB, s *Supervisor, d config.Driver) {
 // register plays kubelet's part for the socket now at path: GetInfo, then the verdict.
 func register(t testing.TB, socket string, ok bool, msg string) *registerapi.PluginInfo {
 	t.Helper()
-	return registerAs(t, socket, kubelet136, ok, msg)
+	return testkit.Register(t, socket, kubelet136, ok, msg)
 }
 
 // registerAs is register, by a kubelet whose registration client's user agent is agent.
 func registerAs(t testing.TB, socket, agent string, ok bool, msg string) *registerapi.PluginInfo {
 	t.Helper()
-	k := dialKubeletAs(t, socket, agent)
-	info := k.getInfo(t)
-	k.notify(t, ok, msg)
-	return info
+	return testkit.Register(t, socket, agent, ok, msg)
 }
 
 // endpoint is a driver's endpoint: a unix socket that accepts connections, and for a CSI

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/regserver"
 )
 
 // How a loop hands its sockets and state to another instance, and how a loop goes on from
@@ -44,7 +45,7 @@ func (d *driver) detach(cur *generation) *handedDriver {
 		files[g] = f
 	}
 	if cur != nil {
-		if v := d.takeVerdict(); v != nil && v.gen == cur.gen && d.lateVerdict(cur, v) == nil {
+		if v := d.takeVerdict(); v != nil && v.Gen == cur.gen && d.lateVerdict(cur, v) == nil {
 			if f := files[cur]; f != nil {
 				f.Close()
 			}
@@ -74,10 +75,10 @@ func (d *driver) detach(cur *generation) *handedDriver {
 			ID:            toWire(g.id),
 			Generation:    g.gen,
 			Registered:    g.registered,
-			AwaitsVerdict: !g.registered && g.rs.awaiting.Load(),
+			AwaitsVerdict: !g.registered && g.awaiting(),
 			Endpoint:      g.at.endpoint,
 			LocalEndpoint: g.at.local,
-			Versions:      g.rs.info.SupportedVersions,
+			Versions:      g.vers,
 			f:             f,
 		})
 	}
@@ -97,14 +98,14 @@ func handedStatus(st DriverStatus) DriverStatus {
 // would have: a registration is recorded (and a CSI driver's NodeGetInfo with it); a rejection
 // retires g and plans the next attempt after the backoff. It returns what is left to hand
 // over: g, or nil.
-func (d *driver) lateVerdict(g *generation, v *verdict) *generation {
-	if v.registered {
+func (d *driver) lateVerdict(g *generation, v *regserver.Verdict) *generation {
+	if v.Registered {
 		d.accepted(context.Background(), g) // the loop's context has ended; the call has its own timeout
 		return g
 	}
 	d.record(endRejected)
 	d.retire(g)
-	d.failed(v.rejection())
+	d.failed(v.Rejection())
 	return nil
 }
 

@@ -235,7 +235,7 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	unchanged := func() bool { id, _, err := fsid.Stat(d.SocketPath); return err == nil && id == first }
 
 	k := dialKubelet(t, d.SocketPath)
-	if info := k.getInfo(t); info.Endpoint != a.path {
+	if info := k.GetInfo(t); info.Endpoint != a.path {
 		t.Fatalf("GetInfo's endpoint %q, want dra-a", info.Endpoint)
 	}
 	b := startInstance(t, d, "dra-b.sock")
@@ -246,7 +246,7 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 		t.Fatalf("sockets before kubelet's verdict: first unchanged %v, second there %v; want the first alone, untouched", unchanged(), isSocket(d.AltSocketPath))
 	}
 
-	k.notify(t, true, "")
+	k.Notify(t, true, "")
 	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
 	if !unchanged() {
 		t.Fatal("the socket kubelet registered moved when the new instance was taken up")

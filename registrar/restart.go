@@ -115,7 +115,7 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 // the driver again.
 func (d *driver) keepsRegistration(ctx context.Context, cur *generation) bool {
 	if d.spec.Type == config.DRAPlugin {
-		if was, now := cur.rs.info.SupportedVersions, d.versions(); !slices.Equal(was, now) {
+		if was, now := cur.vers, d.versions(); !slices.Equal(was, now) {
 			d.reregister("why", "the device health services it serves changed", "was", was, "now", now)
 			return false
 		}

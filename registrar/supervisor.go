@@ -11,6 +11,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/regserver"
 )
 
 // Options configure a Supervisor.
@@ -34,7 +35,7 @@ type Supervisor struct {
 	cleanup bool
 	guard   func() error
 	w       *fswatch.Watcher
-	hub     *hub
+	hub     *regserver.Hub
 	slots   probeSlots
 	kubelet *kubeletClient
 
@@ -69,13 +70,13 @@ func New(opts Options) (*Supervisor, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h, err := newHub(log)
+	h, err := regserver.NewHub(log)
 	if err != nil {
 		return nil, err
 	}
 	w, err := fswatch.New(log)
 	if err != nil {
-		h.close()
+		h.Close()
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -189,7 +190,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	s.wg.Wait()
-	s.hub.close()
+	s.hub.Close()
 	stopWatcher()
 	<-watcherDone
 	return nil

@@ -1,4 +1,4 @@
-package registrar
+package regserver
 
 import (
 	"errors"
@@ -11,21 +11,21 @@ import (
 	"time"
 )
 
-// hub accepts the connections of every registration socket of a supervisor in one loop, and
+// Hub accepts the connections of every registration socket of a supervisor in one loop, and
 // gives each to its generation's gRPC server (a server's own accept loop, Serve, would park a
 // goroutine in Accept for each socket, with its stack, for as long as the socket lives: 1000
 // drivers, 1000 goroutines doing nothing).
 //
 // The loop waits on an epoll instance that holds every listening socket, itself waited on
 // through Go's poller, so no thread blocks in it. A generation stops its connections itself
-// (generation.stop), the hub being told first to forget its socket.
-type hub struct {
+// (Socket.Stop), the hub being told first to forget its socket.
+type Hub struct {
 	log  *slog.Logger
 	ep   *os.File // the epoll instance
 	epRC syscall.RawConn
 
 	mu      sync.Mutex
-	socks   map[int32]*generation // by listening descriptor
+	socks   map[int32]*Socket // by listening descriptor
 	started bool
 	closed  bool
 	dead    bool // the loop ended on an error
@@ -35,9 +35,9 @@ type hub struct {
 	serves sync.WaitGroup // the connections' goroutines
 }
 
-// newHub returns a hub that serves nothing yet; its loop starts with the first socket. close
+// NewHub returns a hub that serves nothing yet; its loop starts with the first socket. Close
 // stops it.
-func newHub(log *slog.Logger) (*hub, error) {
+func NewHub(log *slog.Logger) (*Hub, error) {
 	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
@@ -54,11 +54,11 @@ func newHub(log *slog.Logger) (*hub, error) {
 		ep.Close()
 		return nil, err
 	}
-	return &hub{log: log, ep: ep, epRC: rc, socks: map[int32]*generation{}, quit: make(chan struct{}), done: make(chan struct{})}, nil
+	return &Hub{log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // add accepts g's connections from now on.
-func (h *hub) add(g *generation) error {
+func (h *Hub) add(g *Socket) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -92,7 +92,7 @@ func (h *hub) add(g *generation) error {
 // remove stops accepting g's connections; connections already accepted stay its server's.
 // The caller closes the socket after it: the epoll instance must forget it first, because a
 // copy of the socket (a hand-over's) would keep it, and its events, alive in the instance.
-func (h *hub) remove(g *generation) {
+func (h *Hub) remove(g *Socket) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -107,7 +107,7 @@ func (h *hub) remove(g *generation) {
 }
 
 // ctl runs f with the epoll instance's descriptor and g's listening one, both held open.
-func (h *hub) ctl(g *generation, f func(ep, fd int)) error {
+func (h *Hub) ctl(g *Socket, f func(ep, fd int)) error {
 	var err error
 	if cerr := h.epRC.Control(func(ep uintptr) {
 		err = g.raw.Control(func(fd uintptr) { f(int(ep), int(fd)) })
@@ -117,10 +117,10 @@ func (h *hub) ctl(g *generation, f func(ep, fd int)) error {
 	return err
 }
 
-// close stops the loop and waits for it and for the connections it gave. Every generation
+// Close stops the loop and waits for it and for the connections it gave. Every generation
 // must have stopped before: they own the connections, and one still serving would hold
 // close until its client goes.
-func (h *hub) close() {
+func (h *Hub) Close() {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -140,7 +140,7 @@ func (h *hub) close() {
 // run accepts connections until the epoll instance is closed. An accept that fails for want
 // of descriptors or memory is retried after a pause, as gRPC's own loop does, instead of
 // spinning on a socket that stays readable.
-func (h *hub) run() {
+func (h *Hub) run() {
 	events := make([]syscall.EpollEvent, 64)
 	var pause time.Duration
 	for {
@@ -183,7 +183,7 @@ func (h *hub) run() {
 }
 
 // wait pauses the loop for d; false when the hub closed meanwhile.
-func (h *hub) wait(d time.Duration) bool {
+func (h *Hub) wait(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -195,7 +195,7 @@ func (h *hub) wait(d time.Duration) bool {
 }
 
 // acceptOn accepts every connection waiting on the listening socket fd and serves each.
-func (h *hub) acceptOn(fd int32) error {
+func (h *Hub) acceptOn(fd int32) error {
 	h.mu.Lock()
 	g := h.socks[fd]
 	h.mu.Unlock()

@@ -1,4 +1,7 @@
-package registrar
+// Package regserver serves kubelet's Registration service on registration sockets: one gRPC
+// server per socket generation, fed by one accept loop for every socket of the process (Hub),
+// and kubelet's verdict handed to the socket's owner.
+package regserver
 
 import (
 	"context"
@@ -16,19 +19,35 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	"multireg.dev/multireg/internal/fsid"
 )
 
-// verdict is kubelet's answer to one socket generation.
-type verdict struct {
-	gen        uint64
-	registered bool
-	msg        string
+// Verdict is kubelet's answer to one socket generation.
+type Verdict struct {
+	Gen        uint64
+	Registered bool
+	Msg        string
 }
 
-// rejection is a rejecting verdict as the loop reports it.
-func (v *verdict) rejection() error {
-	return errors.New("kubelet rejected the registration: " + v.msg)
+// Rejection is a rejecting verdict as the loop reports it.
+func (v *Verdict) Rejection() error {
+	return errors.New("kubelet rejected the registration: " + v.Msg)
+}
+
+// Service is what one socket generation answers, and whom it tells.
+type Service struct {
+	// Gen numbers the generation; its verdicts carry it.
+	Gen uint64
+	// Info is GetInfo's answer.
+	Info *registerapi.PluginInfo
+	// Notify receives kubelet's verdict; OnInfo is called on every GetInfo, with the caller's
+	// user agent; OnLate for a verdict on a connection that never asked this generation's
+	// GetInfo (it is ignored). None of them may block.
+	Notify func(Verdict)
+	OnInfo func(agent string)
+	OnLate func()
+	// AnyConn: the first verdict on any connection counts: kubelet asked GetInfo of another
+	// instance (a hand-over), and its verdict comes on a connection of its own.
+	AnyConn bool
 }
 
 // registrationServer serves kubelet's Registration API on one socket generation. GetInfo is
@@ -43,12 +62,12 @@ type registrationServer struct {
 
 	gen    uint64
 	info   *registerapi.PluginInfo
-	notify func(verdict)      // must not block
-	onInfo func(agent string) // called on every GetInfo, with the caller's user agent; must not block
-	onLate func()             // called for a verdict on a connection without GetInfo; must not block
+	notify func(Verdict)
+	onInfo func(agent string)
+	onLate func()
 
 	// awaiting: GetInfo was answered and no verdict has counted since; a hand-over tells the
-	// next instance (handedSocket.AwaitsVerdict).
+	// next instance (Awaiting).
 	awaiting atomic.Bool
 	// anyConn: a verdict counts on any connection, once (a hand-over's socket whose GetInfo
 	// another instance answered).
@@ -88,7 +107,7 @@ func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *r
 	}
 	s.anyConn.Store(false)
 	s.awaiting.Store(false)
-	s.notify(verdict{gen: s.gen, registered: st.PluginRegistered, msg: st.Error})
+	s.notify(Verdict{Gen: s.gen, Registered: st.PluginRegistered, Msg: st.Error})
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
@@ -117,23 +136,18 @@ func connOf(ctx context.Context) *conn {
 	return &conn{} // unreachable: every connection goes through tagger
 }
 
-// generation is one published registration socket and the gRPC server on it. The server has
-// no accept loop of its own: the supervisor's hub accepts the socket's connections and gives
+// Socket is one published registration socket generation and the gRPC server on it. The
+// server has no accept loop of its own: the hub accepts the socket's connections and gives
 // each to the server (give). Each generation has a server of its own so that stopping it
 // stops its connections the way gRPC stops a server: the calls begun are answered, then
 // GOAWAY.
-type generation struct {
-	gen  uint64
+type Socket struct {
 	path string
-	at   target // the endpoint its GetInfo gives kubelet
-	// registered: kubelet accepted it. Only the loop's goroutine uses it.
-	registered bool
-	id         fsid.ID
-	l          *net.UnixListener
-	raw        syscall.RawConn // l's descriptor, for the hub
-	rs         *registrationServer
-	hub        *hub
-	once       sync.Once
+	l    *net.UnixListener
+	raw  syscall.RawConn // l's descriptor, for the hub
+	rs   *registrationServer
+	hub  *Hub
+	once sync.Once
 
 	mu  sync.Mutex
 	srv *grpc.Server // nil while no connection is served
@@ -155,16 +169,17 @@ const (
 	handshakeTimeout = 10 * time.Second
 )
 
-// serve serves rs on l, the listening socket at path, through h. No idle or age limits:
-// kubelet keeps one connection open from GetInfo to NotifyRegistrationStatus, and the
-// plugin's registration in between may take minutes.
-func serve(h *hub, l *net.UnixListener, path string, id fsid.ID, rs *registrationServer) (*generation, error) {
-	rs.asked = map[uint64]bool{}
+// Serve serves svc on l, the listening socket at path, through h, until Stop. No idle or age
+// limits: kubelet keeps one connection open from GetInfo to NotifyRegistrationStatus, and the
+// plugin's registration in between may take minutes. l stays the caller's: Stop closes it.
+func Serve(h *Hub, l *net.UnixListener, path string, svc Service) (*Socket, error) {
+	rs := &registrationServer{gen: svc.Gen, info: svc.Info, notify: svc.Notify, onInfo: svc.OnInfo, onLate: svc.OnLate, asked: map[uint64]bool{}}
+	rs.anyConn.Store(svc.AnyConn)
 	raw, err := l.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
-	g := &generation{gen: rs.gen, path: path, id: id, l: l, raw: raw, rs: rs, hub: h, opening: map[net.Conn]time.Time{}}
+	g := &Socket{path: path, l: l, raw: raw, rs: rs, hub: h, opening: map[net.Conn]time.Time{}}
 	if err := h.add(g); err != nil {
 		return nil, err
 	}
@@ -173,7 +188,7 @@ func serve(h *hub, l *net.UnixListener, path string, id fsid.ID, rs *registratio
 
 // give hands a connection accepted on g's socket to g's server, created for it if none
 // serves. It returns the server, or nil when g has stopped (c is closed).
-func (g *generation) give(c net.Conn) *grpc.Server {
+func (g *Socket) give(c net.Conn) *grpc.Server {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopped {
@@ -209,7 +224,7 @@ func (g *generation) give(c net.Conn) *grpc.Server {
 
 // tagger is a generation's transport credentials: none, as for kubelet's client. It gives
 // each connection its number and keeps the socket unwrapped.
-type tagger struct{ g *generation }
+type tagger struct{ g *Socket }
 
 func (t tagger) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	return c, &conn{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, id: connIDs.Add(1), c: c}, nil
@@ -229,7 +244,7 @@ func (tagger) OverrideServerName(string) error { return nil }
 
 // connStats follows a generation's connections (past the handshake, and closed) and its calls;
 // a closed connection's GetInfo is forgotten.
-type connStats struct{ g *generation }
+type connStats struct{ g *Socket }
 
 func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
 	c := connOf(ctx)
@@ -274,14 +289,18 @@ func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Contex
 // then (nor a channelz entry: channelz is off), and the next connection gets a new one.
 // Kubelet connects to register a socket and is then gone: 1000 idle servers would hold some
 // 3 MiB. A stopped generation keeps its server for stop. mu is held.
-func (g *generation) dropIdle() {
+func (g *Socket) dropIdle() {
 	if g.served == 0 && g.calls == 0 && len(g.opening) == 0 && !g.stopped {
 		g.srv = nil
 	}
 }
 
-// isStopped reports whether stop was called.
-func (g *generation) isStopped() bool {
+// Awaiting reports whether kubelet asked GetInfo and no verdict has counted since: a hand-over
+// tells the next instance, to which the verdict may come.
+func (g *Socket) Awaiting() bool { return g.rs.awaiting.Load() }
+
+// isStopped reports whether Stop was called.
+func (g *Socket) isStopped() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.stopped
@@ -291,11 +310,11 @@ func (g *generation) isStopped() bool {
 // the NotifyRegistrationStatus that made the loop stop it must reach kubelet.
 const stopGrace = time.Second
 
-// stop stops accepting connections and closes the listener, lets every call begun finish (for
+// Stop stops accepting connections and closes the listener, lets every call begun finish (for
 // at most stopGrace) and closes every connection: gRPC's graceful stop, GOAWAY then close, so
 // that a client retries a later call elsewhere instead of failing it. Once it has returned, no
 // call reaches rs. The socket file stays. It is idempotent.
-func (g *generation) stop() {
+func (g *Socket) Stop() {
 	g.once.Do(func() {
 		g.hub.remove(g)
 		_ = g.l.Close()

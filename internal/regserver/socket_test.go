@@ -1,0 +1,136 @@
+package regserver
+
+import (
+	"context"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"multireg.dev/multireg/internal/testkit"
+)
+
+func wantCode(t *testing.T, what string, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Errorf("%s: %v, want %s", what, err, want)
+	}
+}
+
+// TestStopAnswersTheVerdictThatStoppedIt: the loop stops a generation when kubelet's verdict
+// says so (a rejection); the reply to that verdict still reaches kubelet, whose client would
+// otherwise count the call failed (kubelet ≥ 1.36 then deregisters the plugin).
+func TestStopAnswersTheVerdictThatStoppedIt(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	g := gs[0]
+	stopped := make(chan struct{})
+	g.rs.notify = func(Verdict) {
+		go func() {
+			defer close(stopped)
+			g.Stop()
+		}()
+		testkit.Eventually(t, 5*time.Second, "stop under way", g.isStopped)
+	}
+	k := dialKubelet(t, g.path)
+	k.GetInfo(t)
+	k.Notify(t, false, "no")
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("stop did not return")
+	}
+}
+
+// TestStopFinishesTheCallsBegun: a call under way when stop comes is answered; the socket
+// then serves nothing more, and stop returns once the call has ended.
+func TestStopFinishesTheCallsBegun(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	g := gs[0]
+	entered, release := make(chan struct{}), make(chan struct{})
+	g.rs.onInfo = func(string) { close(entered); <-release }
+	k := dialKubelet(t, g.path)
+	called := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := k.C.GetInfo(ctx, &registerapi.InfoRequest{})
+		called <- err
+	}()
+	<-entered
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		g.Stop()
+	}()
+	testkit.Eventually(t, 5*time.Second, "stop under way", g.isStopped)
+	close(release)
+	if err := <-called; err != nil {
+		t.Errorf("the call begun before stop: %v, want its answer", err)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("stop did not return")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := k.C.GetInfo(ctx, &registerapi.InfoRequest{})
+	if err == nil {
+		t.Error("a call after stop was answered")
+	}
+}
+
+// TestStopEndsIdleConnections: stop ends a connection idle between kubelet's calls (with
+// GOAWAY, for its client to go elsewhere) and one that never began HTTP/2, within stopGrace.
+func TestStopEndsIdleConnections(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	g := gs[0]
+	idle := dialKubelet(t, g.path)
+	idle.GetInfo(t)
+	mute, err := net.Dial("unix", g.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	testkit.Eventually(t, 5*time.Second, "both connections given to the server", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.served == 1 && len(g.opening) == 1
+	})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		g.Stop()
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(stopGrace + 5*time.Second):
+		t.Fatal("stop did not return")
+	}
+	_ = mute.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(mute); err != nil {
+		t.Errorf("the connection that never began HTTP/2: %v, want it closed", err)
+	}
+	testkit.Eventually(t, 5*time.Second, "the idle connection closed", func() bool {
+		return idle.Conn.GetState() != connectivity.Ready
+	})
+}
+
+// TestBoundsOnACall: a request over maxRequest is refused with ResourceExhausted, and the
+// connection goes on serving.
+func TestBoundsOnACall(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	k := dialKubelet(t, gs[0].path)
+	k.GetInfo(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := k.C.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: strings.Repeat("x", maxRequest)})
+	wantCode(t, "a verdict of over 1 MiB", err, codes.ResourceExhausted)
+	k.GetInfo(t)
+}
