@@ -16,6 +16,8 @@ import (
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/sockfile"
 )
@@ -26,7 +28,7 @@ var (
 	errRemoved = errors.New("driver removed from the configuration")
 	// errShutdown: the process stops; sockets stay unless cleanup was asked for.
 	errShutdown = errors.New("shutting down")
-	// errHandOff: the loop's sockets and state go to another instance (handover.go); the
+	// errHandOff: the loop's sockets and state go to another instance (internal/handover); the
 	// sockets stay, listening, and the loop keeps a copy of each (detach).
 	errHandOff = errors.New("handing over to another instance")
 )
@@ -73,7 +75,7 @@ type driver struct {
 	// adopted is what a hand-over gave the loop to go on from (inherit.go); the loop takes it
 	// when it starts. handed is what the loop hands over when it stops for one (detach).
 	adopted *adoption
-	handed  *handedDriver
+	handed  *handover.Driver
 
 	mu      sync.Mutex
 	gen     uint64             // the current socket generation; verdicts for others are dropped
@@ -489,7 +491,7 @@ func (d *driver) shutdown(cause error, cur *generation) {
 		d.handed = d.detach(cur)
 		return
 	}
-	remove := errors.Is(cause, errRemoved) || d.cleanup && !errors.Is(cause, ErrDirLost)
+	remove := errors.Is(cause, errRemoved) || d.cleanup && !errors.Is(cause, regdir.ErrDirLost)
 	for _, g := range []*generation{d.prev, cur} {
 		switch {
 		case g == nil:

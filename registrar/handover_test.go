@@ -16,6 +16,8 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/testkit"
@@ -24,9 +26,9 @@ import (
 // multiregInstance is one multireg of a hand-over test: its directory, its supervisor, and Run's
 // result once it has returned.
 type multiregInstance struct {
-	dir *Dir
+	dir *regdir.Dir
 	sup *Supervisor
-	// handed is how many drivers OpenDir brought from a hand-over.
+	// handed is how many drivers regdir.Open brought from a hand-over.
 	handed int
 	ran    chan error // Dir.Run's result
 }
@@ -60,7 +62,7 @@ func startMultireg(t testing.TB, reg string, ds []config.Driver) *multiregInstan
 func startMultiregLog(t testing.TB, reg string, ds []config.Driver, log *slog.Logger) *multiregInstance {
 	t.Helper()
 	cfg := &config.RegistrarConfig{RegistrationDir: reg, Drivers: ds}
-	d, snap, err := OpenDir(context.Background(), cfg, log, OpenOptions{Ask: true})
+	d, snap, err := regdir.Open(context.Background(), cfg, log, regdir.Options{Ask: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +85,7 @@ func (in *multiregInstance) handedOver(t testing.TB) int {
 	t.Helper()
 	select {
 	case err := <-in.ran:
-		ho, ok := errors.AsType[*HandedOver](err)
+		ho, ok := errors.AsType[*handover.HandedOver](err)
 		if !ok {
 			t.Fatalf("the holder's Run returned %v, want a hand-over", err)
 		}
@@ -209,26 +211,26 @@ func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
 func TestHandOverAbandonedResumes(t *testing.T) {
 	reg, ds, a, before := registeredMultireg(t)
 
-	hc, err := dialHandover(reg)
+	hc, err := handover.Dial(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := hc.send(&handoverMsg{Type: msgHello, MinVersion: 1, Version: 1}); err != nil {
+	if err := hc.Send(&handover.Msg{Type: handover.MsgHello, MinVersion: 1, Version: 1}); err != nil {
 		t.Fatal(err)
 	}
 	var got int
 	for {
-		m, files, err := hc.recv()
+		m, files, err := hc.Recv()
 		if err != nil {
 			t.Fatal(err)
 		}
 		got += len(files)
-		closeAll(files) // gone without a word: our copies of the sockets and of the lock with us
+		handover.CloseAll(files) // gone without a word: our copies of the sockets and of the lock with us
 		if m.Last {
 			break
 		}
 	}
-	hc.c.Close()
+	hc.Close()
 	if got != len(ds)+1 {
 		t.Errorf("%d descriptors received, want %d sockets and the lock", got, len(ds))
 	}
@@ -282,9 +284,10 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	snap := &Snapshot{}
-	snap.add(&handedDriver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: DriverStatus{Phase: Registered},
-		Sockets: []*handedSocket{{Path: d.SocketPath, ID: toWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, f: f}}})
+	snap := &handover.Snapshot{}
+	st, _ := json.Marshal(DriverStatus{Phase: Registered})
+	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st,
+		Sockets: []*handover.Socket{{Path: d.SocketPath, ID: handover.ToWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, File: f}}})
 	s := runSupervisor(t, Options{})
 	s.Inherit(snap)
 	s.Start(d)
@@ -302,20 +305,25 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 // never comes, a version nobody speaks, a connection that goes at once — change nothing: the
 // holder serves every driver, its sockets untouched, and a real hand-over still works after.
 func TestHandOverHostileRequests(t *testing.T) {
-	step := handoverStep
-	handoverStep = time.Second // the silent request's wait
-	t.Cleanup(func() { handoverStep = step })
+	step := handover.StepTimeout
+	handover.StepTimeout = time.Second // the silent request's wait
+	t.Cleanup(func() { handover.StepTimeout = step })
 	reg, ds, a, before := registeredMultireg(t)
 	for _, req := range []struct {
 		name string
-		send func(handoverConn) error
+		send func(handover.Conn) error
 	}{
-		{"garbage", func(hc handoverConn) error { _, err := hc.c.Write([]byte("GET / HTTP/1.1\r\n\r\n")); return err }},
-		{"silence", func(handoverConn) error { return nil }},
-		{"unknown version", func(hc handoverConn) error { return hc.send(&handoverMsg{Type: msgHello, MinVersion: 7, Version: 9}) }},
-		{"an ack out of turn", func(hc handoverConn) error { return hc.send(&handoverMsg{Type: msgAck, Version: 1}) }},
+		{"garbage", func(hc handover.Conn) error {
+			_, err := hc.UnixConn().Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+			return err
+		}},
+		{"silence", func(handover.Conn) error { return nil }},
+		{"unknown version", func(hc handover.Conn) error {
+			return hc.Send(&handover.Msg{Type: handover.MsgHello, MinVersion: 7, Version: 9})
+		}},
+		{"an ack out of turn", func(hc handover.Conn) error { return hc.Send(&handover.Msg{Type: handover.MsgAck, Version: 1}) }},
 	} {
-		hc, err := dialHandover(reg)
+		hc, err := handover.Dial(reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,12 +331,12 @@ func TestHandOverHostileRequests(t *testing.T) {
 			t.Fatalf("%s: %v", req.name, err)
 		}
 		// Whatever the holder answers (a refusal, or nothing), it hands nothing over.
-		m, files, _ := hc.recv()
-		closeAll(files)
-		if len(files) > 0 || m != nil && m.Type != msgRefuse {
+		m, files, _ := hc.Recv()
+		handover.CloseAll(files)
+		if len(files) > 0 || m != nil && m.Type != handover.MsgRefuse {
 			t.Errorf("%s: the holder answered %+v with %d descriptors", req.name, m, len(files))
 		}
-		hc.c.Close()
+		hc.Close()
 	}
 	for _, d := range ds {
 		if st := statusOf(a.sup, d.Name); st.Phase != Registered {
@@ -365,8 +373,11 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 			}
 			d.notify(regserver.Verdict{Gen: g.gen, Registered: registered, Msg: "no"})
 			h := d.detach(g)
-			defer h.close()
-			st := h.Status
+			defer h.Close()
+			var st DriverStatus
+			if err := json.Unmarshal(h.Status, &st); err != nil {
+				t.Fatal(err)
+			}
 			if registered {
 				if len(h.Sockets) != 1 || !h.Sockets[0].Registered || st.Phase != Registered || st.Results[ResultRegistered] != 1 {
 					t.Errorf("handed %+v with %+v, want the socket registered", st, h.Sockets)
@@ -383,34 +394,14 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 	}
 }
 
-// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and handoverBatch drivers,
-// whatever the drivers' last errors, so that each fits one SOCK_SEQPACKET message.
-func TestBatchesFitAMessage(t *testing.T) {
+// TestHandedStatusFitsABatch: a driver's last error is cut to maxHandedError bytes of valid
+// UTF-8 when it is handed over, so that any number of drivers fit the hand-over's batches.
+func TestHandedStatusFitsABatch(t *testing.T) {
 	long := strings.Repeat("kubelet rejected the registration: é ", 2000) // 76 KB
-	var ds []*handedDriver
-	for i := range 300 {
-		d := testDriver("/r", fmt.Sprintf("d%d.example.com", i), config.CSIPlugin, "/e/csi.sock")
-		st := handedStatus(DriverStatus{Name: d.Name, LastError: long[:i*250]})
-		ds = append(ds, &handedDriver{Spec: d, Status: st})
-	}
-	n := 0
-	for _, b := range batches(ds) {
-		raw, err := json.Marshal(&handoverMsg{Type: msgBatch, Version: 1, Drivers: b})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(b) == 0 || len(b) > handoverBatch || len(raw) > maxBatchBytes+1024 {
-			t.Errorf("a batch of %d drivers, %d bytes", len(b), len(raw))
-		}
-		n += len(b)
-	}
-	if n != len(ds) {
-		t.Errorf("%d drivers in the batches, want %d", n, len(ds))
-	}
 	if got := handedStatus(DriverStatus{LastError: long}).LastError; len(got) > maxHandedError+len("…") || !utf8.ValidString(got) {
 		t.Errorf("a last error of %d bytes handed over as %d bytes (valid UTF-8: %v)", len(long), len(got), utf8.ValidString(got))
 	}
-	if b := batches(nil); len(b) != 1 || len(b[0]) != 0 {
-		t.Errorf("no driver: %d batches, want one empty batch (it carries the lock)", len(b))
+	if got := handedStatus(DriverStatus{LastError: "short"}).LastError; got != "short" {
+		t.Errorf("a short last error handed over as %q", got)
 	}
 }

@@ -2,20 +2,23 @@ package registrar
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"strings"
 	"time"
 
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/regserver"
 )
 
 // How a loop hands its sockets and state to another instance, and how a loop goes on from
-// what it was handed (handover.go carries them between processes).
+// what it was handed (internal/handover carries them between processes).
 
 // adoption is what a loop starts from after a hand-over.
 type adoption struct {
@@ -28,7 +31,7 @@ type adoption struct {
 // needs: a copy of each listening socket, and the loop's state. The sockets stay, listening:
 // the kernel queues kubelet's connections until the next instance accepts them. A socket that
 // cannot be copied is left as it is, and the next instance publishes its own over it.
-func (d *driver) detach(cur *generation) *handedDriver {
+func (d *driver) detach(cur *generation) *handover.Driver {
 	// A copy of each listening socket first: it keeps the socket open when the server closes
 	// its own. Then the servers stop: no verdict comes after that.
 	files := map[*generation]*os.File{}
@@ -52,15 +55,15 @@ func (d *driver) detach(cur *generation) *handedDriver {
 			delete(files, cur)
 		}
 	}
-	h := &handedDriver{
+	h := &handover.Driver{
 		Spec:          d.spec,
 		Endpoint:      d.at.endpoint,
 		LocalEndpoint: d.at.local,
-		EndpointID:    toWire(d.probed),
-		Status:        handedStatus(d.status()),
+		EndpointID:    handover.ToWire(d.probed),
 		Timeout:       d.p.timeout,
 		Failures:      d.p.failures,
 	}
+	h.Status, _ = json.Marshal(handedStatus(d.status()))
 	if d.nodeInfo != nil {
 		h.NodeInfo, _ = proto.Marshal(d.nodeInfo)
 	}
@@ -69,22 +72,26 @@ func (d *driver) detach(cur *generation) *handedDriver {
 		if g == nil || f == nil {
 			continue
 		}
-		h.Sockets = append(h.Sockets, &handedSocket{
+		h.Sockets = append(h.Sockets, &handover.Socket{
 			Prev:          g == d.prev,
 			Path:          g.path,
-			ID:            toWire(g.id),
+			ID:            handover.ToWire(g.id),
 			Generation:    g.gen,
 			Registered:    g.registered,
 			AwaitsVerdict: !g.registered && g.awaiting(),
 			Endpoint:      g.at.endpoint,
 			LocalEndpoint: g.at.local,
 			Versions:      g.vers,
-			f:             f,
+			File:          f,
 		})
 	}
 	d.prev = nil
 	return h
 }
+
+// maxHandedError bounds the last error a driver's status carries over: a hand-over's batch
+// must fit one message.
+const maxHandedError = 4 << 10
 
 // handedStatus is st as a hand-over carries it: its last error cut to maxHandedError bytes.
 func handedStatus(st DriverStatus) DriverStatus {
@@ -113,17 +120,21 @@ func (d *driver) lateVerdict(g *generation, v *regserver.Verdict) *generation {
 // takes the status, the target, the recorded NodeGetInfo and the pacing. A socket that is no
 // longer the file at its path, or not a listening socket, is closed: the loop publishes anew.
 // It returns how many sockets it serves.
-func (d *driver) inherit(h *handedDriver) int {
+func (d *driver) inherit(h *handover.Driver) int {
 	n := 0
-	a := &adoption{epID: h.EndpointID.id()}
+	a := &adoption{epID: h.EndpointID.ID()}
 	if d.spec.EndpointIsPattern() {
 		d.at = target{endpoint: h.Endpoint, local: h.LocalEndpoint}
 	}
-	d.nodeInfo = h.nodeInfo()
+	d.nodeInfo = handedNodeInfo(h)
 	d.probed = a.epID
 	d.p.resume(h.Timeout, h.Failures)
 
-	st := h.Status
+	var st DriverStatus
+	if err := json.Unmarshal(h.Status, &st); err != nil {
+		d.log.Warn("the status handed over cannot be read; starting from none", "err", err)
+		st = DriverStatus{Phase: WaitingForEndpoint, Since: time.Now()}
+	}
 	st.Name, st.Type, st.Required = d.spec.Name, d.spec.Type, d.spec.Required
 	st.Endpoint = d.spec.Endpoint
 	if st.Results == nil {
@@ -160,24 +171,34 @@ func (d *driver) inherit(h *handedDriver) int {
 	return n
 }
 
+// handedNodeInfo decodes the NodeGetInfo answer h recorded; nil when none.
+func handedNodeInfo(h *handover.Driver) *csi.NodeGetInfoResponse {
+	if len(h.NodeInfo) == 0 {
+		return nil
+	}
+	var r csi.NodeGetInfoResponse
+	if proto.Unmarshal(h.NodeInfo, &r) != nil {
+		return nil
+	}
+	return &r
+}
+
 // adoptSocket serves a handed-over socket as a generation of this loop.
-func (d *driver) adoptSocket(hs *handedSocket) (*generation, error) {
-	f := hs.f
-	hs.f = nil
+func (d *driver) adoptSocket(hs *handover.Socket) (*generation, error) {
+	err := hs.Check()
+	f := hs.File
+	hs.File = nil
 	if f == nil {
-		return nil, fmt.Errorf("no descriptor")
+		return nil, err
 	}
 	defer f.Close() // FileListener keeps a copy
+	if err != nil {
+		return nil, err
+	}
 	if hs.Path != d.spec.SocketPath && hs.Path != d.spec.AltSocketPath {
 		return nil, fmt.Errorf("not a registration socket path of this configuration")
 	}
-	if err := isListeningUnixStream(f); err != nil {
-		return nil, err
-	}
-	id := hs.ID.id()
-	if err := socketAt(hs.Path, id); err != nil {
-		return nil, err
-	}
+	id := hs.ID.ID()
 	ln, err := net.FileListener(f)
 	if err != nil {
 		return nil, err

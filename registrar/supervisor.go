@@ -11,6 +11,8 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/regserver"
 )
 
@@ -50,7 +52,7 @@ type Supervisor struct {
 	mu      sync.Mutex
 	running map[string]*handle
 	// inherited: what a hand-over brought, for Start to take driver by driver.
-	inherited *Snapshot
+	inherited *handover.Snapshot
 	// adopted counts the handed-over sockets the loops serve.
 	adopted atomic.Int64
 }
@@ -99,15 +101,15 @@ func (s *Supervisor) Start(d config.Driver) {
 
 // start is Start, with what a hand-over gave the driver (h), if anything: otherwise what
 // Inherit holds for it.
-func (s *Supervisor) start(d config.Driver, hd *handedDriver) {
+func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	s.mu.Lock()
 	if hd == nil {
-		hd = s.inherited.take(d.Name)
+		hd = s.inherited.Take(d.Name)
 	}
 	if s.ctx.Err() != nil {
 		s.mu.Unlock()
 		if hd != nil {
-			hd.close()
+			hd.Close()
 		}
 		return
 	}
@@ -123,7 +125,7 @@ func (s *Supervisor) start(d config.Driver, hd *handedDriver) {
 		s.adopted.Add(int64(h.d.inherit(hd)))
 	default:
 		h.d.log.Info("the driver registers differently than in the instance that handed it over; registering anew")
-		hd.retire(h.d.log)
+		hd.Retire(h.d.log)
 	}
 	// The new loop starts only once the old one is gone, so they never share the socket.
 	s.wg.Go(func() {
@@ -182,7 +184,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	cause := errShutdown
-	if c := context.Cause(ctx); errors.Is(c, ErrDirLost) {
+	if c := context.Cause(ctx); errors.Is(c, regdir.ErrDirLost) {
 		cause = c
 	}
 	s.mu.Lock()
@@ -196,9 +198,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	return nil
 }
 
-// Inherit gives the supervisor what a hand-over brought (OpenDir), before any driver starts:
+// Inherit gives the supervisor what a hand-over brought (regdir.Open), before any driver starts:
 // Start takes each driver's part. The supervisor owns snap from now on.
-func (s *Supervisor) Inherit(snap *Snapshot) {
+func (s *Supervisor) Inherit(snap *handover.Snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inherited.Close()
@@ -225,15 +227,14 @@ func (s *Supervisor) DropInherited() {
 		snap.Close()
 		return
 	}
-	for _, h := range snap.drivers {
-		h.retire(s.log.With("driver", h.Spec.Name))
+	for _, h := range snap.TakeAll() {
+		h.Retire(s.log.With("driver", h.Spec.Name))
 	}
-	snap.drivers = nil
 }
 
 // Detach stops every loop for a hand-over and returns what they hand over (driver.detach):
 // the sockets stay, listening. Start, Stop and Update wait until Resume or Release.
-func (s *Supervisor) Detach() *Snapshot {
+func (s *Supervisor) Detach() *handover.Snapshot {
 	s.gate.Lock()
 	s.mu.Lock()
 	hs := s.running
@@ -242,11 +243,11 @@ func (s *Supervisor) Detach() *Snapshot {
 	for _, h := range hs {
 		h.cancel(errHandOff)
 	}
-	snap := &Snapshot{}
+	snap := &handover.Snapshot{}
 	for _, h := range hs {
 		<-h.done
 		if h.d.handed != nil {
-			snap.add(h.d.handed)
+			snap.Add(h.d.handed)
 			h.d.handed = nil
 		}
 	}
@@ -255,12 +256,11 @@ func (s *Supervisor) Detach() *Snapshot {
 
 // Resume runs the loops again from what Detach returned, after a hand-over that failed, and
 // lets Start, Stop and Update go on. It takes snap's descriptors.
-func (s *Supervisor) Resume(snap *Snapshot) {
+func (s *Supervisor) Resume(snap *handover.Snapshot) {
 	defer s.gate.Unlock()
-	for _, h := range snap.drivers {
+	for _, h := range snap.TakeAll() {
 		s.start(h.Spec, h)
 	}
-	snap.drivers = nil
 	s.adopted.Store(0) // the loops serve their own sockets again
 }
 

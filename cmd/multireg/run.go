@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -84,7 +86,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	if herr := <-httpDone; herr != nil && err == nil {
 		err = herr
 	}
-	log.Info("multireg stopped", "cleanup", f.cleanup && r.served && !errors.Is(err, registrar.ErrDirLost))
+	log.Info("multireg stopped", "cleanup", f.cleanup && r.served && !errors.Is(err, regdir.ErrDirLost))
 	return err
 }
 
@@ -106,9 +108,9 @@ type rounds struct {
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
 func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 	ask := true
-	var kept *registrar.Snapshot // sockets this process handed over, kept while idle
+	var kept *handover.Snapshot // sockets this process handed over, kept while idle
 	for {
-		opts := registrar.OpenOptions{Ask: ask, Inherited: kept}
+		opts := regdir.Options{Ask: ask, Inherited: kept}
 		if kept == nil {
 			opts.Standby = func(why string) {
 				r.in.set(roleStandby, why)
@@ -118,7 +120,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 		if ask {
 			r.in.set(roleStarting, "taking the registration directory "+r.cfg.RegistrationDir)
 		}
-		dir, got, err := registrar.OpenDir(ctx, r.cfg, r.log, opts)
+		dir, got, err := regdir.Open(ctx, r.cfg, r.log, opts)
 		ask, kept = false, nil
 		if errors.Is(err, context.Canceled) {
 			return nil // stopped while waiting for another instance
@@ -158,7 +160,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			}
 		}
 		dir.Close()
-		ho, handed := errors.AsType[*registrar.HandedOver](err)
+		ho, handed := errors.AsType[*handover.HandedOver](err)
 		if !handed {
 			return err
 		}
@@ -175,7 +177,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 
 // serve runs one round: the daemon on the directory held, with the sockets a hand-over
 // brought (got).
-func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *registrar.Dir, got *registrar.Snapshot) error {
+func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Dir, got *handover.Snapshot) error {
 	log := r.log
 	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: r.f.cleanup, Guard: dir.Check})
 	if err != nil {
@@ -212,7 +214,7 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *registrar
 // changes them.
 type daemon struct {
 	log *slog.Logger
-	dir *registrar.Dir
+	dir *regdir.Dir
 	sup *registrar.Supervisor
 	rl  *reload.Reloader
 }
@@ -233,7 +235,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	var dirErr error
 	supCtx, stopSup := context.WithCancelCause(context.Background())
 	g.add(counted(&state.loops, func() error { return sup.Run(supCtx) }), func(error) {
-		if errors.Is(dirErr, registrar.ErrDirLost) {
+		if errors.Is(dirErr, regdir.ErrDirLost) {
 			stopSup(dirErr) // the sockets are another instance's: they stay
 			return
 		}

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/testkit"
-	"multireg.dev/multireg/registrar"
 )
 
 func writeConfig(t *testing.T, dir, body string) string {
@@ -185,12 +185,12 @@ func TestRunRetriesTheOwnedRecord(t *testing.T) {
 	// The first record is written at start, through the same temporary file: the blocker goes
 	// in once it is done, or it would race with it.
 	testkit.Eventually(t, 10*time.Second, "the first record written", func() bool {
-		b, _ := os.ReadFile(filepath.Join(reg, registrar.OwnedName))
+		b, _ := os.ReadFile(filepath.Join(reg, regdir.OwnedName))
 		return strings.Contains(string(b), "gpu.example.com-reg.sock")
 	})
 	// A directory where the record's temporary file goes makes every write fail (root
 	// writes through a read-only mode, so the mode cannot do it).
-	blocker := filepath.Join(reg, registrar.OwnedName+".tmp")
+	blocker := filepath.Join(reg, regdir.OwnedName+".tmp")
 	if err := os.Mkdir(blocker, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestRunRetriesTheOwnedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 10*time.Second, "the record to be written again", func() bool {
-		b, _ := os.ReadFile(filepath.Join(reg, registrar.OwnedName))
+		b, _ := os.ReadFile(filepath.Join(reg, regdir.OwnedName))
 		return strings.Contains(string(b), "extra.example.com-reg.sock")
 	})
 }
@@ -228,8 +228,8 @@ func TestRunRetriesARefusedMove(t *testing.T) {
 }
 
 // holdDir holds the registration directory dir as another instance would.
-func holdDir(dir string) (*registrar.Dir, error) {
-	d, _, err := registrar.OpenDir(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, slog.New(slog.DiscardHandler), registrar.OpenOptions{})
+func holdDir(dir string) (*regdir.Dir, error) {
+	d, _, err := regdir.Open(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, slog.New(slog.DiscardHandler), regdir.Options{})
 	return d, err
 }
 

@@ -1,30 +1,10 @@
-package registrar
-
-import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
-	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
-	"strconv"
-	"syscall"
-	"time"
-
-	"golang.org/x/sys/unix"
-	"multireg.dev/multireg/internal/fsid"
-	"multireg.dev/multireg/internal/sockfile"
-)
-
-// A hand-over passes the registration directory from the instance that holds it to a new one
-// (a DaemonSet's next pod, during a rolling update) without kubelet seeing any change: the
+// Package handover passes the registration directory from the instance that holds it to a
+// new one (a DaemonSet's next pod, during a rolling update) without kubelet seeing any change: the
 // registration sockets stay the same files, listening all along, and only the process that
 // accepts on them changes — what Envoy, HAProxy and nginx do for binary upgrades, across pods
 // instead of fork and exec.
 //
-// The holder listens on HandoverName in the directory (0600; a leading dot, which kubelet
+// The holder listens on Name in the directory (0600; a leading dot, which kubelet
 // ignores). A new instance that finds the lock held connects there; the exchange is a few
 // messages on a SOCK_SEQPACKET connection, each one JSON document with its descriptors
 // (SCM_RIGHTS):
@@ -47,10 +27,28 @@ import (
 // they are still the files at their paths (the holder died). After the lock's descriptor was
 // passed, neither side can tell whether the other still holds it: each closes its copy and
 // takes the lock anew, and the one that gets it serves.
+package handover
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
+)
 
 // HandoverName is the socket a holder listens on for a new instance, in the registration
 // directory.
-const HandoverName = ".multireg.handover"
+const Name = ".multireg.handover"
 
 // The hand-over protocol versions this build speaks. A new version is added when the message
 // changes in a way an older peer would misread; each side says the range it speaks, and the
@@ -64,7 +62,7 @@ const (
 var (
 	// handoverStep bounds each read of a hand-over: a peer that does not answer within it has
 	// failed (variable, so that tests can shorten it).
-	handoverStep = 5 * time.Second
+	StepTimeout = 5 * time.Second
 	// handoverBatch is how many drivers one batch carries at most: two descriptors each, well
 	// under the kernel's 253 per message.
 	handoverBatch = 64
@@ -73,16 +71,14 @@ var (
 const (
 	// maxBatchBytes bounds a batch's JSON, far below the default send buffer of a unix socket
 	// (net.core.wmem_default, 208 KiB), which a SOCK_SEQPACKET message must fit whole. A
-	// driver's part is a few KiB at most (maxHandedError).
+	// driver's part is a few KiB at most (its status's last error is cut short by its owner).
 	maxBatchBytes = 64 << 10
 	// maxHandoverMessage bounds what a reader accepts.
 	maxHandoverMessage = 1 << 20
-	// maxHandedError bounds the last error a driver's status carries over.
-	maxHandedError = 4 << 10
 )
 
 // handoverMsg is one message of a hand-over.
-type handoverMsg struct {
+type Msg struct {
 	Type string `json:"type"` // hello, refuse, batch, ack, abort, released
 	// MinVersion and Version: the range the new instance speaks (hello); the version picked
 	// (batch), which every later message keeps.
@@ -91,15 +87,15 @@ type handoverMsg struct {
 	Reason     string `json:"reason,omitempty"` // refuse, abort
 	// Drivers are the batch's drivers; the descriptors of their sockets come with the
 	// message, in order, then the lock's when Lock is set (the last batch).
-	Drivers []*handedDriver `json:"drivers,omitempty"`
-	Lock    bool            `json:"lock,omitempty"`
-	Last    bool            `json:"last,omitempty"`
+	Drivers []*Driver `json:"drivers,omitempty"`
+	Lock    bool      `json:"lock,omitempty"`
+	Last    bool      `json:"last,omitempty"`
 	// Sockets: how many socket descriptors the message carries besides the lock's.
 	Sockets int `json:"sockets,omitempty"`
 }
 
 // wireID is a fsid.ID in a message.
-type wireID struct {
+type WireID struct {
 	Dev   uint64 `json:"dev"`
 	Ino   uint64 `json:"ino"`
 	CSec  int64  `json:"ctimeSec"`
@@ -108,22 +104,28 @@ type wireID struct {
 
 // toWire and id convert the change time through int64 seconds and nanoseconds: a
 // Timespec's fields are 32-bit on 32-bit platforms (linux/arm).
-func toWire(id fsid.ID) wireID {
+func ToWire(id fsid.ID) WireID {
 	sec, nsec := id.Ctime.Unix()
-	return wireID{Dev: id.Dev, Ino: id.Ino, CSec: sec, CNsec: nsec}
+	return WireID{Dev: id.Dev, Ino: id.Ino, CSec: sec, CNsec: nsec}
 }
 
-func (w wireID) id() fsid.ID {
+func (w WireID) ID() fsid.ID {
 	return fsid.ID{Dev: w.Dev, Ino: w.Ino, Ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
 }
 
-// handoverConn is one end of a hand-over connection.
-type handoverConn struct {
+// Conn is one end of a hand-over connection.
+type Conn struct {
 	c *net.UnixConn
 }
 
-// send writes m with the descriptors fs, in one message.
-func (h handoverConn) send(m *handoverMsg, files ...*os.File) error {
+// UnixConn is the connection itself.
+func (h Conn) UnixConn() *net.UnixConn { return h.c }
+
+// Close closes the connection.
+func (h Conn) Close() error { return h.c.Close() }
+
+// Send writes m with the descriptors files, in one message.
+func (h Conn) Send(m *Msg, files ...*os.File) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -143,7 +145,7 @@ func (h handoverConn) send(m *handoverMsg, files ...*os.File) error {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	h.c.SetWriteDeadline(time.Now().Add(handoverStep))
+	h.c.SetWriteDeadline(time.Now().Add(StepTimeout))
 	n, oobn, err := h.c.WriteMsgUnix(b, oob, nil)
 	if err != nil {
 		return fmt.Errorf("send %s: %w", m.Type, err)
@@ -154,31 +156,31 @@ func (h handoverConn) send(m *handoverMsg, files ...*os.File) error {
 	return nil
 }
 
-// recv reads one message and its descriptors, which the caller owns. It fails on a message
+// Recv reads one message and its descriptors, which the caller owns. It fails on a message
 // or descriptors cut short, on the end of the connection (io.EOF) and when nothing comes
 // within handoverStep.
-func (h handoverConn) recv() (*handoverMsg, []*os.File, error) {
+func (h Conn) Recv() (*Msg, []*os.File, error) {
 	b := make([]byte, maxHandoverMessage)
 	oob := make([]byte, unix.CmsgSpace(4*(2*handoverBatch+1)))
-	h.c.SetReadDeadline(time.Now().Add(handoverStep))
+	h.c.SetReadDeadline(time.Now().Add(StepTimeout))
 	n, oobn, flags, _, err := h.c.ReadMsgUnix(b, oob)
 	files, ferr := receivedFiles(oob[:oobn])
 	switch {
 	case err != nil:
-		closeAll(files)
+		CloseAll(files)
 		return nil, nil, err
 	case ferr != nil:
-		closeAll(files)
+		CloseAll(files)
 		return nil, nil, ferr
 	case n == 0 && oobn == 0:
 		return nil, nil, errPeerGone
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
-		closeAll(files)
+		CloseAll(files)
 		return nil, nil, errors.New("hand-over message or its descriptors cut short")
 	}
-	var m handoverMsg
+	var m Msg
 	if err := json.Unmarshal(b[:n], &m); err != nil {
-		closeAll(files)
+		CloseAll(files)
 		return nil, nil, fmt.Errorf("hand-over message: %w", err)
 	}
 	return &m, files, nil
@@ -224,7 +226,7 @@ func rawFD(f *os.File) (int, error) {
 	return fd, nil
 }
 
-func closeAll(files []*os.File) {
+func CloseAll(files []*os.File) {
 	for _, f := range files {
 		f.Close()
 	}
@@ -258,8 +260,8 @@ func sameUser(c *net.UnixConn) error {
 // earlier holder left there: only the holder of the directory's lock calls it. The socket is
 // published as a registration socket is (sockfile.Publish): 0600 from the moment it has its name, and
 // not unlinked when closed, since by then a new holder may have put its own there.
-func listenHandover(dir string) (*net.UnixListener, error) {
-	l, _, err := sockfile.PublishAs("unixpacket", filepath.Join(dir, HandoverName), nil)
+func Listen(dir string) (*net.UnixListener, error) {
+	l, _, err := sockfile.PublishAs("unixpacket", filepath.Join(dir, Name), nil)
 	if err != nil {
 		return nil, fmt.Errorf("listen for hand-overs: %w", err)
 	}
@@ -268,17 +270,17 @@ func listenHandover(dir string) (*net.UnixListener, error) {
 
 // dialHandover connects to the holder of dir. It fails at once when no holder listens (an
 // older multireg, or one that stopped): the caller then waits for the lock.
-func dialHandover(dir string) (handoverConn, error) {
-	path := filepath.Join(dir, HandoverName)
+func Dial(dir string) (Conn, error) {
+	path := filepath.Join(dir, Name)
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		return handoverConn{}, err
+		return Conn{}, err
 	}
 	if err := sameUser(c); err != nil {
 		c.Close()
-		return handoverConn{}, fmt.Errorf("%s: %w", path, err)
+		return Conn{}, fmt.Errorf("%s: %w", path, err)
 	}
-	return handoverConn{c: c}, nil
+	return Conn{c: c}, nil
 }
 
 // protocolRange is the range of hand-over versions this process speaks. The environment
@@ -292,7 +294,7 @@ func protocolRange() (lo, hi int) {
 }
 
 // handoverEnabled reports whether this process takes part in hand-overs at all.
-func handoverEnabled() bool {
+func Enabled() bool {
 	_, hi := protocolRange()
 	return hi > 0
 }
@@ -316,61 +318,4 @@ func halt(log *slog.Logger, side, step string, args ...any) {
 	}
 	log.Warn("hand-over halted for a test", append([]any{"side", side, "step", step}, args...)...)
 	select {}
-}
-
-// lockFileOf checks that f, received as the directory's lock, is the lock file at dir's path.
-func lockFileOf(f *os.File, dir string) error {
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("the lock descriptor is not a regular file")
-	}
-	cur, err := fsid.KeyAt(filepath.Join(dir, LockName))
-	if err != nil {
-		return err
-	}
-	if cur != fsid.KeyOf(fi) {
-		return fmt.Errorf("the lock descriptor is not the file at %s", filepath.Join(dir, LockName))
-	}
-	return nil
-}
-
-// isListeningUnixStream checks that f is a listening unix stream socket.
-func isListeningUnixStream(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var typ, acc, dom int
-	var e1, e2, e3 error
-	if err := rc.Control(func(fd uintptr) {
-		typ, e1 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
-		acc, e2 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
-		dom, e3 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
-	}); err != nil {
-		return err
-	}
-	if err := errors.Join(e1, e2, e3); err != nil {
-		return fmt.Errorf("not a socket: %w", err)
-	}
-	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc != 1 {
-		return errors.New("not a listening unix stream socket")
-	}
-	return nil
-}
-
-// socketAt checks that the file at path is the socket with identity id.
-func socketAt(path string, id fsid.ID) error {
-	cur, mode, err := fsid.Stat(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%s is gone", path)
-	case err != nil:
-		return err
-	case mode != fs.ModeSocket || cur != id:
-		return fmt.Errorf("%s is no longer the socket handed over", path)
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package registrar
+package regdir
 
 import (
 	"context"
@@ -220,5 +220,24 @@ func (l *dirLock) refresh() error {
 	}
 	l.f.Close()
 	l.f = next
+	return nil
+}
+
+// lockFileOf checks that f, received as the directory's lock, is the lock file at dir's path.
+func lockFileOf(f *os.File, dir string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("the lock descriptor is not a regular file")
+	}
+	cur, err := fsid.KeyAt(filepath.Join(dir, LockName))
+	if err != nil {
+		return err
+	}
+	if cur != fsid.KeyOf(fi) {
+		return fmt.Errorf("the lock descriptor is not the file at %s", filepath.Join(dir, LockName))
+	}
 	return nil
 }

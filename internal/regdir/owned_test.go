@@ -1,4 +1,4 @@
-package registrar
+package regdir
 
 import (
 	"os"
@@ -11,16 +11,16 @@ import (
 func TestRemoveOrphans(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	stale := func(name string) {
-		l, err := listenUnlinked(filepath.Join(dir, name))
+		l, err := testkit.ListenUnlinked(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
 		}
 		l.Close() // the file stays, nothing listens
 	}
-	stale("gone-reg.sock")                                           // recorded, no longer configured: removed
-	stale("kept-reg.sock")                                           // recorded and configured: stays (it will be renamed over)
-	stale("foreign-reg.sock")                                        // never recorded: not ours, stays
-	live, err := listenUnlinked(filepath.Join(dir, "live-reg.sock")) // recorded, but someone serves it: stays
+	stale("gone-reg.sock")                                                   // recorded, no longer configured: removed
+	stale("kept-reg.sock")                                                   // recorded and configured: stays (it will be renamed over)
+	stale("foreign-reg.sock")                                                // never recorded: not ours, stays
+	live, err := testkit.ListenUnlinked(filepath.Join(dir, "live-reg.sock")) // recorded, but someone serves it: stays
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package registrar
+package regdir
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
@@ -49,21 +50,21 @@ type Dir struct {
 	once        sync.Once
 }
 
-// OpenOptions say how OpenDir takes the directory.
-type OpenOptions struct {
+// Options say how Open takes the directory.
+type Options struct {
 	// Ask: when another instance holds the directory, ask it to hand the directory over
-	// (handover.go) before waiting for it. A new process asks, once; one that handed over
+	// (internal/handover) before waiting for it. A new process asks, once; one that handed over
 	// never does.
 	Ask bool
 	// Inherited are sockets this process kept from an earlier hand-over: its own, handed over
 	// to an instance that has since ended, or those received in a hand-over that did not
 	// complete. They are returned with whatever else is received.
-	Inherited *Snapshot
+	Inherited *handover.Snapshot
 	// Standby, if set, is called when this process starts waiting for the directory, with why.
 	Standby func(why string)
 }
 
-// OpenDir takes the registration directory of cfg, creating it (mode 0750) if missing. While
+// Open takes the registration directory of cfg, creating it (mode 0750) if missing. While
 // another process holds it (a DaemonSet surge during a rolling update), it logs once that it
 // waits and keeps trying until the lock is free or ctx ends; it returns ctx's error when ctx
 // ends first, even once the lock is taken. Once held, it removes the temporary sockets an
@@ -72,7 +73,7 @@ type OpenOptions struct {
 //
 // With opts.Ask, it first asks the holder to hand the directory over. It returns the sockets
 // a hand-over brought, with opts.Inherited: the Supervisor serves them (Inherit).
-func OpenDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, opts OpenOptions) (*Dir, *Snapshot, error) {
+func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, opts Options) (*Dir, *handover.Snapshot, error) {
 	snap, l, err := takeDir(ctx, cfg.RegistrationDir, log, opts)
 	if err == nil {
 		err = ctx.Err() // stopped while the lock was taken: touch nothing
@@ -96,27 +97,27 @@ func OpenDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger,
 	return d, snap, nil
 }
 
-// takeDir takes the lock of dir as OpenDir does, and returns it with the sockets a hand-over
+// takeDir takes the lock of dir as Open does, and returns it with the sockets a hand-over
 // brought and opts.Inherited.
-func takeDir(ctx context.Context, dir string, log *slog.Logger, opts OpenOptions) (*Snapshot, *dirLock, error) {
+func takeDir(ctx context.Context, dir string, log *slog.Logger, opts Options) (*handover.Snapshot, *dirLock, error) {
 	snap := opts.Inherited
 	l, err := tryLock(dir, log)
 	if !errors.Is(err, errHeld) {
 		return snap, l, err
 	}
 	why := "another instance holds the registration directory"
-	if opts.Ask && handoverEnabled() {
-		got, hl, err := askHandover(dir, log)
+	if opts.Ask && handover.Enabled() {
+		got, lf, err := handover.Ask(dir, log, func(f *os.File) error { return lockFileOf(f, dir) })
 		drivers, sockets := got.Len(), got.Sockets()
 		if got != nil {
 			if snap == nil {
-				snap = &Snapshot{}
+				snap = &handover.Snapshot{}
 			}
-			snap.merge(got)
+			snap.Merge(got)
 		}
 		if err == nil {
 			log.Info("took over the registration directory from the previous instance", "drivers", drivers, "sockets", sockets)
-			return snap, hl, nil
+			return snap, &dirLock{dir: dir, f: lf}, nil
 		}
 		why = err.Error()
 		log.Warn("no hand-over; waiting for the previous instance to exit", "err", err, "socketsKept", snap.Sockets())
@@ -132,10 +133,10 @@ func takeDir(ctx context.Context, dir string, log *slog.Logger, opts OpenOptions
 // and accepts them for Run. A failure leaves the directory without: a new instance then
 // waits for this one to exit.
 func (d *Dir) listen(dir string) {
-	if !handoverEnabled() {
+	if !handover.Enabled() {
 		return
 	}
-	l, err := listenHandover(dir)
+	l, err := handover.Listen(dir)
 	if err != nil {
 		d.log.Warn("hand-overs unavailable: a new instance will wait for this one to exit", "err", err)
 		return
@@ -158,6 +159,13 @@ func (d *Dir) listen(dir string) {
 		}
 	})
 }
+
+// held is the lock's side of a hand-over (handover.Lock).
+type held struct{ d *Dir }
+
+func (h held) File() *os.File { return h.d.lockFile() }
+func (h held) Let()           { h.d.let() }
+func (h held) Retake() bool   { return h.d.retake() }
 
 // lockFile is the lock's open file, passed to the new instance in a hand-over.
 func (d *Dir) lockFile() *os.File {
@@ -275,7 +283,7 @@ func (d *Dir) writeRecord(cfg *config.RegistrarConfig) error {
 // nil when ctx ends; an error wrapping ErrDirLost when another instance took the directory:
 // this process must then stop serving without touching the sockets, which are that
 // instance's; and a *HandedOver after a hand-over.
-func (d *Dir) Run(ctx context.Context, h Handoff) error {
+func (d *Dir) Run(ctx context.Context, h handover.Holder) error {
 	check := time.NewTicker(lockCheck)
 	defer check.Stop()
 	lastErr := "" // the last failure to check the lock, logged once
@@ -293,7 +301,7 @@ func (d *Dir) Run(ctx context.Context, h Handoff) error {
 				c.Close()
 				continue
 			}
-			if err := d.handOver(c, h); err != nil {
+			if err := handover.Serve(c, h, held{d}, d.log); err != nil {
 				return err
 			}
 			continue

@@ -1,4 +1,4 @@
-package registrar
+package handover
 
 import (
 	"encoding/json"
@@ -20,15 +20,15 @@ func TestWireIDRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := json.Marshal(toWire(id))
+	b, err := json.Marshal(ToWire(id))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w wireID
+	var w WireID
 	if err := json.Unmarshal(b, &w); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.id(); got != id {
+	if got := w.ID(); got != id {
 		t.Errorf("identity after the wire = %+v; want %+v (message %s)", got, id, b)
 	}
 }

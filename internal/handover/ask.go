@@ -1,0 +1,121 @@
+package handover
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+)
+
+// Ask asks the holder of dir for a hand-over. On success it returns what the holder handed
+// over and the directory's lock, an open file that checkLock accepted (before the new
+// instance acknowledges). Otherwise it returns an error and the sockets it
+// received, if any: the caller waits for the lock, and serves those that are still the files
+// at their paths if it gets it (the holder died). Refused, or with nothing received, snap is
+// nil.
+func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Snapshot, lock *os.File, err error) {
+	hc, err := Dial(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("no instance answers hand-over requests (an older multireg, or one that is stopping): %w", err)
+	}
+	defer hc.c.Close()
+	lo, hi := protocolRange()
+	if err := hc.Send(&Msg{Type: MsgHello, MinVersion: lo, Version: hi}); err != nil {
+		return nil, nil, err
+	}
+	halt(log, "new", "hello")
+	snap = &Snapshot{}
+	var lockF *os.File
+	v := 0 // the version the holder picked
+	for lockF == nil {
+		m, files, err := hc.Recv()
+		if err != nil {
+			return snap, nil, fmt.Errorf("hand-over interrupted: %w", err)
+		}
+		switch m.Type {
+		case MsgRefuse:
+			CloseAll(files)
+			snap.Close()
+			return nil, nil, fmt.Errorf("hand-over refused: %s", m.Reason)
+		case MsgBatch:
+		default:
+			CloseAll(files)
+			snap.Close()
+			return nil, nil, fmt.Errorf("hand-over: unexpected %q", m.Type)
+		}
+		v = m.Version
+		if m.Last != m.Lock {
+			CloseAll(files)
+			err := fmt.Errorf("hand-over batch: the lock comes with the last batch, and only then")
+			hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
+			snap.Close()
+			return nil, nil, err
+		}
+		if err := fill(m, files); err != nil {
+			hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
+			snap.Close()
+			return nil, nil, err
+		}
+		for _, hd := range m.Drivers {
+			snap.Add(hd)
+		}
+		if !m.Last {
+			halt(log, "new", "batch", "drivers", len(m.Drivers))
+			continue
+		}
+		lockF = files[len(files)-1]
+	}
+	if err := checkLock(lockF); err != nil {
+		hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
+		lockF.Close()
+		snap.Close()
+		return nil, nil, fmt.Errorf("hand-over: %w", err)
+	}
+	halt(log, "new", "received")
+	// From here, a failure leaves both sides unsure whether the other holds the lock: each
+	// lets go of its copy and locks anew, and the sockets go to whoever gets it.
+	if err := hc.Send(&Msg{Type: MsgAck, Version: v}); err != nil {
+		lockF.Close()
+		return snap, nil, err
+	}
+	halt(log, "new", "acked")
+	m, files, err := hc.Recv()
+	CloseAll(files)
+	if err == nil && m.Type != MsgReleased {
+		err = fmt.Errorf("unexpected %q", m.Type)
+	}
+	if err != nil {
+		lockF.Close()
+		return snap, nil, fmt.Errorf("hand-over: no release from the previous instance: %w", err)
+	}
+	return snap, lockF, nil
+}
+
+// fill gives the batch's drivers their descriptors, in order; the lock's comes last.
+func fill(m *Msg, files []*os.File) error {
+	want := m.Sockets
+	if m.Lock {
+		want++
+	}
+	n := 0
+	for _, hd := range m.Drivers {
+		if hd == nil || slices.Contains(hd.Sockets, nil) {
+			CloseAll(files)
+			return errors.New("hand-over batch: an empty driver or socket")
+		}
+		n += len(hd.Sockets)
+	}
+	if len(files) != want || n != m.Sockets {
+		CloseAll(files)
+		return fmt.Errorf("hand-over batch: %d descriptors for %d sockets", len(files), n)
+	}
+	i := 0
+	for _, hd := range m.Drivers {
+		for _, hs := range hd.Sockets {
+			hs.File = files[i]
+			i++
+		}
+	}
+	return nil
+}

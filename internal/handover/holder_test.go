@@ -1,0 +1,43 @@
+package handover
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"multireg.dev/multireg/config"
+)
+
+// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and handoverBatch drivers,
+// whatever the sizes of the drivers' statuses (their owner cuts a last error to 4 KiB), so
+// that each fits one SOCK_SEQPACKET message.
+func TestBatchesFitAMessage(t *testing.T) {
+	long := strings.Repeat("kubelet rejected the registration: é ", 200)
+	var ds []*Driver
+	for i := range 300 {
+		name := fmt.Sprintf("d%d.example.com", i)
+		st, err := json.Marshal(map[string]string{"name": name, "lastError": long[:min(i*25, 4<<10)]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, &Driver{Spec: config.Driver{Name: name, Type: config.CSIPlugin}, Status: st})
+	}
+	n := 0
+	for _, b := range batches(ds) {
+		raw, err := json.Marshal(&Msg{Type: MsgBatch, Version: 1, Drivers: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) == 0 || len(b) > handoverBatch || len(raw) > maxBatchBytes+1024 {
+			t.Errorf("a batch of %d drivers, %d bytes", len(b), len(raw))
+		}
+		n += len(b)
+	}
+	if n != len(ds) {
+		t.Errorf("%d drivers in the batches, want %d", n, len(ds))
+	}
+	if b := batches(nil); len(b) != 1 || len(b[0]) != 0 {
+		t.Errorf("no driver: %d batches, want one empty batch (it carries the lock)", len(b))
+	}
+}

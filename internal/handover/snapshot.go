@@ -1,0 +1,239 @@
+package handover
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/sockfile"
+)
+
+// Snapshot is what one instance hands the next: for each driver, its
+// configuration, its listening registration sockets and where its loop stands. A Supervisor
+// given one (Inherit) serves those sockets for every driver whose configuration is unchanged,
+// so that kubelet sees nothing. Whoever holds a Snapshot owns its descriptors until Close.
+type Snapshot struct {
+	drivers map[string]*Driver
+}
+
+// Driver is one driver's part of a hand-over: enough for its loop to go on exactly
+// where the other instance's stood.
+type Driver struct {
+	// Spec is the driver as the handing instance ran it: the new instance serves the sockets
+	// only when its own configuration registers the driver the same way.
+	Spec config.Driver `json:"spec"`
+	// Endpoint and LocalEndpoint: the target the loop registered (a pattern's match).
+	Endpoint      string `json:"endpoint"`
+	LocalEndpoint string `json:"localEndpoint"`
+	// EndpointID is the endpoint's socket as last probed: another one means the driver
+	// restarted meanwhile.
+	EndpointID WireID `json:"endpointID"`
+	// NodeInfo is a CSI driver's NodeGetInfo answer recorded at registration (protobuf).
+	NodeInfo []byte `json:"nodeInfo,omitempty"`
+	// Status is the loop's status (phase, counters, last error, next attempt) as its owner
+	// encodes it.
+	Status json.RawMessage `json:"status"`
+	// Timeout is the registration timeout in force; Failures how many failures the backoff
+	// has counted since it was last reset.
+	Timeout  time.Duration `json:"timeout"`
+	Failures int           `json:"failures"`
+	Sockets  []*Socket     `json:"sockets,omitempty"`
+}
+
+// Socket is one listening registration socket.
+type Socket struct {
+	// Prev: the previous generation of a DRA driver's endpoint hand-over (pattern.go), kept
+	// until its successor is registered.
+	Prev       bool   `json:"prev,omitempty"`
+	Path       string `json:"path"`
+	ID         WireID `json:"id"`
+	Generation uint64 `json:"generation"`
+	Registered bool   `json:"registered"`
+	// AwaitsVerdict: kubelet asked GetInfo and its verdict has not come: it may reach the new
+	// instance, on a connection of its own.
+	AwaitsVerdict bool   `json:"awaitsVerdict,omitempty"`
+	Endpoint      string `json:"endpoint"`
+	LocalEndpoint string `json:"localEndpoint"`
+	// Versions are the supportedVersions the socket's GetInfo answers (the driver's, and the
+	// health services detected: health.go). An older instance does not send them: it
+	// answered the configured ones.
+	Versions []string `json:"versions,omitempty"`
+
+	// File is the listening socket; nil once taken. Its owner closes it.
+	File *os.File `json:"-"`
+}
+
+// Len is the number of drivers in s.
+func (s *Snapshot) Len() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.drivers)
+}
+
+// Sockets is the number of sockets s holds.
+func (s *Snapshot) Sockets() int {
+	return s.count(func(*Socket) bool { return true })
+}
+
+// Alive is the number of sockets of s that are still the files at their paths.
+func (s *Snapshot) Alive() int {
+	return s.count(func(hs *Socket) bool { return socketAt(hs.Path, hs.ID.ID()) == nil })
+}
+
+// count is the number of sockets s holds for which ok holds.
+func (s *Snapshot) count(ok func(*Socket) bool) int {
+	if s == nil {
+		return 0
+	}
+	n := 0
+	for _, h := range s.drivers {
+		for _, hs := range h.Sockets {
+			if hs.File != nil && ok(hs) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Close closes every descriptor s still holds. A nil Snapshot closes nothing.
+func (s *Snapshot) Close() {
+	if s == nil {
+		return
+	}
+	for _, h := range s.drivers {
+		h.Close()
+	}
+	s.drivers = nil
+}
+
+// Take removes the named driver from s and returns it, or nil.
+func (s *Snapshot) Take(name string) *Driver {
+	if s == nil {
+		return nil
+	}
+	h := s.drivers[name]
+	delete(s.drivers, name)
+	return h
+}
+
+// Close closes the descriptors h still holds.
+func (h *Driver) Close() {
+	for _, hs := range h.Sockets {
+		if hs.File != nil {
+			hs.File.Close()
+			hs.File = nil
+		}
+	}
+}
+
+// TakeAll removes every driver from s and returns them.
+func (s *Snapshot) TakeAll() []*Driver {
+	if s == nil {
+		return nil
+	}
+	ds := make([]*Driver, 0, len(s.drivers))
+	for _, h := range s.drivers {
+		ds = append(ds, h)
+	}
+	s.drivers = nil
+	return ds
+}
+
+// Add puts h in s, replacing (and closing) an older part for the same driver.
+func (s *Snapshot) Add(h *Driver) {
+	if s.drivers == nil {
+		s.drivers = map[string]*Driver{}
+	}
+	if old := s.drivers[h.Spec.Name]; old != nil {
+		old.Close()
+	}
+	s.drivers[h.Spec.Name] = h
+}
+
+// Merge moves every driver of o into s; o's parts win.
+func (s *Snapshot) Merge(o *Snapshot) {
+	if o == nil {
+		return
+	}
+	for _, h := range o.drivers {
+		s.Add(h)
+	}
+	o.drivers = nil
+}
+
+// Retire removes the sockets of a handed driver that no loop takes over (removed from the
+// configuration, or registering differently now), as a reload would remove them: each only if
+// it is still the socket handed over.
+func (h *Driver) Retire(log *slog.Logger) {
+	for _, hs := range h.Sockets {
+		if hs.File == nil {
+			continue
+		}
+		hs.File.Close()
+		hs.File = nil
+		if removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID.ID()); err != nil {
+			log.Warn("remove registration socket", "socket", hs.Path, "err", err)
+		} else if removed {
+			log.Info("registration socket removed; kubelet deregisters the plugin", "socket", hs.Path)
+		}
+	}
+}
+
+// Check checks that hs's descriptor is a listening unix stream socket and that the file at
+// its path is the socket handed over.
+func (hs *Socket) Check() error {
+	if hs.File == nil {
+		return errors.New("no descriptor")
+	}
+	if err := isListeningUnixStream(hs.File); err != nil {
+		return err
+	}
+	return socketAt(hs.Path, hs.ID.ID())
+}
+
+// isListeningUnixStream checks that f is a listening unix stream socket.
+func isListeningUnixStream(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var typ, acc, dom int
+	var e1, e2, e3 error
+	if err := rc.Control(func(fd uintptr) {
+		typ, e1 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
+		acc, e2 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+		dom, e3 = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}); err != nil {
+		return err
+	}
+	if err := errors.Join(e1, e2, e3); err != nil {
+		return fmt.Errorf("not a socket: %w", err)
+	}
+	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc != 1 {
+		return errors.New("not a listening unix stream socket")
+	}
+	return nil
+}
+
+// socketAt checks that the file at path is the socket with identity id.
+func socketAt(path string, id fsid.ID) error {
+	cur, mode, err := fsid.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s is gone", path)
+	case err != nil:
+		return err
+	case mode != fs.ModeSocket || cur != id:
+		return fmt.Errorf("%s is no longer the socket handed over", path)
+	}
+	return nil
+}
