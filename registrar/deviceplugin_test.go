@@ -80,7 +80,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 				testkit.Never(t, time.Second, "a move while dp.1 answers", func() bool {
 					return isSocket(d.AltSocketPath) || mustID(t, d.SocketPath) != first
 				})
-				old.stop()
+				old.Stop()
 				testkit.Eventually(t, 5*time.Second, "a new registration socket for dp.2", func() bool {
 					id, _, err := fsid.Stat(d.SocketPath)
 					return err == nil && id != first
@@ -98,7 +98,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 				id, _, err := fsid.Stat(d.SocketPath)
 				return err != nil || id != first
 			})
-			old.stop()
+			old.Stop()
 			testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
 				return !isSocket(d.SocketPath)
 			})

@@ -8,6 +8,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/probe"
 )
 
 // Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
@@ -63,7 +64,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 			b.Reset()
 			return id, nil
 		}
-		_, mismatch := errors.AsType[*nameMismatchError](err)
+		_, mismatch := errors.AsType[*probe.NameMismatchError](err)
 		d.setEndpointUp(mismatch) // a driver that answers under another name is up
 		if statErr == nil && id != quickFor {
 			// A socket not seen before that does not answer yet: the driver may be between

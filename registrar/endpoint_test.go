@@ -57,7 +57,7 @@ func TestEndpointRestartReregisters(t *testing.T) {
 	first := mustID(t, d.SocketPath)
 
 	// The driver dies: the registration stays, the endpoint shows as down.
-	e.stop()
+	e.Stop()
 	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
 	if id := mustID(t, d.SocketPath); id != first {
 		t.Fatal("the registration socket changed when the endpoint went away")
@@ -82,7 +82,7 @@ func TestRestartUnderAnotherNameWithdraws(t *testing.T) {
 	awaitSocket(t, d)
 	registerAndWait(t, s, d)
 
-	e.stop()
+	e.Stop()
 	startEndpoint(t, d.LocalEndpoint, "other.csi.k8s.io")
 	testkit.Eventually(t, 5*time.Second, "socket withdrawn", func() bool {
 		_, err := os.Lstat(d.SocketPath)

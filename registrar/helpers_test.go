@@ -2,7 +2,6 @@ package registrar
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -198,21 +197,19 @@ func registerAs(t testing.TB, socket, agent string, ok bool, msg string) *regist
 	return testkit.Register(t, socket, agent, ok, msg)
 }
 
-// endpoint is a driver's endpoint: a unix socket that accepts connections, and for a CSI
-// driver answers the Identity service with a name.
-type endpoint struct {
-	path string
-	srv  *grpc.Server
-	done chan struct{}
+// endpoint is a driver's endpoint served in the test (testkit.Endpoint).
+type endpoint = testkit.Endpoint
+
+// startEndpoint serves a driver endpoint at path (testkit.StartEndpoint).
+func startEndpoint(t testing.TB, path, csiName string) *endpoint {
+	t.Helper()
+	return testkit.StartEndpoint(t, path, csiName)
 }
 
-type identity struct {
-	csi.UnimplementedIdentityServer
-	name string
-}
-
-func (i identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return &csi.GetPluginInfoResponse{Name: i.name, VendorVersion: "test"}, nil
+// serveEndpoint serves, at path, the services that register registers.
+func serveEndpoint(t testing.TB, path string, register func(*grpc.Server)) *endpoint {
+	t.Helper()
+	return testkit.ServeEndpoint(t, path, register)
 }
 
 // node is a CSI driver's Node service: NodeGetInfo answers the node ID, with fixed max volumes
@@ -232,56 +229,16 @@ func (n node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGe
 	}, nil
 }
 
-// startEndpoint serves a driver endpoint at path (creating its directory) until stopped or
-// the test ends. A non-empty csiName serves the CSI Identity service under that name.
-func startEndpoint(t testing.TB, path, csiName string) *endpoint {
-	t.Helper()
-	return serveEndpoint(t, path, func(srv *grpc.Server) {
-		if csiName != "" {
-			csi.RegisterIdentityServer(srv, identity{name: csiName})
-		}
-	})
-}
-
 // startCSINode serves a CSI driver's endpoint at path as startEndpoint does, with the Node
 // service too, whose NodeGetInfo answers nodeID; calls counts its NodeGetInfo calls.
 func startCSINode(t *testing.T, path, name, nodeID string) (e *endpoint, calls *atomic.Int32) {
 	t.Helper()
 	calls = new(atomic.Int32)
 	e = serveEndpoint(t, path, func(srv *grpc.Server) {
-		csi.RegisterIdentityServer(srv, identity{name: name})
+		csi.RegisterIdentityServer(srv, testkit.Identity{Name: name})
 		csi.RegisterNodeServer(srv, node{id: nodeID, calls: calls})
 	})
 	return e, calls
-}
-
-// serveEndpoint serves, at path, the services that register registers.
-func serveEndpoint(t testing.TB, path string, register func(*grpc.Server)) *endpoint {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &endpoint{path: path, srv: grpc.NewServer(), done: make(chan struct{})}
-	register(e.srv)
-	go func() {
-		defer close(e.done)
-		e.srv.Serve(l)
-	}()
-	t.Cleanup(e.stop)
-	return e
-}
-
-// stop stops the endpoint and removes its socket, as a crashing driver's restart would.
-func (e *endpoint) stop() {
-	e.srv.Stop()
-	<-e.done
-	if err := os.Remove(e.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		panic(err)
-	}
 }
 
 // runSlowKubelet plays, until the test ends or the returned func is called, a kubelet whose

@@ -13,6 +13,7 @@ import (
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/probe"
 )
 
 // A driver whose endpoint's last element is a pattern (config.Driver.EndpointIsPattern) starts
@@ -121,7 +122,7 @@ func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
 			return fsid.ID{}, nil, ctx.Err()
 		}
 		// A match that answers under another name is another driver's: it is only not ours.
-		if nm, ok := errors.AsType[*nameMismatchError](err); ok {
+		if nm, ok := errors.AsType[*probe.NameMismatchError](err); ok {
 			err = errors.New(nm.Error())
 		}
 		errs = append(errs, err)
@@ -133,7 +134,7 @@ func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
 func (d *driver) probeAt(ctx context.Context, t target) error {
 	spec := d.spec
 	spec.Endpoint, spec.LocalEndpoint = t.endpoint, t.local
-	return d.slots.do(ctx, func() error { return d.probe(ctx, spec) })
+	return d.slots.Do(ctx, func() error { return d.probe(ctx, spec) })
 }
 
 // setTarget makes t the endpoint the loop registers, and the one its status shows.

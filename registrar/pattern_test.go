@@ -102,7 +102,7 @@ func TestPatternDevicePluginFollowsRestart(t *testing.T) {
 	registerAndWait(t, s, d)
 	first := mustID(t, d.SocketPath)
 
-	old.stop()
+	old.Stop()
 	startInstance(t, d, "dp.2")
 	testkit.Eventually(t, 5*time.Second, "a new registration socket", func() bool {
 		id, _, err := fsid.Stat(d.SocketPath)
@@ -134,7 +134,7 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := grpc.NewServer()
-	csi.RegisterIdentityServer(a, identity{name: d.Name})
+	csi.RegisterIdentityServer(a, testkit.Identity{Name: d.Name})
 	go a.Serve(la)
 	t.Cleanup(a.Stop)
 	s := runSupervisor(t, Options{})
@@ -169,7 +169,7 @@ func registeredDRAPattern(t *testing.T, opts Options) (*Supervisor, config.Drive
 	t.Helper()
 	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
 	a := startInstance(t, d, "dra-a.sock")
-	ageFile(t, a.path, time.Minute)
+	ageFile(t, a.Path(), time.Minute)
 	s := runSupervisor(t, opts)
 	s.Start(d)
 	awaitSocket(t, d)
@@ -205,7 +205,7 @@ func TestPatternDRAHandover(t *testing.T) {
 	})
 	testkit.Never(t, 500*time.Millisecond, "the old registration withdrawn while the old instance runs", func() bool { return !unchanged() })
 
-	a.stop()
+	a.Stop()
 	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn", func() bool { return !isSocket(d.SocketPath) })
 	if !isSocket(d.AltSocketPath) {
 		t.Error("the new registration socket went too")
@@ -227,7 +227,7 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	var log testkit.Buffer
 	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
 	a := startInstance(t, d, "dra-a.sock")
-	ageFile(t, a.path, time.Minute)
+	ageFile(t, a.Path(), time.Minute)
 	s := runSupervisor(t, Options{Log: log.Logger()})
 	s.Start(d)
 	awaitSocket(t, d)
@@ -235,7 +235,7 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	unchanged := func() bool { id, _, err := fsid.Stat(d.SocketPath); return err == nil && id == first }
 
 	k := dialKubelet(t, d.SocketPath)
-	if info := k.GetInfo(t); info.Endpoint != a.path {
+	if info := k.GetInfo(t); info.Endpoint != a.Path() {
 		t.Fatalf("GetInfo's endpoint %q, want dra-a", info.Endpoint)
 	}
 	b := startInstance(t, d, "dra-b.sock")
@@ -251,7 +251,7 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	if !unchanged() {
 		t.Fatal("the socket kubelet registered moved when the new instance was taken up")
 	}
-	if info := register(t, d.AltSocketPath, true, ""); info.Endpoint != b.path {
+	if info := register(t, d.AltSocketPath, true, ""); info.Endpoint != b.Path() {
 		t.Errorf("the second socket's endpoint %q, want dra-b", info.Endpoint)
 	}
 	testkit.Eventually(t, 5*time.Second, "Registered on the second socket", func() bool {
@@ -348,13 +348,13 @@ func handedOver(t *testing.T) (*Supervisor, config.Driver, *endpoint, *endpoint)
 func TestPatternDRANewInstanceGoes(t *testing.T) {
 	s, d, a, b := handedOver(t)
 	first := mustID(t, d.SocketPath)
-	b.stop()
+	b.Stop()
 	testkit.Eventually(t, 5*time.Second, "the new instance's registration withdrawn", func() bool { return !isSocket(d.AltSocketPath) })
 	testkit.Never(t, time.Second, "the old instance's registration touched", func() bool {
 		id, _, err := fsid.Stat(d.SocketPath)
 		return err != nil || id != first || isSocket(d.AltSocketPath)
 	})
-	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.path {
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.Path() {
 		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
 	}
 }
@@ -368,12 +368,12 @@ func TestPatternDRANewInstanceRejectedAndGone(t *testing.T) {
 	b := startInstance(t, d, "dra-b.sock")
 	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
 	register(t, d.AltSocketPath, false, "no")
-	b.stop()
+	b.Stop()
 	testkit.Never(t, time.Second, "a second registration of the old instance", func() bool {
 		id, _, err := fsid.Stat(d.SocketPath)
 		return isSocket(d.AltSocketPath) || err != nil || id != first
 	})
-	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.path {
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.Path() {
 		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
 	}
 }

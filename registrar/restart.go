@@ -2,14 +2,12 @@ package registrar
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/protobuf/proto"
 
 	"multireg.dev/multireg/config"
-	"multireg.dev/multireg/internal/sockfile"
+	"multireg.dev/multireg/internal/probe"
 )
 
 // What a driver's restart (its endpoint socket created anew) does to its registration, per
@@ -51,45 +49,13 @@ func nodeInfoTracked(d config.Driver) bool {
 	return d.Type == config.CSIPlugin && d.WaitForEndpoint
 }
 
-// nodeInfo asks the CSI driver at the endpoint what kubelet's CSI handler asks it at
-// registration.
-func nodeInfo(ctx context.Context, endpoint string) (*csi.NodeGetInfoResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	conn, err := sockfile.Client(endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("endpoint %s: %w", endpoint, err)
-	}
-	defer conn.Close()
-	info, err := csi.NewNodeClient(conn).NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("CSI NodeGetInfo on %s: %w", endpoint, err)
-	}
-	return info, nil
-}
-
 // askNodeInfo asks the driver NodeGetInfo, in one of the supervisor's probe slots.
 func (d *driver) askNodeInfo(ctx context.Context) (info *csi.NodeGetInfoResponse, err error) {
-	err = d.slots.do(ctx, func() error {
-		info, err = nodeInfo(ctx, d.at.local)
+	err = d.slots.Do(ctx, func() error {
+		info, err = probe.NodeInfo(ctx, d.at.local)
 		return err
 	})
 	return info, err
-}
-
-// sameNodeInfo reports whether two NodeGetInfo answers tell kubelet the same: node ID, max
-// volumes per node and accessible topology.
-func sameNodeInfo(a, b *csi.NodeGetInfoResponse) bool {
-	return proto.Equal(registeredPart(a), registeredPart(b))
-}
-
-// registeredPart is what kubelet records of a NodeGetInfo answer.
-func registeredPart(r *csi.NodeGetInfoResponse) *csi.NodeGetInfoResponse {
-	return &csi.NodeGetInfoResponse{
-		NodeId:             r.GetNodeId(),
-		MaxVolumesPerNode:  r.GetMaxVolumesPerNode(),
-		AccessibleTopology: r.GetAccessibleTopology(),
-	}
 }
 
 // recordNodeInfo asks a tracked driver NodeGetInfo once kubelet has registered its socket, for
@@ -128,8 +94,8 @@ func (d *driver) keepsRegistration(ctx context.Context, cur *generation) bool {
 		return true // the loop ends (a hand-over): the next instance decides
 	case err != nil:
 		d.reregister("err", err)
-	case !sameNodeInfo(d.nodeInfo, info):
-		d.reregister("why", "NodeGetInfo changed", "was", registeredPart(d.nodeInfo), "now", registeredPart(info))
+	case !probe.SameNodeInfo(d.nodeInfo, info):
+		d.reregister("why", "NodeGetInfo changed", "was", probe.RegisteredPart(d.nodeInfo), "now", probe.RegisteredPart(info))
 	default:
 		d.log.Info("driver endpoint restarted; NodeGetInfo unchanged, the registration stays", "endpoint", d.at.local)
 		return true

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	csi "github.com/container-storage-interface/spec/lib/go/csi"
-
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/testkit"
@@ -113,33 +111,6 @@ func TestCSIRestartNodeGetInfoFailsReregisters(t *testing.T) {
 	}
 }
 
-// TestSameNodeInfo: what kubelet records of NodeGetInfo decides; anything else does not.
-func TestSameNodeInfo(t *testing.T) {
-	base := func() *csi.NodeGetInfoResponse {
-		return &csi.NodeGetInfoResponse{
-			NodeId:             "n",
-			MaxVolumesPerNode:  4,
-			AccessibleTopology: &csi.Topology{Segments: map[string]string{"zone": "a"}},
-		}
-	}
-	for name, tc := range map[string]struct {
-		change func(*csi.NodeGetInfoResponse)
-		same   bool
-	}{
-		"identical":   {func(*csi.NodeGetInfoResponse) {}, true},
-		"node ID":     {func(r *csi.NodeGetInfoResponse) { r.NodeId = "m" }, false},
-		"max volumes": {func(r *csi.NodeGetInfoResponse) { r.MaxVolumesPerNode = 5 }, false},
-		"topology":    {func(r *csi.NodeGetInfoResponse) { r.AccessibleTopology.Segments["zone"] = "b" }, false},
-		"no topology": {func(r *csi.NodeGetInfoResponse) { r.AccessibleTopology = nil }, false},
-	} {
-		r := base()
-		tc.change(r)
-		if got := sameNodeInfo(base(), r); got != tc.same {
-			t.Errorf("%s: sameNodeInfo = %v, want %v", name, got, tc.same)
-		}
-	}
-}
-
 // TestRestartPerType: a registered DRA driver that restarts keeps its registration socket
 // (kubelet's DRA manager reconnects by itself); a device plugin is registered again on a new
 // socket (kubelet's device manager needs a new registration for a new ListAndWatch).
@@ -181,7 +152,7 @@ func TestRestartPerType(t *testing.T) {
 // for the loop to see it down.
 func crash(t *testing.T, s *Supervisor, d config.Driver, e *endpoint) {
 	t.Helper()
-	e.stop()
+	e.Stop()
 	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })
 }
 

@@ -64,7 +64,7 @@ func TestReadyWhenRegistered(t *testing.T) {
 	if st := statusOf(s, d.Name); !st.Ready() || st.Absent {
 		t.Errorf("registered: ready %v, absent %v", st.Ready(), st.Absent)
 	}
-	ep.stop()
+	ep.Stop()
 	testkit.Eventually(t, 5*time.Second, "the endpoint's removal to be seen", func() bool {
 		return statusOf(s, d.Name).Absent
 	})
@@ -85,7 +85,7 @@ func TestAbsentWhileBackingOff(t *testing.T) {
 	if st := statusOf(s, d.Name); st.Absent || st.Ready() {
 		t.Fatalf("a present, rejected driver: absent %v, ready %v", st.Absent, st.Ready())
 	}
-	e.stop()
+	e.Stop()
 	testkit.Eventually(t, 5*time.Second, "the driver absent while it backs off", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == BackingOff && st.Absent && st.Ready()

@@ -12,6 +12,7 @@ import (
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/probe"
 	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/regserver"
 )
@@ -38,7 +39,7 @@ type Supervisor struct {
 	guard   func() error
 	w       *fswatch.Watcher
 	hub     *regserver.Hub
-	slots   probeSlots
+	slots   probe.Slots
 	kubelet *kubeletClient
 
 	ctx    context.Context // parent of every loop; ends when Run returns
@@ -82,7 +83,7 @@ func New(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probeSlots, maxProbes), kubelet: &kubeletClient{log: log}, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
+	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), kubelet: &kubeletClient{log: log}, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is

@@ -46,7 +46,7 @@ func TestDriverAtTheWatchLimit(t *testing.T) {
 			awaitSocket(t, d)
 			registerAndWait(t, s, d)
 			first := mustID(t, d.SocketPath)
-			e.stop()
+			e.Stop()
 			startEndpoint(t, d.LocalEndpoint, "")
 			testkit.Eventually(t, 5*time.Second, "the socket recreated after the endpoint restarted", func() bool {
 				id, _, err := fsid.Stat(d.SocketPath)

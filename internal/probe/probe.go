@@ -1,4 +1,7 @@
-package registrar
+// Package probe asks a driver's endpoint what multireg needs to know before and after
+// kubelet registers it: whether it answers, a CSI driver's name and NodeGetInfo, and the
+// DRAResourceHealth services a DRA driver serves. Each call has its own timeout.
+package probe
 
 import (
 	"context"
@@ -13,21 +16,21 @@ import (
 	"multireg.dev/multireg/internal/sockfile"
 )
 
-// probeTimeout bounds one endpoint probe: a hung endpoint is not ready.
-const probeTimeout = 2 * time.Second
+// Timeout bounds one endpoint probe: a hung endpoint is not ready.
+const Timeout = 2 * time.Second
 
-// maxProbes bounds the calls to drivers' endpoints in flight at once, across every loop of a
+// MaxInFlight bounds the calls to drivers' endpoints in flight at once, across every loop of a
 // supervisor: each holds a gRPC client, its connection and its buffers, and 1000 drivers
 // probed at once at start-up cost tens of MiB for a moment that the runtime gives back only
 // slowly. A call's own timeout starts once it has its slot, so that a hung endpoint holds one
-// slot for at most probeTimeout and delays no other driver for longer.
-const maxProbes = 32
+// slot for at most Timeout and delays no other driver for longer.
+const MaxInFlight = 32
 
-// probeSlots are the slots of a supervisor's endpoint calls (maxProbes); nil: no bound.
-type probeSlots chan struct{}
+// Slots are the slots of a supervisor's endpoint calls (MaxInFlight); nil: no bound.
+type Slots chan struct{}
 
-// do runs call once a slot is free, or returns ctx's error when ctx ends first.
-func (s probeSlots) do(ctx context.Context, call func() error) error {
+// Do runs call once a slot is free, or returns ctx's error when ctx ends first.
+func (s Slots) Do(ctx context.Context, call func() error) error {
 	if s == nil {
 		return call()
 	}
@@ -44,19 +47,19 @@ func (s probeSlots) do(ctx context.Context, call func() error) error {
 	return <-done
 }
 
-// nameMismatchError is a CSI driver that answers under another name than the configured one.
-type nameMismatchError struct {
+// NameMismatchError is a CSI driver that answers under another name than the configured one.
+type NameMismatchError struct {
 	endpoint, got, want string
 }
 
-func (e *nameMismatchError) Error() string {
+func (e *NameMismatchError) Error() string {
 	return fmt.Sprintf("the CSI driver at %s reports the name %q, but the config names it %q", e.endpoint, e.got, e.want)
 }
 
-// probeEndpoint checks that the driver's endpoint accepts a unix connection and, for a CSI
+// Endpoint checks that the driver's endpoint accepts a unix connection and, for a CSI
 // driver, that its Identity service reports the configured name.
-func probeEndpoint(ctx context.Context, d config.Driver) error {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+func Endpoint(ctx context.Context, d config.Driver) error {
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
 	c, err := sockfile.Dial(ctx, d.LocalEndpoint)
 	if err != nil {
@@ -76,7 +79,7 @@ func probeEndpoint(ctx context.Context, d config.Driver) error {
 		return fmt.Errorf("CSI GetPluginInfo on %s: %w", d.LocalEndpoint, err)
 	}
 	if info.GetName() != d.Name {
-		return &nameMismatchError{endpoint: d.LocalEndpoint, got: info.GetName(), want: d.Name}
+		return &NameMismatchError{endpoint: d.LocalEndpoint, got: info.GetName(), want: d.Name}
 	}
 	return nil
 }
@@ -89,7 +92,7 @@ func sysErr(err error) error {
 		return errno
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within %s", probeTimeout)
+		return fmt.Errorf("no answer within %s", Timeout)
 	}
 	return err
 }
