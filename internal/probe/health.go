@@ -36,7 +36,7 @@ var healthWatches = map[string]func(context.Context, *grpc.ClientConn) (interfac
 	},
 }
 
-// healthServices returns the DRAResourceHealth services the DRA driver at path serves, of
+// HealthServices returns the DRAResourceHealth services the DRA driver at path serves, of
 // config.HealthServices and in their order. It fails when the endpoint does not answer gRPC.
 func HealthServices(ctx context.Context, path string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
