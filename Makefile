@@ -198,12 +198,13 @@ monitoring: promtool
 	cd e2e && $(GO) test -race -count=1 -v -run '^(TestDashboardMetricsExist|TestMetricNames)$$' ./registration
 
 ## e2e-node: a real single-node Kubernetes built from source (kubelet, API server, controller
-## manager, scheduler; etcd and containerd from Debian) with bin/multireg on the host and as the
-## shipped DaemonSet: CSINode, device capacity, DRA, a kubelet restart, ConfigMap edits, a
-## rollout restart. On Kubernetes 1.37 then 1.35 (`KUBE=1.35` for one: see e2e/node/Makefile).
-## Needs root; installs its Debian packages; caches each release's binaries.
-e2e-node: build
-	$(MAKE) -C e2e/node fmt tidy-check test MULTIREG=$(CURDIR)/bin/multireg
+## manager, scheduler; etcd and containerd from Debian) with bin/multireg on the host and the
+## shipped DaemonSet running the image of bin/image, which the node pulls from a registry in the
+## test process, by digest and by tag: CSINode, device capacity, DRA, a kubelet restart,
+## ConfigMap edits, a rollout restart. On Kubernetes 1.37 then 1.35 (`KUBE=1.35` for one: see
+## e2e/node/Makefile). Needs root; installs its Debian packages; caches each release's binaries.
+e2e-node: build image
+	$(MAKE) -C e2e/node fmt tidy-check test MULTIREG=$(CURDIR)/bin/multireg LAYOUT=$(abspath $(LAYOUT))
 
 ## bench: bin/multireg against kubelet's real plugin manager, beside the sidecar baseline, into
 ## BENCHMARKS.md (about 25 min; not part of test).

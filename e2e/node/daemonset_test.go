@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/google/go-containerregistry/pkg/name"
+
 	"multireg.dev/multireg/e2e/node/cluster"
 	"multireg.dev/multireg/e2e/node/endpoints"
 )
@@ -164,23 +166,30 @@ func (e *dsEnv) waitNode(t *testing.T, who, url string) map[string]driverStatus 
 
 // 5. The shipped examples/ (DaemonSet + kustomization, copied verbatim) through a kustomize
 // overlay that points the host paths at the test kubelet's root, the config at the test's
-// drivers and the image at the locally built one, applied with `kubectl apply -k`:
+// drivers and the image at the one `make image` built, pinned by its digest in the test's
+// registry (kustomize's `digest:`, as docs/deploy.md pins a release), applied with `kubectl
+// apply -k`:
+//   - kubelet pulls the image by digest from the registry (IfNotPresent, as shipped) and the
+//     container runs exactly that image index (assertRuns);
 //   - multireg runs as a pod, Ready and its rollout complete although a configured DRA
 //     driver never runs on this node, and its drivers appear in CSINode;
 //   - an edited ConfigMap, applied again, reaches multireg through kubelet's own volume
 //     update and changes CSINode for the edited driver only (same pod, other sockets and
 //     endpoints untouched);
-//   - `kubectl rollout restart` with the shipped surge: the new pod takes the old one's sockets
-//     over and kubelet sees nothing at all (rolloutRestart).
+//   - `kubectl rollout restart` with the shipped surge: the new pod runs the same image, found
+//     on the node (the registry is not asked), takes the old one's sockets over and kubelet
+//     sees nothing at all (rolloutRestart).
 func scenarioDaemonSet(t *testing.T, env *dsEnv) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	// Apply as shipped.
+	// Apply as shipped, the image pinned by digest.
 	start := time.Now()
-	env.apply(t, multiregRef)
+	mark := markRegistry()
+	env.apply(t, underTest.ByDigest())
 	pod := waitPodReady(t, 3*time.Minute, "")
-	t.Logf("multireg pod %s Ready %.1fs after kubectl apply -k (image %s)", pod.Name, time.Since(start).Seconds(), multiregRef)
+	t.Logf("multireg pod %s Ready %.1fs after kubectl apply -k (image %s)", pod.Name, time.Since(start).Seconds(), underTest.ByDigest())
+	figures = append(figures, "DaemonSet by digest: "+assertRuns(t, pod.Name, underTest, underTest.ByDigest(), fetched, mark))
 	// What a user waits on after an apply: the rollout completes, the absent driver
 	// notwithstanding.
 	if out, err := cl.Kubectl(ctx, "rollout", "status", "-n", "kube-system", "daemonset/multireg", "--timeout=1m"); err != nil {
@@ -210,7 +219,7 @@ func scenarioDaemonSet(t *testing.T, env *dsEnv) {
 	zOK, _ := env.csi[csiZ].NodeGetInfoCalls()
 	env.epsilon = "epsilon-v2"
 	start = time.Now()
-	env.apply(t, multiregRef)
+	env.apply(t, underTest.ByDigest())
 	d := waitCSINode(t, env.csiNode(), 60*time.Second)
 	t.Logf("ConfigMap edit → CSINode shows %s's new node ID: %.1fs (kubelet's volume update + multireg's reload + kubelet's registration)", csiE, d.Seconds())
 	figures = append(figures, fmt.Sprintf("ConfigMap edit applied → CSINode updated: %.1fs (kubelet syncFrequency 1s)", d.Seconds()))
@@ -258,8 +267,10 @@ func rolloutRestart(t *testing.T, env *dsEnv, pod corev1.Pod) {
 	counts := env.counts()
 	logFrom := kubeletLogSize(t)
 	w := watchCSINode(t)
+	mark := markRegistry()
 
 	r := followRollout(t, pod, "rollout", "restart", "-n", "kube-system", "daemonset/multireg")
+	assertRuns(t, r.pod.Name, underTest, underTest.ByDigest(), present, mark)
 	stays(t, 2500*time.Millisecond, "kubelet sees nothing after the hand-over", func(ctx context.Context) (string, error) {
 		if now := env.counts(); now != counts {
 			return fmt.Sprintf("the endpoints were asked again: %v; before: %v", now, counts), nil
@@ -351,7 +362,8 @@ func podStatusURL(pod corev1.Pod) string {
 }
 
 // writeOverlay writes DIR/base (the shipped examples, verbatim) and DIR/overlay (the test's
-// drivers file, the image ref, and host paths under the test kubelet's root).
+// drivers file, the image — REGISTRY/NAME:TAG or REGISTRY/NAME@sha256:… —, and host paths
+// under the test kubelet's root).
 func writeOverlay(t *testing.T, dir, epsilonEndpoint, image string) {
 	t.Helper()
 	base, overlay := filepath.Join(dir, "base"), filepath.Join(dir, "overlay")
@@ -393,9 +405,18 @@ drivers:
     endpoint: %s
 `, cl.PluginsRegistry, csiD, endpointPath("delta", "csi.sock"), csiE, epsilonEndpoint, csiZ, endpointPath("zeta", "csi.sock"),
 		gadget, endpointPath("gadget", "dp.sock"), draDS, endpointPath("dra-ds", "dra.sock"), absentDRA, endpointPath("absent-gpu", "dra.sock"))
-	name, tag, ok := strings.Cut(image, ":")
-	if !ok {
-		t.Fatalf("image %q: no tag", image)
+	// kustomize's images transformer: newName and newTag, or newName and digest.
+	ref, err := name.ParseReference(image, name.StrictValidation)
+	if err != nil {
+		t.Fatalf("image %q: %v", image, err)
+	}
+	// Quoted: a tag such as 4465133 is a number to YAML.
+	newImage := fmt.Sprintf("newName: %q\n    ", ref.Context().Name())
+	switch r := ref.(type) {
+	case name.Tag:
+		newImage += fmt.Sprintf("newTag: %q", r.TagStr())
+	case name.Digest:
+		newImage += fmt.Sprintf("digest: %q", r.DigestStr())
 	}
 	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -411,22 +432,21 @@ configMapGenerator:
       disableNameSuffixHash: true
 images:
   - name: ghcr.io/multireg/multireg
-    newName: %[1]s
-    newTag: %[2]s
+    %[1]s
 patches:
   - target:
       kind: DaemonSet
       name: multireg
     patch: |-
       - {op: test, path: /spec/template/spec/volumes/0/name, value: registration-dir}
-      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %[3]s}
+      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %[2]s}
       - {op: test, path: /spec/template/spec/volumes/1/name, value: plugins-dir}
-      - {op: replace, path: /spec/template/spec/volumes/1/hostPath/path, value: %[4]s}
+      - {op: replace, path: /spec/template/spec/volumes/1/hostPath/path, value: %[3]s}
       - {op: test, path: /spec/template/spec/containers/0/volumeMounts/0/name, value: registration-dir}
-      - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/0/mountPath, value: %[3]s}
+      - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/0/mountPath, value: %[2]s}
       - {op: test, path: /spec/template/spec/containers/0/volumeMounts/1/name, value: plugins-dir}
-      - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/1/mountPath, value: %[4]s}
-`, name, tag, cl.PluginsRegistry, cl.PluginsDir)
+      - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/1/mountPath, value: %[3]s}
+`, newImage, cl.PluginsRegistry, cl.PluginsDir)
 	for name, content := range map[string]string{"config.yaml": config, "kustomization.yaml": kustomization} {
 		if err := os.WriteFile(filepath.Join(overlay, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)

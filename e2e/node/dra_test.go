@@ -13,7 +13,6 @@ import (
 
 	"multireg.dev/multireg/e2e/node/cluster"
 	"multireg.dev/multireg/e2e/node/endpoints"
-	"multireg.dev/multireg/e2e/node/images"
 )
 
 // draClaimPod proves that the DRA registration multireg made is the one kubelet uses: a pod
@@ -79,7 +78,7 @@ func draClaimPod(t *testing.T, dra *endpoints.DRA) {
 					AutomountServiceAccountToken:  &noToken,
 					TerminationGracePeriodSeconds: &never,
 					Containers: []corev1.Container{{
-						Name: "c", Image: images.PauseRef, ImagePullPolicy: corev1.PullNever,
+						Name: "c", Image: pauseRef, ImagePullPolicy: corev1.PullIfNotPresent,
 						Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "w"}}},
 					}},
 				},

@@ -24,7 +24,6 @@ import (
 
 	"multireg.dev/multireg/e2e/node/cluster"
 	"multireg.dev/multireg/e2e/node/endpoints"
-	"multireg.dev/multireg/e2e/node/images"
 )
 
 // Scenarios of what kubelet 1.37 changed (DRA device health, several endpoints per device
@@ -317,7 +316,7 @@ func scenarioDRAHealth(t *testing.T, mr *hostMultireg, config string) {
 			AutomountServiceAccountToken:  &noToken,
 			TerminationGracePeriodSeconds: &never,
 			Containers: []corev1.Container{{
-				Name: "c", Image: images.PauseRef, ImagePullPolicy: corev1.PullNever,
+				Name: "c", Image: pauseRef, ImagePullPolicy: corev1.PullIfNotPresent,
 				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "d"}}},
 			}},
 		},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,18 +28,22 @@ import (
 var (
 	kubeBin     = flag.String("kube-bin", "", "directory of the Kubernetes binaries (build-kube.sh)")
 	thirdparty  = flag.String("thirdparty-bin", "", "directory of the third-party plugins (build-thirdparty.sh)")
-	multiregBin = flag.String("multireg", "", "the multireg binary users get (hack/build-binary.sh): run on the host and put in the image")
-	releaseBin  = flag.String("release-multireg", "", "the multireg binary of a release without hand-overs (build-release.sh): the upgrade scenario starts from its image")
+	multiregBin = flag.String("multireg", "", "the multireg binary users get (hack/build-binary.sh): run on the host")
+	imageLayout = flag.String("image", "", "multireg's image as `make image` builds it (the OCI image layout bin/image): pushed to the test's registry, and run by the DaemonSet")
+	releaseBin  = flag.String("release-multireg", "", "the multireg binary of a release without hand-overs (build-release.sh): its version")
+	releaseImg  = flag.String("release-image", "", "that release's image, built by hack/image from that binary (build-release.sh): the upgrade scenario starts from it")
 	examplesDir = flag.String("examples", "../../examples", "the shipped examples/ directory (DaemonSet and kustomization)")
 	workDir     = flag.String("dir", "", "the cluster's directory: short, empty (default: a new one in /tmp)")
 )
 
-// The multireg images' references, as containerd's CRI plugin knows them after `ctr images
-// import` (the pause image's is images.PauseRef): the binary under test, and the release
-// without hand-overs that the upgrade scenario starts from.
-const (
-	multiregRef = "docker.io/multireg/multireg:e2e"
-	releaseRef  = "docker.io/multireg/multireg:e2e-release"
+// The images, pushed by TestMain to reg, the registry in this process that the cluster's
+// containerd pulls from: multireg's image as `make image` built it (every platform) and the
+// release's, both in REGISTRY/multireg under their versions' tags, and the sandbox image.
+var (
+	reg          *images.Registry
+	underTest    images.Pushed
+	releaseImage images.Pushed
+	pauseRef     string
 )
 
 // The cluster every scenario runs on, brought up once by TestMain.
@@ -50,8 +55,8 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) (code int) {
-	if *kubeBin == "" || *thirdparty == "" || *multiregBin == "" || *releaseBin == "" {
-		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin, -thirdparty-bin, -multireg and -release-multireg are required; run it with `make e2e-node` from the repository root")
+	if *kubeBin == "" || *thirdparty == "" || *multiregBin == "" || *imageLayout == "" || *releaseBin == "" || *releaseImg == "" {
+		fmt.Fprintln(os.Stderr, "e2e-node: -kube-bin, -thirdparty-bin, -multireg, -image, -release-multireg and -release-image are required; run it with `make e2e-node` from the repository root")
 		return 2
 	}
 	if os.Geteuid() != 0 {
@@ -83,17 +88,24 @@ func runMain(m *testing.M) (code int) {
 	// started; during the scenarios, the teardown below runs, once, and the binary exits.
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
-	var tarballs []string
-	if err := timed("images (pause, multireg, release)", func() error {
+	var stopRegistry func() error
+	if err := timed("registry + images (pause, multireg, release)", func() error {
 		var err error
-		tarballs, err = buildImages(ctx, filepath.Join(dir, "images"))
+		stopRegistry, err = startRegistry(ctx, dir)
 		return err
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e-node:", err)
 		return 1
 	}
+	defer func() {
+		if err := stopRegistry(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e-node:", err)
+			code = 1
+		}
+	}()
+	fmt.Printf("e2e-node: registry %s: %s (index %s), %s (index %s), %s\n", reg.Host, underTest.Tag(), underTest.Digest, releaseImage.Tag(), releaseImage.Digest, pauseRef)
 	var err error
-	cl, err = cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: *kubeBin, Images: tarballs, PauseImage: images.PauseRef, Log: os.Stdout})
+	cl, err = cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: *kubeBin, Registry: reg.Host, PauseImage: pauseRef, Log: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e-node: cluster:", err)
 		return 1
@@ -134,6 +146,7 @@ func runMain(m *testing.M) (code int) {
 	}
 	if code != 0 {
 		fmt.Println(cl.Logs(40))
+		fmt.Printf("----- the registry's last requests -----\n%s\n", cluster.LastLines(requestLog(reg.Requests()), 40))
 	}
 	return code
 }
@@ -145,27 +158,63 @@ var (
 	figures        []string
 )
 
-func buildImages(ctx context.Context, dir string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// startRegistry starts reg, the registry the cluster pulls from (its log in dir/registry.log),
+// and pushes the images to it: multireg's layout and the release's, each whole, by their tags,
+// and the pause image built here. stop closes the registry and its log; on error, startRegistry
+// does.
+func startRegistry(ctx context.Context, dir string) (stop func() error, err error) {
+	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o755); err != nil {
 		return nil, err
 	}
-	pause, err := images.WritePause(ctx, dir)
+	logFile, err := os.Create(filepath.Join(dir, "registry.log"))
 	if err != nil {
 		return nil, err
 	}
-	// The binary users get, alone in the image as `make image` puts it (without /LICENSE: the
-	// image is assembled here, not yet the released one pulled from a registry); and the
-	// release, alike.
-	tars := []string{pause}
-	for _, im := range []struct{ ref, bin, file string }{{multiregRef, *multiregBin, "multireg.tar"}, {releaseRef, *releaseBin, "release.tar"}} {
-		mr := images.Image{Ref: im.ref, Files: []images.File{{Path: "/multireg", Source: im.bin, Mode: 0o755}}, Entrypoint: []string{"/multireg"}, User: "0:0"}
-		tar := filepath.Join(dir, im.file)
-		if err := mr.WriteTarball(tar); err != nil {
-			return nil, err
-		}
-		tars = append(tars, tar)
+	if reg, err = images.StartRegistry(logFile); err != nil {
+		logFile.Close()
+		return nil, err
 	}
-	return tars, nil
+	stop = func() error { return errors.Join(reg.Close(), logFile.Close()) }
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, stop())
+			stop = nil
+		}
+	}()
+	repo := reg.Host + "/multireg"
+	if underTest, err = images.PushLayout(ctx, *imageLayout, repo); err != nil {
+		return stop, err
+	}
+	if releaseImage, err = images.PushLayout(ctx, *releaseImg, repo); err != nil {
+		return stop, err
+	}
+	if releaseImage.Version == underTest.Version {
+		return stop, fmt.Errorf("the release's image (%s) and the image under test (%s) have one version, %s: the upgrade needs two tags", *releaseImg, *imageLayout, underTest.Version)
+	}
+	for _, p := range []images.Pushed{underTest, releaseImage} {
+		if _, ok := p.Platforms[hostPlatform()]; !ok {
+			return stop, fmt.Errorf("%s: no image for this node's platform %s (platforms: %v)", p.Tag(), hostPlatform(), p.PlatformNames())
+		}
+	}
+	pauseRef, err = images.PushPause(ctx, filepath.Join(dir, "images"), reg.Host)
+	return stop, err
+}
+
+// hostPlatform is the node's platform, as an image index names it (linux/amd64; linux/arm/v7).
+func hostPlatform() string {
+	if runtime.GOARCH == "arm" {
+		return "linux/arm/v7"
+	}
+	return "linux/" + runtime.GOARCH
+}
+
+// requestLog is requests, one a line.
+func requestLog(requests []images.Request) string {
+	var b strings.Builder
+	for _, r := range requests {
+		fmt.Fprintln(&b, r)
+	}
+	return b.String()
 }
 
 // deleteWorkloads removes what the scenarios ran — the DaemonSets of kube-system and every

@@ -19,7 +19,6 @@ import (
 
 	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/node/cluster"
-	"multireg.dev/multireg/e2e/node/images"
 )
 
 // Third-party plugins nobody here wrote, built at pinned versions by build-thirdparty.sh, run
@@ -514,7 +513,7 @@ func pausePod(name, namespace string) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  &noToken,
 			TerminationGracePeriodSeconds: &grace,
-			Containers:                    []corev1.Container{{Name: "c", Image: images.PauseRef, ImagePullPolicy: corev1.PullNever}},
+			Containers:                    []corev1.Container{{Name: "c", Image: pauseRef, ImagePullPolicy: corev1.PullIfNotPresent}},
 		},
 	}
 }

@@ -12,13 +12,16 @@ import (
 
 // 5b. An upgrade to this build from a release without hand-overs (build-release.sh: the last
 // commit before them), with the shipped surge. The DaemonSet of scenario 5 is deleted (its
-// sockets stay: no --cleanup-on-exit) and applied again as shipped with the release's image;
-// then `kubectl set image` to this build. The release neither serves nor asks for a
-// hand-over: the new pod finds none, stands by Ready, the controller deletes the old pod, and
-// the new one takes the directory and renames fresh sockets over the release's. That is the
-// cost of an upgrade without hand-over, measured: kubelet registers each driver once more
-// (once, each: its plugin manager's log), each CSI driver leaves CSINode once (how long is
-// reported), and every endpoint is asked again.
+// sockets stay: no --cleanup-on-exit) and applied again as shipped with the release's image,
+// pulled from the test's registry by its tag; then `kubectl set image` to this build's image by
+// its tag (VERSION): no image on the node has that name yet (scenario 5 pulled it by digest),
+// so kubelet pulls, and containerd resolves the tag at the registry to the index whose content
+// it holds already. Both pods run exactly their image index (assertRuns). The release neither
+// serves nor asks for a hand-over: the new pod finds none, stands by Ready, the controller
+// deletes the old pod, and the new one takes the directory and renames fresh sockets over the
+// release's. That is the cost of an upgrade without hand-over, measured: kubelet registers
+// each driver once more (once, each: its plugin manager's log), each CSI driver leaves CSINode
+// once (how long is reported), and every endpoint is asked again.
 func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -35,8 +38,10 @@ func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 	}
 	waitNoPods(t)
 	start := time.Now()
-	env.apply(t, releaseRef)
+	mark := markRegistry()
+	env.apply(t, releaseImage.Tag())
 	pod := waitPodReady(t, 3*time.Minute, "")
+	figures = append(figures, "release by tag: "+assertRuns(t, pod.Name, releaseImage, releaseImage.Tag(), fetched, mark))
 	env.waitNode(t, "the release in pod "+pod.Name, podStatusURL(pod))
 	t.Logf("%s: pod %s Ready, every driver registered, %.1fs after kubectl apply -k", release, pod.Name, time.Since(start).Seconds())
 	if relLog, err := cl.Kubectl(ctx, "logs", "-n", "kube-system", pod.Name); err != nil {
@@ -50,7 +55,9 @@ func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 	counts := env.counts()
 	logFrom := kubeletLogSize(t)
 	w := watchCSINode(t)
-	r := followRollout(t, pod, "set", "image", "-n", "kube-system", "daemonset/multireg", "multireg="+multiregRef)
+	mark = markRegistry()
+	r := followRollout(t, pod, "set", "image", "-n", "kube-system", "daemonset/multireg", "multireg="+underTest.Tag())
+	figures = append(figures, "upgrade by tag: "+assertRuns(t, r.pod.Name, underTest, underTest.Tag(), resolved, mark))
 	st := env.waitNode(t, "multireg in pod "+r.pod.Name, podStatusURL(r.pod))
 	waitUntil(t, 60*time.Second, "kubelet asks every endpoint anew", func(context.Context) (bool, string) {
 		now := env.counts()

@@ -39,9 +39,10 @@ type Options struct {
 	Dir string
 	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl.
 	BinDir string
-	// Images are image tarballs imported into containerd before kubelet starts.
-	Images []string
-	// PauseImage is the sandbox image reference (an imported image: nothing is pulled).
+	// Registry is the HOST:PORT of the plain-HTTP registry containerd pulls the images from
+	// (images.Registry): containerd's registry configuration names it (images.WriteHostsDir).
+	Registry string
+	// PauseImage is the sandbox image's reference, pulled from Registry like every image.
 	PauseImage string
 	// Log receives a line per step.
 	Log io.Writer
@@ -113,6 +114,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		// Refused before anything starts: a teardown would undo the other run's state.
 		return nil, fmt.Errorf("%s holds a cluster's state already (running, or left over: go run ./cmd/cleanup %s)", opts.Dir, opts.Dir)
 	}
+	if opts.Registry == "" || opts.PauseImage == "" {
+		return nil, fmt.Errorf("cluster: Options.Registry (%q) and Options.PauseImage (%q) are required: containerd pulls every image, the sandbox image too", opts.Registry, opts.PauseImage)
+	}
 	c = &Cluster{
 		opts:              opts,
 		state:             newStateStore(opts.Dir),
@@ -159,7 +163,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		{"certificates (openssl)", c.makePKI},
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
-		{"containerd + images", c.startContainerd},
+		{"containerd", c.startContainerd},
 		{"kubelet → node Ready", c.startKubelet},
 		{"controller-manager + scheduler", c.startControllers},
 	}

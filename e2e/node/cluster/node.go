@@ -38,8 +38,9 @@ const (
 func (c *Cluster) containerdDir() string { return filepath.Join(c.opts.Dir, "containerd") }
 
 // startContainerd starts a private containerd (own root, state and socket below Dir) whose
-// CRI plugin uses the imported pause image and Debian's CNI plugins with a bridge network,
-// then imports the images.
+// CRI plugin pulls its images, the sandbox image included, from Options.Registry over plain
+// HTTP (the registry's hosts.toml below its config_path), and uses Debian's CNI plugins with a
+// bridge network.
 func (c *Cluster) startContainerd(ctx context.Context) error {
 	dir := c.containerdDir()
 	cniConf := filepath.Join(c.opts.Dir, "cni")
@@ -47,6 +48,10 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
+	}
+	hostsDir := filepath.Join(dir, "certs.d")
+	if err := images.WriteHostsDir(hostsDir, c.opts.Registry); err != nil {
+		return err
 	}
 	// restrict_oom_score_adj: runc fails a sandbox ("can't get final child's PID from pipe")
 	// where the capability bounding set lacks CAP_SYS_RESOURCE, as in some CI sandboxes,
@@ -73,10 +78,13 @@ state = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
+  # Where each registry's hosts.toml is: the test's registry, reached over plain HTTP.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %q
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.ContainerdAddress, c.opts.PauseImage,
-		filepath.Join(dir, "runc"), cniBinDir, cniConf, filepath.Join(dir, "opt"))
+		filepath.Join(dir, "runc"), cniBinDir, cniConf, hostsDir, filepath.Join(dir, "opt"))
 	configPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err
@@ -119,11 +127,6 @@ state = %q
 		return err == nil, err
 	}); err != nil {
 		return err
-	}
-	for _, img := range c.opts.Images {
-		if err := images.Import(ctx, c.ContainerdAddress, "k8s.io", img); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -13,20 +13,22 @@ import (
 // PausePackage is the import path of the sandbox program that BuildPause builds.
 const PausePackage = "multireg.dev/multireg/e2e/node/cmd/pause"
 
-// PauseRef is the reference of the pause image WritePause writes: the sandbox image of the
-// test clusters.
-const PauseRef = "docker.io/multireg/pause:e2e"
+// PauseName is the name and tag of the pause image PushPause pushes, below the registry's host:
+// the sandbox image of the test clusters.
+const PauseName = "pause:e2e"
 
-// WritePause builds the pause program into dir and writes its image (PauseRef) as dir/pause.tar,
-// whose path it returns.
-func WritePause(ctx context.Context, dir string) (string, error) {
+// PushPause builds the pause program into dir and pushes its image to the registry at host
+// (HOST:PORT, plain HTTP) as HOST/PauseName, the reference it returns.
+func PushPause(ctx context.Context, dir, host string) (string, error) {
 	bin, err := BuildPause(ctx, dir)
 	if err != nil {
 		return "", err
 	}
-	tar := filepath.Join(dir, "pause.tar")
-	im := Image{Ref: PauseRef, Files: []File{{Path: "/pause", Source: bin, Mode: 0o755}}, Entrypoint: []string{"/pause"}}
-	return tar, im.WriteTarball(tar)
+	im := Image{Ref: host + "/" + PauseName, Files: []File{{Path: "/pause", Source: bin, Mode: 0o755}}, Entrypoint: []string{"/pause"}}
+	if _, err := im.Push(ctx); err != nil {
+		return "", err
+	}
+	return im.Ref, nil
 }
 
 // BuildPause builds PausePackage into outDir/pause and returns that path. The binary is

@@ -1,21 +1,23 @@
-// Package images builds the container images of the e2e cluster without a registry or a
-// docker engine: an Image is written as a docker-archive tarball that `ctr images import`
-// loads straight into the containerd the kubelet uses (see Import).
+// Package images serves the e2e cluster's container images from a registry in the test
+// process (Registry), which the cluster's containerd pulls from as a cluster pulls from its
+// registry (WriteHostsDir): multireg's image as `make image` builds it, every platform
+// (PushLayout), and the small single-layer images the tests build themselves, such as the
+// pause image (Image, PushPause), without a docker engine.
 //
-// Images are linux/runtime.GOARCH, have one layer, and are reproducible: the layer's entries
-// have fixed owners and mtimes, so an image's digest changes only when its content does.
+// An Image is linux/runtime.GOARCH, has one layer, and is reproducible: the layer's entries
+// have fixed owners and mtimes, so its digest changes only when its content does.
 package images
 
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -26,18 +28,20 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // defaultPath is the PATH every image's environment starts with.
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// Image describes a single-layer image to write with WriteTarball.
+// Image describes a single-layer image to push with Push.
 type Image struct {
 	// Ref names the image, with a tag, in the normalized form that containerd stores and
-	// the kubelet looks up: "multireg.test/pause:e2e" or "docker.io/multireg/pause:e2e",
+	// the kubelet looks up: "127.0.0.1:5000/pause:e2e" or "docker.io/multireg/pause:e2e",
 	// never "pause:e2e" (which containerd would store as "docker.io/library/pause:e2e").
-	// Because Ref is normalized already, a pod spec uses Ref as it is.
+	// Because Ref is normalized already, a pod spec uses Ref as it is. Push pushes to the
+	// registry it names.
 	Ref string
 	// Files make up the image's only layer. Their parent directories are created as
 	// needed, owned by 0:0 with mode 0755.
@@ -100,7 +104,7 @@ func (im Image) Validate() error {
 }
 
 // validateRef accepts a tagged reference without digest that containerd's normalization
-// leaves unchanged, so that the name in the tarball, in containerd and in a pod spec is
+// leaves unchanged, so that the name pushed, the name in containerd and in a pod spec is
 // one string.
 func validateRef(ref string) error {
 	named, err := reference.ParseNormalizedNamed(ref)
@@ -119,34 +123,25 @@ func validateRef(ref string) error {
 	return nil
 }
 
-// WriteTarball writes im as a docker-archive tarball (what `docker save` writes) to
-// tarPath (mode 0644), replacing any file there, after Validate. The file appears complete
-// or not at all: it is written beside tarPath and renamed into place.
-func (im Image) WriteTarball(tarPath string) error {
+// Push pushes im, after Validate, to the registry its Ref names, over plain HTTP (the test
+// registry: see Registry), and returns the digest of its manifest.
+func (im Image) Push(ctx context.Context) (v1.Hash, error) {
 	img, err := im.build()
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
-	tag, err := name.NewTag(im.Ref, name.StrictValidation)
+	tag, err := name.NewTag(im.Ref, name.Insecure, name.StrictValidation)
 	if err != nil {
-		return fmt.Errorf("image %s: %w", im.Ref, err)
+		return v1.Hash{}, fmt.Errorf("image %s: %w", im.Ref, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(tarPath), "."+filepath.Base(tarPath)+".*")
+	d, err := img.Digest()
 	if err != nil {
-		return fmt.Errorf("write image %s: %w", im.Ref, err)
+		return v1.Hash{}, fmt.Errorf("image %s: %w", im.Ref, err)
 	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	if err := errors.Join(tmp.Chmod(0o644), tarball.Write(tag, img, tmp)); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write image %s to %s: %w", im.Ref, tarPath, err)
+	if err := remote.Write(tag, img, remote.WithContext(ctx)); err != nil {
+		return v1.Hash{}, fmt.Errorf("push %s: %w", im.Ref, err)
 	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write image %s to %s: %w", im.Ref, tarPath, err)
-	}
-	if err := os.Rename(tmp.Name(), tarPath); err != nil {
-		return fmt.Errorf("write image %s: %w", im.Ref, err)
-	}
-	return nil
+	return d, nil
 }
 
 // build validates im, reads its files and returns the image. The layer is held in memory.

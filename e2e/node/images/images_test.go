@@ -2,7 +2,6 @@ package images
 
 import (
 	"archive/tar"
-	"bytes"
 	"errors"
 	"io"
 	"os"
@@ -15,13 +14,14 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 const testRef = "multireg.test/pause:e2e"
 
-// pauseImage builds the pause binary into dir and returns an image holding it and a data file.
-func pauseImage(t *testing.T, dir string) Image {
+// pauseImage builds the pause binary into dir and returns an image holding it and a data file,
+// named HOST/pause:e2e.
+func pauseImage(t *testing.T, dir, host string) Image {
 	t.Helper()
 	start := time.Now()
 	bin, err := BuildPause(t.Context(), dir)
@@ -30,7 +30,7 @@ func pauseImage(t *testing.T, dir string) Image {
 	}
 	t.Logf("BuildPause: %v", time.Since(start))
 	return Image{
-		Ref: testRef,
+		Ref: host + "/pause:e2e",
 		Files: []File{
 			{Path: "/pause", Source: bin, Mode: 0o755},
 			{Path: "/etc/multireg/hello", Data: []byte("hello\n")},
@@ -41,35 +41,41 @@ func pauseImage(t *testing.T, dir string) Image {
 	}
 }
 
-func TestWriteTarball(t *testing.T) {
+// pull reads ref back from its registry (plain HTTP).
+func pull(t *testing.T, ref string) v1.Image {
+	t.Helper()
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(r, remote.WithContext(t.Context()))
+	if err != nil {
+		t.Fatalf("pull %s: %v", ref, err)
+	}
+	return img
+}
+
+func TestPush(t *testing.T) {
+	reg := startRegistry(t)
 	dir := t.TempDir()
-	im := pauseImage(t, dir)
+	im := pauseImage(t, dir, reg.Host)
 	pauseBin, err := os.ReadFile(im.Files[0].Source)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tarPath := filepath.Join(dir, "pause.tar")
 	start := time.Now()
-	if err := im.WriteTarball(tarPath); err != nil {
+	digest, err := im.Push(t.Context())
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("WriteTarball: %v", time.Since(start))
+	t.Logf("Push: %v", time.Since(start))
 
-	manifest, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(tarPath) })
-	if err != nil {
-		t.Fatal(err)
+	img := pull(t, im.Ref)
+	if d, err := img.Digest(); err != nil || d != digest {
+		t.Errorf("pulled %s: digest %v (%v), want the pushed %v", im.Ref, d, err, digest)
 	}
-	if len(manifest) != 1 || !slices.Equal(manifest[0].RepoTags, []string{testRef}) {
-		t.Errorf("manifest.json = %+v, want one image tagged %q", manifest, testRef)
-	}
-
-	tag, err := name.NewTag(testRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := tarball.ImageFromPath(tarPath, &tag)
-	if err != nil {
-		t.Fatal(err)
+	if d, err := pull(t, reg.Host+"/pause@"+digest.String()).Digest(); err != nil || d != digest {
+		t.Errorf("pulled by digest: %v (%v), want %v", d, err, digest)
 	}
 	cfg, err := img.ConfigFile()
 	if err != nil {
@@ -145,101 +151,55 @@ func TestWriteTarball(t *testing.T) {
 		}
 		t.Errorf("layer entries differ from the %d wanted", len(want))
 	}
+	if !slices.ContainsFunc(reg.Requests(), func(r Request) bool {
+		return r.Method == "PUT" && r.Path == "/v2/pause/manifests/e2e" && r.Status == 201
+	}) {
+		t.Errorf("the registry's requests hold no PUT /v2/pause/manifests/e2e answered 201: %v", reg.Requests())
+	}
 }
 
-func TestWriteTarballIsReproducible(t *testing.T) {
+func TestPushIsReproducible(t *testing.T) {
+	reg := startRegistry(t)
 	dir := t.TempDir()
-	im := pauseImage(t, dir)
-	digest := func(tarPath string) v1.Hash {
+	im := pauseImage(t, dir, reg.Host)
+	push := func(tag string) v1.Hash {
 		t.Helper()
-		if err := im.WriteTarball(tarPath); err != nil {
-			t.Fatal(err)
-		}
-		img, err := tarball.ImageFromPath(tarPath, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := img.Digest()
+		im := im
+		im.Ref = reg.Host + "/pause:" + tag
+		d, err := im.Push(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	a := digest(filepath.Join(dir, "a.tar"))
-	b := digest(filepath.Join(dir, "b.tar"))
+	a, b := push("a"), push("b")
 	if a != b {
-		t.Errorf("digests of two writes differ: %v, %v", a, b)
-	}
-	aTar, errA := os.ReadFile(filepath.Join(dir, "a.tar"))
-	bTar, errB := os.ReadFile(filepath.Join(dir, "b.tar"))
-	if err := errors.Join(errA, errB); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(aTar, bTar) {
-		t.Error("two writes of one image differ byte for byte")
+		t.Errorf("digests of two pushes differ: %v, %v", a, b)
 	}
 
 	// A rebuilt binary must not change the digest either.
 	if _, err := BuildPause(t.Context(), dir); err != nil {
 		t.Fatal(err)
 	}
-	if c := digest(filepath.Join(dir, "c.tar")); c != a {
+	if c := push("c"); c != a {
 		t.Errorf("digest after rebuilding pause = %v, want %v", c, a)
 	}
 
 	im.Files[1].Data = []byte("changed\n")
-	if d := digest(filepath.Join(dir, "d.tar")); d == a {
+	if d := push("d"); d == a {
 		t.Errorf("digest = %v after a file changed, want a new one", d)
 	}
 }
 
-func TestWriteTarballReplacesFile(t *testing.T) {
-	dir := t.TempDir()
-	tarPath := filepath.Join(dir, "data.tar")
-	for _, content := range []string{"one", "two"} {
-		im := Image{Ref: "multireg.test/data:v1", Files: []File{{Path: "/data", Data: []byte(content)}}}
-		if err := im.WriteTarball(tarPath); err != nil {
-			t.Fatal(err)
-		}
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(entries) != 1 || entries[0].Name() != "data.tar" {
-		t.Errorf("directory holds %v, want only data.tar", entries)
-	}
-	img, err := tarball.ImageFromPath(tarPath, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[0].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	if _, err := tr.Next(); err != nil {
-		t.Fatal(err)
-	}
-	if b, err := io.ReadAll(tr); err != nil || string(b) != "two" {
-		t.Errorf("data = %q, %v, want the second write's", b, err)
-	}
-}
-
-func TestWriteTarballMissingSource(t *testing.T) {
-	tarPath := filepath.Join(t.TempDir(), "x.tar")
-	im := Image{Ref: testRef, Files: []File{{Path: "/pause", Source: filepath.Join(t.TempDir(), "missing")}}}
-	err := im.WriteTarball(tarPath)
+func TestPushMissingSource(t *testing.T) {
+	reg := startRegistry(t)
+	im := Image{Ref: reg.Host + "/pause:e2e", Files: []File{{Path: "/pause", Source: filepath.Join(t.TempDir(), "missing")}}}
+	_, err := im.Push(t.Context())
 	if !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("WriteTarball = %v, want a not-exist error", err)
+		t.Errorf("Push = %v, want a not-exist error", err)
 	}
-	if _, err := os.Stat(tarPath); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("stat %s: %v, want no file", tarPath, err)
+	if reqs := reg.Requests(); len(reqs) != 0 {
+		t.Errorf("the registry was asked %v, want nothing", reqs)
 	}
 }
 
@@ -253,6 +213,7 @@ func TestValidate(t *testing.T) {
 		{name: "valid", give: Image{Ref: testRef, Files: []File{file}}},
 		{name: "docker.io with path", give: Image{Ref: "docker.io/multireg/pause:e2e"}},
 		{name: "localhost registry", give: Image{Ref: "localhost:5000/pause:e2e"}},
+		{name: "loopback registry", give: Image{Ref: "127.0.0.1:5000/pause:e2e"}},
 		{name: "nested files", give: Image{Ref: testRef, Files: []File{{Path: "/a/b"}, {Path: "/a/c/d"}}}},
 		{name: "short name", give: Image{Ref: "pause:e2e"},
 			wantErr: []string{`ref: "pause:e2e": must be normalized, as "docker.io/library/pause:e2e"`}},

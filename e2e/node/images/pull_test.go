@@ -3,6 +3,7 @@ package images
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,16 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-
 	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/node/hostpaths"
 )
 
-// TestImport imports a pause image into a private containerd, as the e2e cluster does, and
-// checks that containerd stores it under Ref, unpacked, and that it runs.
-func TestImport(t *testing.T) {
+// TestContainerdPulls has a private containerd pull a pause image from a Registry through the
+// registry configuration WriteHostsDir writes, as the e2e cluster's containerd does, by tag
+// and by digest, and checks that containerd stores it under that reference, unpacked, that
+// the image came over plain HTTP from the registry, and that it runs.
+func TestContainerdPulls(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: containerd mounts overlayfs to unpack images")
 	}
@@ -30,30 +31,47 @@ func TestImport(t *testing.T) {
 		}
 	}
 	address := startContainerd(t)
-
+	reg := startRegistry(t)
 	dir := t.TempDir()
-	im := pauseImage(t, dir)
-	tarPath := filepath.Join(dir, "pause.tar")
-	if err := im.WriteTarball(tarPath); err != nil {
+	hostsDir := filepath.Join(dir, "certs.d")
+	if err := WriteHostsDir(hostsDir, reg.Host); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 { // a second import is harmless
-		start := time.Now()
-		if err := Import(t.Context(), address, "k8s.io", tarPath); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("Import: %v", time.Since(start))
-	}
-
-	refs := strings.Fields(ctr(t, address, "images", "ls", "-q"))
-	if !slices.Equal(refs, []string{im.Ref}) {
-		t.Errorf("images in k8s.io: %q, want [%q]", refs, im.Ref)
-	}
-	// Unpacked: the layer's snapshot is named by its chain ID, the diff ID for one layer.
-	img, err := tarball.ImageFromPath(tarPath, nil)
+	ref, err := PushPause(t.Context(), dir, reg.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ref != reg.Host+"/"+PauseName {
+		t.Errorf("PushPause pushed %s; want %s/%s", ref, reg.Host, PauseName)
+	}
+	img := pull(t, ref)
+	digest, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byDigest := reg.Host + "/pause@" + digest.String()
+	before := len(reg.Requests())
+	for _, r := range []string{ref, byDigest} {
+		start := time.Now()
+		ctr(t, address, "images", "pull", "--hosts-dir", hostsDir, r)
+		t.Logf("ctr images pull %s: %v", r, time.Since(start))
+	}
+	var asked []string
+	for _, r := range reg.Requests()[before:] {
+		asked = append(asked, r.String())
+	}
+	for _, want := range []string{"/v2/pause/manifests/e2e 200", "/v2/pause/manifests/" + digest.String() + " 200"} {
+		if !slices.ContainsFunc(asked, func(a string) bool { return strings.HasSuffix(a, want) }) {
+			t.Errorf("containerd's pulls asked the registry %q; want a request for %s", asked, want)
+		}
+	}
+
+	refs := strings.Fields(ctr(t, address, "images", "ls", "-q"))
+	slices.Sort(refs)
+	if want := []string{ref, byDigest}; !slices.Equal(refs, want) { // ':' sorts before '@'
+		t.Errorf("images in k8s.io: %q, want %q", refs, want)
+	}
+	// Unpacked: the layer's snapshot is named by its chain ID, the diff ID for one layer.
 	cfg, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +81,25 @@ func TestImport(t *testing.T) {
 		t.Errorf("snapshots:\n%s\nwant %s (the unpacked layer)", snapshots, chainID)
 	}
 
-	t.Run("run", func(t *testing.T) { runPause(t, address, im.Ref) })
+	// containerd 1.6 would speak plain HTTP to a registry on the loopback without being told;
+	// that it reads the file WriteHostsDir wrote for this host shows when the file names
+	// another server: nothing listens there, and the pull fails. (containerd 1.6.20 follows
+	// the [host] entry: a file naming the dead server as `server` alone was not followed.)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	toml := fmt.Sprintf("server = %[1]q\n[host.%[1]q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+closed.Addr().String())
+	if err := os.WriteFile(filepath.Join(hostsDir, reg.Host, "hosts.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pull := exec.Command("ctr", "--address", address, "--namespace", "k8s.io", "images", "pull", "--hosts-dir", hostsDir, reg.Host+"/pause:other")
+	if out, err := pull.CombinedOutput(); err == nil || !strings.Contains(string(out), closed.Addr().String()) {
+		t.Errorf("ctr images pull with hosts.toml naming %s: %v; want an error naming that address:\n%s", closed.Addr(), err, out)
+	}
+
+	t.Run("run", func(t *testing.T) { runPause(t, address, ref) })
 }
 
 // runPause runs ref with `ctr run` until /pause is its process, then kills it. Whether pause
