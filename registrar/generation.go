@@ -32,8 +32,14 @@ func (g *generation) awaiting() bool { return g.srv.Awaiting() }
 // serveOn serves the Registration service of generation gen on l, the listening socket at
 // path (identity id), telling kubelet the endpoint of t and versions. With anyConn, the first
 // verdict on any connection counts: kubelet asked GetInfo of another instance (a hand-over),
-// and its verdict comes on a connection of its own.
+// and its verdict comes on a connection of its own. The socket is already open: its
+// descriptor is counted, and never refused.
 func (d *driver) serveOn(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
+	return d.serveSlot(l, path, id, gen, t, versions, anyConn, nil)
+}
+
+// serveSlot is serveOn for a socket whose descriptor was claimed (regserver.Hub.Claim).
+func (d *driver) serveSlot(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool, slot *regserver.Slot) (*generation, error) {
 	srv, err := regserver.Serve(d.hub, l, path, regserver.Service{
 		Gen: gen,
 		Info: &registerapi.PluginInfo{
@@ -51,7 +57,7 @@ func (d *driver) serveOn(l *net.UnixListener, path string, id fsid.ID, gen uint6
 			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
 		},
 		AnyConn: anyConn,
-	})
+	}, slot)
 	if err != nil {
 		return nil, err
 	}

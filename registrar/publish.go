@@ -9,6 +9,7 @@ import (
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/regdir"
+	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
@@ -87,12 +88,19 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		}
 		err = sockfile.CheckNotServed(path, ours)
 	}
+	var slot *regserver.Slot
+	if err == nil {
+		// The socket's descriptor, claimed before it is created: sockets never take the
+		// descriptors the rest of the process needs.
+		slot, err = d.hub.Claim(path)
+	}
+	defer slot.Release()
 	var g *generation
 	if err == nil {
 		// Served before it is renamed onto path: a failure to serve must not replace cur.
 		_, id, err = sockfile.Publish(path, func(l *net.UnixListener) (func(), error) {
 			var err error
-			g, err = d.serveOn(l, path, fsid.ID{}, gen, d.at, d.versions(), false)
+			g, err = d.serveSlot(l, path, fsid.ID{}, gen, d.at, d.versions(), false, slot)
 			if err != nil {
 				return nil, err
 			}

@@ -30,6 +30,15 @@ type Hub struct {
 	closed  bool
 	dead    bool // the loop ended on an error
 
+	// The bounds (limits.go) and the descriptor budget (budget.go).
+	fdLimit       int
+	nsocks        int                // sockets counted against fdLimit, and slots claimed
+	nconns        int                // connections admitted and not released
+	conns         map[*conn]struct{} // the same
+	calls         map[*call]struct{} // calls in flight
+	refusals      int                // connections and calls refused or cut since the last warning
+	refusalLogged time.Time
+
 	quit   chan struct{}  // closed by close
 	done   chan struct{}  // closed when the loop has returned
 	serves sync.WaitGroup // the connections' goroutines
@@ -54,11 +63,16 @@ func NewHub(log *slog.Logger) (*Hub, error) {
 		ep.Close()
 		return nil, err
 	}
-	return &Hub{log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{})}, nil
+	return &Hub{
+		log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{}),
+		fdLimit: fdLimit(), conns: map[*conn]struct{}{}, calls: map[*call]struct{}{},
+	}, nil
 }
 
-// add accepts g's connections from now on.
-func (h *Hub) add(g *Socket) error {
+// add accepts g's connections from now on. g's descriptor is counted against the budget: the
+// slot claimed for it, or, without one (a socket handed over, already open: refusing it would
+// free nothing), one more.
+func (h *Hub) add(g *Socket, slot *Slot) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -72,6 +86,12 @@ func (h *Hub) add(g *Socket) error {
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
 		if err = syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err == nil {
 			h.socks[int32(fd)] = g
+			g.counted = true
+			if slot != nil && slot.held {
+				slot.held = false
+			} else {
+				h.nsocks++
+			}
 		}
 	}); cerr != nil {
 		err = cerr
@@ -95,6 +115,10 @@ func (h *Hub) add(g *Socket) error {
 func (h *Hub) remove(g *Socket) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if g.counted {
+		g.counted = false
+		h.nsocks--
+	}
 	if h.closed {
 		return // the epoll instance is closed, or going
 	}
@@ -194,7 +218,11 @@ func (h *Hub) wait(d time.Duration) bool {
 	}
 }
 
-// acceptOn accepts every connection waiting on the listening socket fd and serves each.
+// acceptOn accepts one connection waiting on the listening socket fd, and serves it: epoll
+// reports the socket again while more wait. The listener accepts it itself, non-blocking (a
+// deadline bounds the wait should the connection have gone meanwhile): one descriptor per
+// connection, and no failure after the accept, which would cost a connection already accepted
+// (net.FileConn's duplicate did, at the descriptor limit).
 func (h *Hub) acceptOn(fd int32) error {
 	h.mu.Lock()
 	g := h.socks[fd]
@@ -202,37 +230,36 @@ func (h *Hub) acceptOn(fd int32) error {
 	if g == nil {
 		return nil // removed since epoll_wait
 	}
-	for {
-		var nfd int
-		var err error
-		// Control holds the socket open: a stop closing it meanwhile waits, or makes this fail.
-		if cerr := g.raw.Control(func(fd uintptr) {
-			nfd, _, err = syscall.Accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
-		}); cerr != nil {
-			return nil
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EINTR):
-			return nil
-		default:
-			return os.NewSyscallError("accept4", err)
-		}
-		f := os.NewFile(uintptr(nfd), g.path)
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			return err
-		}
-		srv := g.give(c)
-		if srv == nil {
-			continue // g stopped
-		}
-		// Serve returns once the listener has no second connection; it blocks longer only
-		// while the server stops, hence a goroutine.
-		h.serves.Go(func() { _ = srv.Serve(&oneConn{c: c, addr: c.LocalAddr()}) })
+	if err := g.l.SetDeadline(time.Now().Add(acceptWait)); err != nil {
+		return nil // closed since
 	}
+	c, err := g.l.AcceptUnix()
+	if err != nil {
+		var ne net.Error
+		if errors.Is(err, net.ErrClosed) || (errors.As(err, &ne) && ne.Timeout()) ||
+			errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EINTR) {
+			return nil
+		}
+		return fmt.Errorf("accept a connection on %s: %w", g.path, err)
+	}
+	cn := h.admit(g, c)
+	if cn == nil {
+		c.Close()
+		return nil
+	}
+	srv := g.give(cn)
+	if srv == nil {
+		h.release(cn)
+		return nil // g stopped; c is closed
+	}
+	// Serve returns once the listener has no second connection; it blocks longer only
+	// while the server stops, hence a goroutine.
+	h.serves.Go(func() { _ = srv.Serve(&oneConn{c: c, addr: c.LocalAddr()}) })
+	return nil
 }
+
+// acceptWait bounds an accept epoll said would not block: a connection may go before it.
+const acceptWait = 50 * time.Millisecond
 
 // oneConn is a listener that yields one connection, then fails: Serve returns, and the server
 // keeps the connection.

@@ -39,7 +39,7 @@ func serveTest(t *testing.T, n int) (*Hub, []*Socket) {
 			Gen:    1,
 			Info:   &registerapi.PluginInfo{Type: "CSIPlugin", Name: fmt.Sprintf("d%d", i), SupportedVersions: []string{"1.0.0"}},
 			Notify: func(Verdict) {}, OnInfo: func(string) {}, OnLate: func() {},
-		})
+		}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

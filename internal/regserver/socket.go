@@ -114,15 +114,10 @@ func (s *registrationServer) NotifyRegistrationStatus(ctx context.Context, st *r
 // connIDs numbers connections across every generation of the process.
 var connIDs atomic.Uint64
 
-// conn is what a generation's server knows of one connection: its number, and the accepted
-// socket itself, which gRPC's transport reads unwrapped (gRPC reads an *net.UnixConn into a
-// pooled buffer only once data is there, and keeps no buffer of its own while the connection
-// is idle).
-type conn struct {
-	credentials.CommonAuthInfo
-	id uint64
-	c  net.Conn
-}
+// conn (limits.go) is what a generation's server knows of one connection: its number, and
+// the accepted socket itself, which gRPC's transport reads unwrapped (gRPC reads an
+// *net.UnixConn into a pooled buffer only once data is there, and keeps no buffer of its own
+// while the connection is idle).
 
 func (*conn) AuthType() string { return "unix" }
 
@@ -133,7 +128,7 @@ func connOf(ctx context.Context) *conn {
 			return c
 		}
 	}
-	return &conn{} // unreachable: every connection goes through tagger
+	return &conn{g: &Socket{}} // unreachable: every connection goes through tagger
 }
 
 // Socket is one published registration socket generation and the gRPC server on it. The
@@ -151,58 +146,73 @@ type Socket struct {
 
 	mu  sync.Mutex
 	srv *grpc.Server // nil while no connection is served
-	// opening: connections given to srv whose HTTP/2 handshake has not ended, and when they
-	// were given; stop closes them, as gRPC's stop would wait for their handshake.
-	opening map[net.Conn]time.Time
+	// opening: connections given to srv whose HTTP/2 handshake has not ended; stop closes
+	// them, as gRPC's stop would wait for their handshake.
+	opening map[net.Conn]*conn
 	served  int // connections past the handshake and not closed
 	calls   int // calls whose handler has not returned, on any of srv's connections
 	stopped bool
+
+	// The hub's, under its mu: g's connections admitted and not released, and whether g's
+	// descriptor is counted in the budget.
+	nconns  int
+	counted bool
 }
 
-// Bounds on what a client of a registration socket may hold. Kubelet makes one call at a time
-// on a connection, with messages of a few hundred bytes (a rejection's reason may run longer).
+// Bounds on what a client of a registration socket may hold (limits.go has the rest). Kubelet
+// makes one call at a time on a connection, with messages of a few hundred bytes (a
+// rejection's reason may run to some KiB).
 const (
-	maxCallStreams = 16
-	maxRequest     = 1 << 20  // gRPC's own default is 4 MiB
+	maxCallStreams = 4
+	maxRequest     = 64 << 10 // gRPC's own default is 4 MiB
 	maxHeaderList  = 16 << 10 // a call's header block
+	// window: HTTP/2 flow-control windows, stream and connection, fixed: gRPC's default
+	// grows them (BDP estimation) up to 16 MiB, which a client that does not read its
+	// replies, or sends without end, would hold.
+	window = 64 << 10
 	// handshakeTimeout bounds the wait for a client's HTTP/2 preface; kubelet sends it at once.
 	handshakeTimeout = 10 * time.Second
 )
 
 // Serve serves svc on l, the listening socket at path, through h, until Stop. No idle or age
-// limits: kubelet keeps one connection open from GetInfo to NotifyRegistrationStatus, and the
-// plugin's registration in between may take minutes. l stays the caller's: Stop closes it.
-func Serve(h *Hub, l *net.UnixListener, path string, svc Service) (*Socket, error) {
+// limits once a call has begun: kubelet keeps one connection open from GetInfo to
+// NotifyRegistrationStatus, and the plugin's registration in between may take minutes (the
+// bounds of limits.go apply). l stays the caller's: Stop closes it. slot, claimed for the
+// socket (Hub.Claim), is taken; nil for a socket already open (a hand-over's).
+func Serve(h *Hub, l *net.UnixListener, path string, svc Service, slot *Slot) (*Socket, error) {
 	rs := &registrationServer{gen: svc.Gen, info: svc.Info, notify: svc.Notify, onInfo: svc.OnInfo, onLate: svc.OnLate, asked: map[uint64]bool{}}
 	rs.anyConn.Store(svc.AnyConn)
 	raw, err := l.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
-	g := &Socket{path: path, l: l, raw: raw, rs: rs, hub: h, opening: map[net.Conn]time.Time{}}
-	if err := h.add(g); err != nil {
+	g := &Socket{path: path, l: l, raw: raw, rs: rs, hub: h, opening: map[net.Conn]*conn{}}
+	if err := h.add(g, slot); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
 // give hands a connection accepted on g's socket to g's server, created for it if none
-// serves. It returns the server, or nil when g has stopped (c is closed).
-func (g *Socket) give(c net.Conn) *grpc.Server {
+// serves. It returns the server, or nil when g has stopped (the connection is closed).
+func (g *Socket) give(cn *conn) *grpc.Server {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopped {
-		c.Close()
+		cn.c.Close()
 		return nil
 	}
 	if g.srv == nil {
 		g.srv = grpc.NewServer(
 			grpc.Creds(tagger{g}),
 			grpc.StatsHandler(connStats{g}),
+			grpc.InTapHandle(g.hub.tap),
 			grpc.ConnectionTimeout(handshakeTimeout),
 			grpc.MaxConcurrentStreams(maxCallStreams),
 			grpc.MaxRecvMsgSize(maxRequest),
 			grpc.MaxHeaderListSize(maxHeaderList),
+			grpc.InitialWindowSize(window),
+			grpc.InitialConnWindowSize(window),
 			// Replies are a few hundred bytes: written as they are, without a buffer kept for
 			// each connection.
 			grpc.WriteBufferSize(0),
@@ -210,15 +220,14 @@ func (g *Socket) give(c net.Conn) *grpc.Server {
 		)
 		registerapi.RegisterRegistrationServer(g.srv, g.rs)
 	}
-	now := time.Now()
 	if len(g.opening) >= 64 {
-		for oc, at := range g.opening {
-			if now.Sub(at) > 2*handshakeTimeout {
+		for oc, o := range g.opening {
+			if time.Since(o.accepted) > 2*handshakeTimeout {
 				delete(g.opening, oc) // its handshake failed: gRPC closed it
 			}
 		}
 	}
-	g.opening[c] = now
+	g.opening[cn.c] = cn
 	return g.srv
 }
 
@@ -227,7 +236,13 @@ func (g *Socket) give(c net.Conn) *grpc.Server {
 type tagger struct{ g *Socket }
 
 func (t tagger) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return c, &conn{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, id: connIDs.Add(1), c: c}, nil
+	t.g.mu.Lock()
+	cn := t.g.opening[c]
+	t.g.mu.Unlock()
+	if cn == nil {
+		return nil, nil, fmt.Errorf("a connection to %s the hub did not admit", t.g.path) // unreachable
+	}
+	return c, cn, nil
 }
 
 func (tagger) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -256,6 +271,7 @@ func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
 		g.served++
 		g.mu.Unlock()
 	case *stats.ConnEnd:
+		g.hub.release(c)
 		g.rs.mu.Lock()
 		delete(g.rs.asked, c.id)
 		g.rs.mu.Unlock()
@@ -266,7 +282,7 @@ func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
 	}
 }
 
-func (s connStats) HandleRPC(_ context.Context, st stats.RPCStats) {
+func (s connStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
 	g := s.g
 	switch st.(type) {
 	case *stats.Begin:
@@ -274,6 +290,10 @@ func (s connStats) HandleRPC(_ context.Context, st stats.RPCStats) {
 		g.calls++
 		g.mu.Unlock()
 	case *stats.End: // after the call's handler returned
+		if cl := callOf(ctx); cl != nil {
+			cl.after()
+			g.hub.endCall(cl)
+		}
 		g.mu.Lock()
 		g.calls--
 		g.dropIdle()

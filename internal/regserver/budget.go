@@ -1,0 +1,110 @@
+package regserver
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// The descriptor budget. Every registration socket holds a descriptor for as long as it is
+// served, and every connection to one another. With the process's RLIMIT_NOFILE too low for
+// the drivers, sockets must not take the descriptors the rest needs, or nothing answers at
+// all, not even /healthz.
+const (
+	// ReserveFDs: descriptors the registration sockets and their connections never take: the
+	// runtime's own, the HTTP server and its clients, the config file's reload, the inotify
+	// instance, the lock and the hand-over socket, the endpoint probes (32 at most at once), a
+	// socket being published, and an accept.
+	ReserveFDs = 64
+	// KubeletFDs: descriptors kept for kubelet's connections to the sockets; sockets never
+	// take them.
+	KubeletFDs = 16
+)
+
+// Budget is the hub's descriptor budget, for /status.
+type Budget struct {
+	// Limit is RLIMIT_NOFILE as the process found it at start (Go raises the soft limit to
+	// the hard one: the hard limit, unless something lowered the soft one since).
+	Limit int `json:"limit"`
+	// Reserved: kept for everything but the registration sockets (ReserveFDs), and for
+	// kubelet's connections (KubeletFDs).
+	Reserved int `json:"reserved"`
+	// MaxSockets: the registration sockets that fit.
+	MaxSockets int `json:"maxSockets"`
+	// Sockets and Conns: the registration sockets served (or being published), and their
+	// connections.
+	Sockets int `json:"sockets"`
+	Conns   int `json:"connections"`
+}
+
+// NoRoomError is a registration socket the descriptor budget has no room for.
+type NoRoomError struct {
+	Path   string
+	Budget Budget
+}
+
+func (e *NoRoomError) Error() string {
+	return fmt.Sprintf("no file descriptor left for the registration socket %s: %s", e.Path, budgetText(e.Budget))
+}
+
+func budgetText(b Budget) string {
+	return fmt.Sprintf("RLIMIT_NOFILE is %d, of which %d are kept for HTTP, the config, probes, kubelet's connections and accepting: room for %d registration sockets; raise the hard limit to at least the drivers' sockets + %d (the container runtime's default, or LimitNOFILE= in systemd)",
+		b.Limit, b.Reserved, b.MaxSockets, b.Reserved)
+}
+
+// fdLimit returns RLIMIT_NOFILE's soft limit, the one that counts.
+func fdLimit() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<30 {
+		return 1 << 30
+	}
+	return int(rl.Cur)
+}
+
+// Budget returns the descriptor budget and what is used of it.
+func (h *Hub) Budget() Budget {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.budgetLocked()
+}
+
+func (h *Hub) budgetLocked() Budget {
+	return Budget{Limit: h.fdLimit, Reserved: ReserveFDs + KubeletFDs, MaxSockets: h.maxSockets(), Sockets: h.nsocks, Conns: h.nconns}
+}
+
+func (h *Hub) budgetText() string { return budgetText(h.budgetLocked()) }
+
+func (h *Hub) maxSockets() int { return max(0, h.fdLimit-ReserveFDs-KubeletFDs) }
+
+// fdRoom: descriptors left for one more connection. mu is held.
+func (h *Hub) fdRoom() int { return h.fdLimit - ReserveFDs - h.nsocks - h.nconns }
+
+// Slot is a registration socket's descriptor, claimed before the socket is created (Claim) and
+// given to Serve.
+type Slot struct {
+	h    *Hub
+	held bool // until Serve takes it, or Release
+}
+
+// Claim claims a descriptor for the registration socket at path, or fails with a NoRoomError.
+func (h *Hub) Claim(path string) (*Slot, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.nsocks >= h.maxSockets() {
+		return nil, &NoRoomError{Path: path, Budget: h.budgetLocked()}
+	}
+	h.nsocks++
+	return &Slot{h: h, held: true}, nil
+}
+
+// Release gives the slot back unless Serve took it. It is idempotent, and nil does nothing.
+func (s *Slot) Release() {
+	if s == nil {
+		return
+	}
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	if s.held {
+		s.held = false
+		s.h.nsocks--
+	}
+}

@@ -1,0 +1,245 @@
+package regserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+)
+
+// What the clients of the registration sockets may hold, one connection, one socket and the
+// whole process. Kubelet dials a socket, calls GetInfo at once, and NotifyRegistrationStatus
+// on the same connection once the plugin's handler is done (seconds, sometimes minutes, later),
+// one call at a time, each request a few hundred bytes sent whole; then it closes. Anything
+// slower or larger is not kubelet, and is cut so that kubelet always finds room.
+//
+// Variables, not constants, for the tests alone.
+var (
+	// firstCallTimeout: a connection on which no call began this long after it was accepted
+	// is closed (an HTTP/2 preface alone, or a header block that never ends).
+	firstCallTimeout = 10 * time.Second
+	// callTimeout bounds a call from its headers to its end: the request must arrive whole,
+	// and the reply be taken, within it (kubelet allows GetInfo 1 s, the verdict 5 s).
+	callTimeout = 10 * time.Second
+	// maxConnsPerSocket: connections one socket may hold. A new one beyond it takes the place
+	// of the socket's connection idle the longest (no call in flight), or is refused.
+	maxConnsPerSocket = 8
+	// maxConns: connections the process may hold, beyond which a socket admits only its
+	// reserve (socketReserve connections): a socket kubelet has yet to register, under a
+	// flood of the others, still gets kubelet's connection. The descriptor budget
+	// (Hub.Budget) bounds both.
+	maxConns = 1024
+	// socketReserve: connections a socket admits whatever the process holds.
+	socketReserve = 1
+	// maxCalls: calls in flight in the process. Each may buffer a request of up to
+	// maxRequest. A new call beyond it takes the place of the oldest call in flight for over
+	// stalledCall (kubelet's calls take milliseconds), or is refused with ResourceExhausted.
+	maxCalls = 64
+	// stalledCall: a call in flight this long may be cut for a new one.
+	stalledCall = 500 * time.Millisecond
+)
+
+// conn is what the hub and a generation's server know of one accepted connection. It is the
+// connection's gRPC AuthInfo, so that a call finds it (connOf). Fields below c are the hub's,
+// under its mu.
+type conn struct {
+	credentials.CommonAuthInfo
+	id uint64
+	c  net.Conn
+	g  *Socket
+
+	accepted time.Time
+	last     time.Time // when its last call ended; accepted before
+	calls    int       // calls in flight
+	began    bool      // a call began on it
+	gone     bool      // released: closed, or being closed
+	timer    *time.Timer
+}
+
+// call is one call in flight, from its headers (the tap) to its end.
+type call struct {
+	cn      *conn
+	at      time.Time
+	cancel  context.CancelCauseFunc
+	timeout context.CancelFunc
+	after   func() bool // stops the context.AfterFunc that ends it
+}
+
+var (
+	errCallTooLong  = errors.New("the call took longer than a registration socket allows (its request is not whole, or its reply is not taken)")
+	errCallReplaced = errors.New("the call was cut: too many calls in flight on the registration sockets, and this one stalled")
+)
+
+// admit counts c, just accepted on g, against the bounds; nil when it is refused (the caller
+// closes it). A connection idle the longest on g may be closed to make room.
+func (h *Hub) admit(g *Socket, c net.Conn) *conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g.nconns >= maxConnsPerSocket && !h.evict(g, false) {
+		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, each with a call in flight", g.nconns))
+		return nil
+	}
+	if g.nconns >= socketReserve && h.nconns >= maxConns && !h.evict(nil, true) {
+		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", h.nconns))
+		return nil
+	}
+	if h.fdRoom() <= 0 && !h.evict(nil, true) {
+		h.refused("connection", g.path, "no file descriptor left for it: "+h.budgetText())
+		return nil
+	}
+	now := time.Now()
+	cn := &conn{id: connIDs.Add(1), c: c, g: g, accepted: now, last: now}
+	cn.CommonAuthInfo = credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
+	cn.timer = time.AfterFunc(firstCallTimeout, func() { h.noCall(cn) })
+	g.nconns++
+	h.nconns++
+	h.conns[cn] = struct{}{}
+	return cn
+}
+
+// evict closes the connection idle the longest, of g or (g nil) of any socket: one with no
+// call in flight, one on which no call ever began first, and with fresh only such a one. False
+// when there is none. mu is held.
+func (h *Hub) evict(g *Socket, fresh bool) bool {
+	var old *conn
+	for cn := range h.conns {
+		if (g != nil && cn.g != g) || cn.calls > 0 || (fresh && cn.began) {
+			continue
+		}
+		if old == nil || (!cn.began && old.began) || (cn.began == old.began && cn.last.Before(old.last)) {
+			old = cn
+		}
+	}
+	if old == nil {
+		return false
+	}
+	h.releaseLocked(old)
+	old.c.Close()
+	h.refused("connection", old.g.path, "the connection idle the longest closed to make room for a new one")
+	return true
+}
+
+// refusalLogEvery: one warning at most this often for every connection and call refused or
+// cut, with their number: a flood of them must not flood the log.
+const refusalLogEvery = 10 * time.Second
+
+// refused counts a connection or call refused or cut and warns, throttled. mu is held.
+func (h *Hub) refused(what, path, why string) {
+	h.refusals++
+	now := time.Now()
+	if !h.refusalLogged.IsZero() && now.Sub(h.refusalLogged) < refusalLogEvery {
+		return
+	}
+	h.log.Warn("refusing or cutting clients of the registration sockets beyond multireg's bounds",
+		"what", what, "socket", path, "why", why, "since_last_warning", h.refusals, "next_warning_in", refusalLogEvery)
+	h.refusals = 0
+	h.refusalLogged = now
+}
+
+// noCall closes cn when no call began on it in firstCallTimeout.
+func (h *Hub) noCall(cn *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cn.began || cn.gone {
+		return
+	}
+	h.releaseLocked(cn)
+	cn.c.Close()
+	h.refused("connection", cn.g.path, fmt.Sprintf("no call began on it within %s", firstCallTimeout))
+}
+
+// release forgets cn: its server ended it. It is idempotent.
+func (h *Hub) release(cn *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.releaseLocked(cn)
+}
+
+func (h *Hub) releaseLocked(cn *conn) {
+	if cn.gone {
+		return
+	}
+	cn.gone = true
+	cn.timer.Stop()
+	delete(h.conns, cn)
+	cn.g.nconns--
+	h.nconns--
+}
+
+// tap admits a call whose headers arrived on a connection, giving it callTimeout; a call
+// beyond maxCalls cuts the oldest stalled call, or is refused.
+func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	cn := connOf(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.calls) >= maxCalls && !h.cutStalled() {
+		h.refused("call", cn.g.path, fmt.Sprintf("%d calls in flight on the registration sockets", len(h.calls)))
+		return nil, status.Error(codes.ResourceExhausted, "too many calls in flight on multireg's registration sockets; try again")
+	}
+	ctx, timeout := context.WithTimeoutCause(ctx, callTimeout, errCallTooLong)
+	ctx, cancel := context.WithCancelCause(ctx)
+	cl := &call{cn: cn, at: time.Now(), cancel: cancel, timeout: timeout}
+	h.calls[cl] = struct{}{}
+	cn.calls++
+	if !cn.began {
+		cn.began = true
+		cn.timer.Stop()
+	}
+	// The call's end: its stats' End (connStats), or, for a stream gRPC drops before its
+	// handler, its context, cancelled with the stream.
+	cl.after = context.AfterFunc(ctx, func() { h.endCall(cl) })
+	return withCall(ctx, cl), nil
+}
+
+// cutStalled cuts the oldest call in flight for over stalledCall; false when none is. mu is
+// held.
+func (h *Hub) cutStalled() bool {
+	var old *call
+	for cl := range h.calls {
+		if old == nil || cl.at.Before(old.at) {
+			old = cl
+		}
+	}
+	if old == nil || time.Since(old.at) < stalledCall {
+		return false
+	}
+	h.dropCall(old)
+	old.cancel(errCallReplaced)
+	return true
+}
+
+// endCall forgets cl; it is idempotent.
+func (h *Hub) endCall(cl *call) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropCall(cl)
+	cl.cancel(nil)
+	cl.timeout()
+}
+
+type callKey struct{}
+
+func withCall(ctx context.Context, cl *call) context.Context {
+	return context.WithValue(ctx, callKey{}, cl)
+}
+
+// callOf returns the call ctx belongs to, or nil.
+func callOf(ctx context.Context) *call {
+	cl, _ := ctx.Value(callKey{}).(*call)
+	return cl
+}
+
+func (h *Hub) dropCall(cl *call) {
+	if _, ok := h.calls[cl]; !ok {
+		return
+	}
+	delete(h.calls, cl)
+	cl.cn.calls--
+	cl.cn.last = time.Now()
+}

@@ -1,0 +1,174 @@
+package regserver
+
+import (
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"multireg.dev/multireg/internal/testkit"
+)
+
+// set sets *v to x for the test.
+func set[T any](t *testing.T, v *T, x T) {
+	old := *v
+	*v = x
+	t.Cleanup(func() { *v = old })
+}
+
+// TestAConnectionWithoutACallIsClosed: a connection that sends the HTTP/2 preface and nothing
+// else is closed once firstCallTimeout has passed (issue 28, attack 2: 15,000 of them got
+// multireg OOM-killed), and kubelet's connections are served meanwhile.
+func TestAConnectionWithoutACallIsClosed(t *testing.T) {
+	set(t, &firstCallTimeout, 300*time.Millisecond)
+	_, gs := serveTest(t, 1)
+	p := dialH2(t, gs[0].path)
+	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
+	if !p.closedWithin(10 * time.Second) {
+		t.Fatal("a connection without a call still open 10 s after it was accepted")
+	}
+}
+
+// TestAnUnfinishedRequestIsCut: a request that declares more than maxRequest is refused at
+// once; one within it that never arrives whole is cut once callTimeout has passed from its
+// headers (issue 28, attack 1: 100 connections each holding an unfinished 1 MiB request got
+// multireg OOM-killed). The connection goes on serving.
+func TestAnUnfinishedRequestIsCut(t *testing.T) {
+	set(t, &callTimeout, 500*time.Millisecond)
+	_, gs := serveTest(t, 1)
+	p := dialH2(t, gs[0].path)
+	p.call(1, "NotifyRegistrationStatus")
+	p.body(1, 1<<20, 16<<10)
+	if st, closed := p.ended(1, 5*time.Second); closed || st != "8" {
+		t.Errorf("a request declaring 1 MiB: grpc-status %q (connection closed: %v), want 8 (ResourceExhausted)", st, closed)
+	}
+	p.call(3, "NotifyRegistrationStatus")
+	p.body(3, 32<<10, 16<<10)
+	start := time.Now()
+	st, closed := p.ended(3, 10*time.Second)
+	if closed || st == "0" {
+		t.Errorf("an unfinished request: grpc-status %q (connection closed: %v), want the call ended with an error", st, closed)
+	}
+	if d := time.Since(start); d < 400*time.Millisecond {
+		t.Errorf("an unfinished request cut after %s, before callTimeout", d)
+	}
+	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
+}
+
+// TestConnectionsToASocketAreBounded: a socket holds maxConnsPerSocket connections at most; a
+// new one takes the place of the one idle the longest, so kubelet's new connection is served
+// while the others flood.
+func TestConnectionsToASocketAreBounded(t *testing.T) {
+	h, gs := serveTest(t, 1)
+	var ps []*h2
+	for range 3 * maxConnsPerSocket {
+		ps = append(ps, dialH2(t, gs[0].path))
+	}
+	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
+	open := 0
+	for _, p := range ps {
+		if !p.closedWithin(100 * time.Millisecond) {
+			open++
+		}
+	}
+	if open > maxConnsPerSocket {
+		t.Errorf("%d of the flood's %d connections still open, want at most %d", open, len(ps), maxConnsPerSocket)
+	}
+	h.mu.Lock()
+	n := h.nconns
+	h.mu.Unlock()
+	if n > maxConnsPerSocket {
+		t.Errorf("the hub counts %d connections, want at most %d", n, maxConnsPerSocket)
+	}
+}
+
+// TestASocketKeepsItsReserve: with the process's connections at maxConns, a socket with none
+// still admits kubelet's.
+func TestASocketKeepsItsReserve(t *testing.T) {
+	set(t, &maxConns, 6)
+	_, gs := serveTest(t, 4)
+	for i := range 3 {
+		for range 2 {
+			p := dialH2(t, gs[i].path)
+			p.call(1, "GetInfo")
+			p.fr.WriteData(1, true, make([]byte, 5))
+			if st, closed := p.ended(1, 5*time.Second); closed || st != "0" {
+				t.Fatalf("a flood's GetInfo: grpc-status %q (closed %v)", st, closed)
+			}
+		}
+	}
+	// Six connections that made a call: the process is at maxConns, and none is evicted.
+	p := dialH2(t, gs[0].path)
+	if !p.closedWithin(5 * time.Second) {
+		t.Error("a seventh connection admitted beyond maxConns")
+	}
+	testkit.Register(t, gs[3].path, testkit.Kubelet136, true, "")
+}
+
+// TestStalledCallsMakeRoom: beyond maxCalls in flight, a new call cuts the oldest stalled one,
+// so kubelet's GetInfo is answered while unfinished requests pile up.
+func TestStalledCallsMakeRoom(t *testing.T) {
+	set(t, &maxCalls, 4)
+	set(t, &stalledCall, 0)
+	h, gs := serveTest(t, 2)
+	var ps []*h2
+	for i := range 10 {
+		p := dialH2(t, gs[i%2].path)
+		p.call(1, "NotifyRegistrationStatus")
+		p.body(1, 32<<10, 100)
+		ps = append(ps, p)
+	}
+	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
+	cut := 0
+	for _, p := range ps {
+		if st, closed, ok := p.endedWithin(1, 500*time.Millisecond); ok && !closed && st != "0" {
+			cut++
+		}
+	}
+	if cut < 6 {
+		t.Errorf("%d of 10 unfinished calls cut or refused, want at least 6 (4 calls in flight at most)", cut)
+	}
+	h.mu.Lock()
+	n := len(h.calls)
+	h.mu.Unlock()
+	if n > maxCalls {
+		t.Errorf("%d calls in flight, want at most %d", n, maxCalls)
+	}
+}
+
+// TestAnAcceptTakesOneDescriptor: with a single descriptor left for the server, kubelet's
+// connection is accepted and served (net.FileConn's duplicate needed two, and its failure
+// closed the connection just accepted).
+func TestAnAcceptTakesOneDescriptor(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl) })
+	c, err := net.Dial("unix", gs[0].path) // kubelet's end
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The lowest free descriptor + 1: one left, for the server's end.
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := f.Fd()
+	f.Close()
+	low := rl
+	low.Cur = uint64(next) + 1
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	p := newH2(t, c)
+	p.call(1, "GetInfo")
+	if err := p.fr.WriteData(1, true, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if st, closed := p.ended(1, 10*time.Second); closed || st != "0" {
+		t.Errorf("GetInfo with one descriptor left: grpc-status %q (connection closed: %v), want 0", st, closed)
+	}
+}
