@@ -56,6 +56,9 @@ type Supervisor struct {
 	inherited *handover.Snapshot
 	// adopted counts the handed-over sockets the loops serve.
 	adopted atomic.Int64
+	// unfit: the drivers' sockets did not fit in the descriptor budget at the last look
+	// (checkDescriptors).
+	unfit bool
 }
 
 // handle is one running loop.
@@ -120,6 +123,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	h.d.guard, h.d.slots, h.d.hub, h.d.kubelet = s.guard, s.slots, s.hub, s.kubelet
 	s.running[d.Name] = h
 	s.mu.Unlock()
+	s.checkDescriptors()
 	switch {
 	case hd == nil:
 	case hd.Spec.SameRegistration(d):
@@ -170,6 +174,7 @@ func (s *Supervisor) Stop(name string) {
 	}
 	h.cancel(errRemoved)
 	<-h.done
+	s.checkDescriptors()
 }
 
 // Run blocks until ctx ends, then stops every loop and waits for all of them. Sockets stay

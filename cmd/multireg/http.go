@@ -38,6 +38,8 @@ type daemonState struct {
 	// adopted counts the sockets the previous instance handed over that the loops serve;
 	// nil for none.
 	adopted func() int
+	// descriptors: the registration sockets' descriptor budget; nil: not known.
+	descriptors func() registrar.Descriptors
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
@@ -82,6 +84,13 @@ func newStatusDoc(v instanceView) statusDoc {
 			LastReloadTime:       timePtr(cfg.LastReloadTime),
 		},
 		Drivers: make([]driverStatus, 0, len(drivers)),
+	}
+	if v.State != nil && v.State.descriptors != nil {
+		d := v.State.descriptors()
+		doc.Descriptors = &descriptorsStatus{
+			Limit: d.Limit, Reserved: d.Reserved, MaxSockets: d.MaxSockets, Needed: d.Needed,
+			Sockets: d.Sockets, Connections: d.Conns, Fits: d.Fits(), Problem: d.Problem(),
+		}
 	}
 	for _, d := range drivers { // sorted by name
 		doc.Drivers = append(doc.Drivers, driverStatus{
@@ -130,7 +139,11 @@ func newHandler(in *instance) http.Handler {
 		v := in.view()
 		switch {
 		case v.State != nil:
-			ready(w, v.State.drivers(), r.PathValue("driver"))
+			var problem string
+			if v.State.descriptors != nil && r.PathValue("driver") == "" {
+				problem = v.State.descriptors().Problem()
+			}
+			ready(w, v.State.drivers(), r.PathValue("driver"), problem)
 		case v.Role == roleStarting:
 			http.Error(w, "not ready: starting: "+v.Detail, http.StatusServiceUnavailable)
 		default:
@@ -154,8 +167,9 @@ func newHandler(in *instance) http.Handler {
 
 // ready answers 200 when every driver (or the one named) is ready — Registered, or absent
 // from this node without being required — else 503 with a line for each driver that is not:
-// its phase and last error. Absent drivers are named on a line of their own.
-func ready(w http.ResponseWriter, drivers []registrar.DriverStatus, only string) {
+// its phase and last error. Absent drivers are named on a line of their own, and problem
+// (the drivers' sockets that do not fit in the process's descriptors), if any, on the last.
+func ready(w http.ResponseWriter, drivers []registrar.DriverStatus, only, problem string) {
 	var notReady, absent []string
 	found := only == ""
 	registered := 0
@@ -198,6 +212,9 @@ func ready(w http.ResponseWriter, drivers []registrar.DriverStatus, only string)
 	}
 	if len(absent) > 0 {
 		fmt.Fprintf(w, "absent (not required): %s\n", strings.Join(absent, ", "))
+	}
+	if problem != "" {
+		fmt.Fprintln(w, problem)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/testkit"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
@@ -635,5 +636,44 @@ func TestStatusTableTakenOver(t *testing.T) {
 	want := "instance serving: took the registration directory /reg over from the previous instance, 1 sockets taken over\n"
 	if !strings.HasPrefix(out.String(), want) {
 		t.Errorf("table:\n%s\nwant it to begin with:\n%s", out.String(), want)
+	}
+}
+
+// TestDescriptorsThatDoNotFit: when the drivers' sockets do not fit in RLIMIT_NOFILE, /readyz
+// says so on a line of its own, /status has the numbers and the problem, and the table its
+// line (issue 28, item 3).
+func TestDescriptorsThatDoNotFit(t *testing.T) {
+	noRoom := registrar.DriverStatus{Name: "c.csi.example.com", Type: "CSIPlugin", Phase: registrar.BackingOff, Attempts: 1, Failures: 1,
+		LastError: "no file descriptor left for the registration socket /reg/c-reg.sock: RLIMIT_NOFILE is 83", Since: t0}
+	st := testState([]registrar.DriverStatus{knownStates[0], noRoom}, 2)
+	st.descriptors = func() registrar.Descriptors {
+		return registrar.Descriptors{Budget: regserver.Budget{Limit: 81, Reserved: 80, MaxSockets: 1, Sockets: 1}, Needed: 2}
+	}
+	h := newHandler(serving(st))
+	code, body := get(t, h, "/readyz")
+	if code != 503 || !strings.Contains(body, "c.csi.example.com: BackingOff: no file descriptor left") ||
+		!strings.Contains(body, "file descriptors: the 2 drivers need 2 registration sockets, and RLIMIT_NOFILE 81 leaves room for 1") {
+		t.Errorf("GET /readyz: %d\n%s", code, body)
+	}
+	code, body = get(t, h, "/status")
+	var doc statusDoc
+	if err := json.Unmarshal([]byte(body), &doc); code != 200 || err != nil {
+		t.Fatalf("GET /status: %d, %v\n%s", code, err, body)
+	}
+	want := descriptorsStatus{Limit: 81, Reserved: 80, MaxSockets: 1, Needed: 2, Sockets: 1, Fits: false,
+		Problem: st.descriptors().Problem()}
+	if doc.Descriptors == nil || *doc.Descriptors != want {
+		t.Errorf("/status descriptors = %+v, want %+v", doc.Descriptors, want)
+	}
+	var tbl strings.Builder
+	printStatus(&tbl, doc, t0)
+	if !strings.Contains(tbl.String(), "NOT ENOUGH file descriptors: the 2 drivers need 2") {
+		t.Errorf("the table does not say the descriptors do not fit:\n%s", tbl.String())
+	}
+	st.descriptors = func() registrar.Descriptors {
+		return registrar.Descriptors{Budget: regserver.Budget{Limit: 1024, Reserved: 80, MaxSockets: 944}, Needed: 2}
+	}
+	if _, body := get(t, h, "/readyz"); strings.Contains(body, "file descriptors") {
+		t.Errorf("GET /readyz names the descriptors although they fit:\n%s", body)
 	}
 }

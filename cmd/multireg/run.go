@@ -199,14 +199,16 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		},
 	})
 	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
-	state := &daemonState{drivers: sup.Status, config: rl.State, adopted: sup.Adopted}
+	state := &daemonState{drivers: sup.Status, config: rl.State, adopted: sup.Adopted, descriptors: sup.Descriptors}
 	detail := "holds the registration directory " + r.cfg.RegistrationDir
 	if inherited > 0 {
 		detail = "took the registration directory " + r.cfg.RegistrationDir + " over from the previous instance"
 	}
 	r.in.serve(state, newRegistry(sup, rl), detail)
 	r.served = true
-	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsTakenOver", inherited)
+	fds := sup.Descriptors()
+	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsTakenOver", inherited,
+		"fdLimit", fds.Limit, "socketRoom", fds.MaxSockets)
 	return d.run(ctx, hup, state)
 }
 

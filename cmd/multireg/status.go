@@ -46,7 +46,23 @@ const (
 type statusDoc struct {
 	Instance instanceStatus `json:"instance"`
 	Config   configStatus   `json:"config"`
-	Drivers  []driverStatus `json:"drivers"`
+	// Descriptors: the registration sockets' file descriptors against RLIMIT_NOFILE; absent
+	// from an instance that does not serve the directory.
+	Descriptors *descriptorsStatus `json:"descriptors,omitempty"`
+	Drivers     []driverStatus     `json:"drivers"`
+}
+
+// descriptorsStatus is registrar.Descriptors: whether the drivers' sockets fit in the
+// descriptors RLIMIT_NOFILE leaves them, and if not, what does not.
+type descriptorsStatus struct {
+	Limit       int    `json:"limit"`
+	Reserved    int    `json:"reserved"`
+	MaxSockets  int    `json:"maxSockets"`
+	Needed      int    `json:"needed"`
+	Sockets     int    `json:"sockets"`
+	Connections int    `json:"connections"`
+	Fits        bool   `json:"fits"`
+	Problem     string `json:"problem"`
 }
 
 // instanceStatus is the process's role (instance.go).
@@ -209,6 +225,9 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 		state = "NOT APPLIED: " + c.LastReloadError
 	}
 	fmt.Fprintf(w, "config %s (generation %d): %s\n", c.Path, c.Generation, strings.ReplaceAll(state, "\n", "; "))
+	if d := doc.Descriptors; d != nil && !d.Fits {
+		fmt.Fprintf(w, "NOT ENOUGH %s\n", d.Problem)
+	}
 	registered, absent := 0, 0
 	for _, d := range doc.Drivers {
 		switch {
