@@ -44,6 +44,10 @@ type Watcher struct {
 	// mu guards dirs, and where each subscription is registered.
 	mu   sync.Mutex
 	dirs map[string]*watchedDir
+	// polling counts the subscriptions that look at their file themselves because inotify
+	// refused a watch (poll.go); under opsMu. One warning when it leaves 0, one info line
+	// when it is back to 0.
+	polling int
 }
 
 type watchedDir struct {
@@ -112,7 +116,7 @@ func (s *Subscription) awaits(base string) bool {
 func New(log *slog.Logger) (*Watcher, error) {
 	fs, err := fsnotify.NewWatcher()
 	if err != nil {
-		return nil, err
+		return nil, newError(err)
 	}
 	return &Watcher{fs: fs, log: log, dirs: map[string]*watchedDir{}}, nil
 }
@@ -239,6 +243,8 @@ func (s *Subscription) Close() {
 	defer w.opsMu.Unlock()
 	if s.poll != nil {
 		s.poll.Stop()
+		s.poll = nil
+		w.pollEnded()
 	}
 	w.mu.Lock()
 	unwatch := w.leaveLocked(s)
@@ -271,7 +277,8 @@ func (s *Subscription) mend() Change {
 	if s.poll != nil {
 		s.poll.Stop()
 		s.poll = nil
-		w.log.Info("watching a file's directory again", "path", s.path, "dir", s.at)
+		w.log.Debug("watching a file's directory again", "path", s.path, "dir", s.at)
+		w.pollEnded()
 		return Lost
 	}
 	if added || s.at != was {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +219,57 @@ func TestSubscriptionMatchingPollsAtTheWatchLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	changes(t, s, Changed)
+}
+
+// TestOneWarningAtTheWatchLimit: however many paths inotify refuses, one warning names the
+// limit, and one info line says when every path is watched again (issue 28, item 12: one
+// warning per path).
+func TestOneWarningAtTheWatchLimit(t *testing.T) {
+	if !testkit.AtWatchLimit(t, 0) {
+		return
+	}
+	logs := &testkit.Buffer{}
+	w, err := New(logs.Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.RunUntilEnd(t, w.Run)
+	var subs []*Subscription
+	for i := range 5 {
+		dir := filepath.Join(testkit.ShortDir(t), fmt.Sprint(i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, subscribe(t, w, filepath.Join(dir, "f")))
+	}
+	n := 0
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "WARN") && strings.Contains(line, "max_user_watches") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d warnings naming the watch limit for 5 paths, want 1:\n%s", n, logs.String())
+	}
+	if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte("100"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range subs {
+		changes(t, s, Lost)
+	}
+	testkit.Eventually(t, 5*time.Second, "one line saying every directory is watched again", func() bool {
+		return strings.Count(logs.String(), "watching every file's directory again") == 1
+	})
+}
+
+// TestNewNamesTheInstanceLimit: with inotify's instances all taken, New's error names the
+// instance limit, not the process's descriptors (issue 28, item 12: "too many open files").
+func TestNewNamesTheInstanceLimit(t *testing.T) {
+	if !testkit.AtInstanceLimit(t, 0) {
+		return
+	}
+	_, err := New(testkit.Logger(t))
+	if err == nil || !strings.Contains(err.Error(), "fs.inotify.max_user_instances") {
+		t.Errorf("New at the instance limit: %v, want an error naming fs.inotify.max_user_instances", err)
+	}
 }

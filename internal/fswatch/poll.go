@@ -80,11 +80,40 @@ func MatchingEntries(dir, pattern string) []fs.DirEntry {
 	})
 }
 
-// startPoll starts the looks, while inotify refuses the watch s needs, and says why.
+// startPoll starts the looks, while inotify refuses the watch s needs. The first to start
+// says why, once for every path that follows (each is named at debug level). opsMu is held.
 func (s *Subscription) startPoll(watchErr error) {
 	if errors.Is(watchErr, syscall.ENOSPC) {
 		watchErr = fmt.Errorf("%w: inotify's watch limit is reached (sysctl fs.inotify.max_user_watches)", watchErr)
 	}
-	s.w.log.Warn("cannot watch a file's directory; looking at the file every "+PollInterval.String(), "path", s.path, "err", watchErr)
+	if s.w.polling == 0 {
+		s.w.log.Warn("cannot watch a file's directory; looking at such files every "+PollInterval.String()+
+			" instead, this one and any other inotify refuses, until it watches them all again", "path", s.path, "err", watchErr)
+	} else {
+		s.w.log.Debug("cannot watch a file's directory; looking at the file every "+PollInterval.String(), "path", s.path, "err", watchErr)
+	}
+	s.w.polling++
 	s.poll = time.AfterFunc(PollInterval, func() { s.kick(mend) })
+}
+
+// pollEnded counts a subscription that stopped looking for itself. opsMu is held.
+func (w *Watcher) pollEnded() {
+	w.polling--
+	if w.polling == 0 {
+		w.log.Info("watching every file's directory again: inotify accepts the watches")
+	}
+}
+
+// newError says why an inotify instance could not be had. inotify_init1 fails with EMFILE
+// for the per-user limit on instances as for the process's descriptors: a descriptor the
+// process can still open tells the first.
+func newError(err error) error {
+	if !errors.Is(err, syscall.EMFILE) {
+		return fmt.Errorf("create an inotify instance: %w", err)
+	}
+	if f, oerr := os.Open(os.DevNull); oerr == nil {
+		f.Close()
+		return fmt.Errorf("create an inotify instance: inotify's limit on instances per user is reached (sysctl fs.inotify.max_user_instances; every process of the user counts, on the whole node for root): %w", err)
+	}
+	return fmt.Errorf("create an inotify instance: the process has no file descriptor left (RLIMIT_NOFILE): %w", err)
 }

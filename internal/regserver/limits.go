@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -29,20 +30,24 @@ var (
 	callTimeout = 10 * time.Second
 	// maxConnsPerSocket: connections one socket may hold. A new one beyond it takes the place
 	// of the socket's connection idle the longest (no call in flight), or is refused.
-	maxConnsPerSocket = 8
+	maxConnsPerSocket = 4
 	// maxConns: connections the process may hold, beyond which a socket admits only its
-	// reserve (socketReserve connections): a socket kubelet has yet to register, under a
-	// flood of the others, still gets kubelet's connection. The descriptor budget
-	// (Hub.Budget) bounds both.
-	maxConns = 1024
+	// reserve (socketReserve connections), up to twice as many: a socket kubelet has yet to
+	// register, under a flood of the others, still gets kubelet's connection. A connection
+	// under a flood of data costs some 250 KiB, measured. The descriptor budget
+	// (Hub.Budget) bounds them too.
+	maxConns = 256
 	// socketReserve: connections a socket admits whatever the process holds.
 	socketReserve = 1
 	// maxCalls: calls in flight in the process. Each may buffer a request of up to
-	// maxRequest. A new call beyond it takes the place of the oldest call in flight for over
-	// stalledCall (kubelet's calls take milliseconds), or is refused with ResourceExhausted.
-	maxCalls = 64
-	// stalledCall: a call in flight this long may be cut for a new one.
-	stalledCall = 500 * time.Millisecond
+	// maxRequest. A new call beyond it takes the place of the oldest call in flight for at
+	// least stalledCall, or is refused with ResourceExhausted. Kubelet's calls take
+	// milliseconds: the oldest call is a stalled one, and a new call always gets in, however
+	// fast a flood's arrive (a flood's calls younger than stalledCall would otherwise keep
+	// kubelet's out).
+	maxCalls = 32
+	// stalledCall: a call in flight this long may be cut for a new one; 0 but for tests.
+	stalledCall time.Duration
 )
 
 // conn is what the hub and a generation's server know of one accepted connection. It is the
@@ -55,10 +60,11 @@ type conn struct {
 	g  *Socket
 
 	accepted time.Time
-	last     time.Time // when its last call ended; accepted before
-	calls    int       // calls in flight
-	began    bool      // a call began on it
-	gone     bool      // released: closed, or being closed
+	last     time.Time   // when its last call ended; accepted before
+	calls    int         // calls in flight
+	began    bool        // a call began on it
+	asked    atomic.Bool // it called GetInfo (not under mu)
+	gone     bool        // released: closed, or being closed
 	timer    *time.Timer
 }
 
@@ -85,7 +91,7 @@ func (h *Hub) admit(g *Socket, c net.Conn) *conn {
 		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, each with a call in flight", g.nconns))
 		return nil
 	}
-	if g.nconns >= socketReserve && h.nconns >= maxConns && !h.evict(nil, true) {
+	if (g.nconns >= socketReserve || h.nconns >= 2*maxConns) && h.nconns >= maxConns && !h.evict(nil, true) {
 		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", h.nconns))
 		return nil
 	}
@@ -103,16 +109,19 @@ func (h *Hub) admit(g *Socket, c net.Conn) *conn {
 	return cn
 }
 
-// evict closes the connection idle the longest, of g or (g nil) of any socket: one with no
-// call in flight, one on which no call ever began first, and with fresh only such a one. False
-// when there is none. mu is held.
+// evict closes a connection with no call in flight, of g or (g nil) of any socket, to make
+// room for a new one; false when there is none. With fresh, only one on which no call ever
+// began. One that asked no GetInfo goes first (kubelet's connection awaits its verdict after
+// GetInfo), then the one idle the longest, a connection's idleness counted from its accept or
+// its last call: kubelet's new connection, which calls GetInfo at once, is the last. mu is
+// held.
 func (h *Hub) evict(g *Socket, fresh bool) bool {
 	var old *conn
 	for cn := range h.conns {
 		if (g != nil && cn.g != g) || cn.calls > 0 || (fresh && cn.began) {
 			continue
 		}
-		if old == nil || (!cn.began && old.began) || (cn.began == old.began && cn.last.Before(old.last)) {
+		if old == nil || evictBefore(cn, old) {
 			old = cn
 		}
 	}
@@ -123,6 +132,14 @@ func (h *Hub) evict(g *Socket, fresh bool) bool {
 	old.c.Close()
 	h.refused("connection", old.g.path, "the connection idle the longest closed to make room for a new one")
 	return true
+}
+
+// evictBefore reports whether a goes before b.
+func evictBefore(a, b *conn) bool {
+	if aa, ba := a.asked.Load(), b.asked.Load(); aa != ba {
+		return !aa
+	}
+	return a.last.Before(b.last)
 }
 
 // refusalLogEvery: one warning at most this often for every connection and call refused or

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -99,8 +101,13 @@ func TestASocketKeepsItsReserve(t *testing.T) {
 		}
 	}
 	// Six connections that made a call: the process is at maxConns, and none is evicted.
-	p := dialH2(t, gs[0].path)
-	if !p.closedWithin(5 * time.Second) {
+	c, err := net.Dial("unix", gs[0].path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_, err = c.Write([]byte(http2.ClientPreface)) // fails if it was closed already
+	if p := (&h2{t: t, c: c}); err == nil && !p.closedWithin(5*time.Second) {
 		t.Error("a seventh connection admitted beyond maxConns")
 	}
 	testkit.Register(t, gs[3].path, testkit.Kubelet136, true, "")
@@ -110,16 +117,15 @@ func TestASocketKeepsItsReserve(t *testing.T) {
 // so kubelet's GetInfo is answered while unfinished requests pile up.
 func TestStalledCallsMakeRoom(t *testing.T) {
 	set(t, &maxCalls, 4)
-	set(t, &stalledCall, 0)
-	h, gs := serveTest(t, 2)
+	h, gs := serveTest(t, 3)
 	var ps []*h2
 	for i := range 10 {
-		p := dialH2(t, gs[i%2].path)
+		p := dialH2(t, gs[i%3].path) // within maxConnsPerSocket, kubelet's included
 		p.call(1, "NotifyRegistrationStatus")
 		p.body(1, 32<<10, 100)
 		ps = append(ps, p)
 	}
-	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
+	testkit.Register(t, gs[1].path, testkit.Kubelet136, true, "")
 	cut := 0
 	for _, p := range ps {
 		if st, closed, ok := p.endedWithin(1, 500*time.Millisecond); ok && !closed && st != "0" {
@@ -170,5 +176,30 @@ func TestAnAcceptTakesOneDescriptor(t *testing.T) {
 	}
 	if st, closed := p.ended(1, 10*time.Second); closed || st != "0" {
 		t.Errorf("GetInfo with one descriptor left: grpc-status %q (connection closed: %v), want 0", st, closed)
+	}
+}
+
+// TestKubeletsConnectionOutlastsAFlood: kubelet's connection, between its GetInfo and its
+// verdict, is the last a flood of new connections to its socket closes: the verdict arrives.
+func TestKubeletsConnectionOutlastsAFlood(t *testing.T) {
+	_, gs := serveTest(t, 1)
+	verdicts := make(chan Verdict, 1)
+	gs[0].rs.notify = func(v Verdict) { verdicts <- v }
+	k := dialKubelet(t, gs[0].path)
+	k.GetInfo(t)
+	for range 3 * maxConnsPerSocket {
+		p := dialH2(t, gs[0].path)
+		p.call(1, "NotifyRegistrationStatus")
+		p.fr.WriteData(1, true, make([]byte, 5))
+		p.ended(1, 5*time.Second)
+	}
+	k.Notify(t, true, "")
+	select {
+	case v := <-verdicts:
+		if !v.Registered {
+			t.Errorf("verdict %+v, want registered", v)
+		}
+	default:
+		t.Error("kubelet's verdict did not count: its connection was closed for the flood's")
 	}
 }

@@ -81,8 +81,10 @@ var _ registerapi.RegistrationServer = (*registrationServer)(nil)
 
 // GetInfo answers from memory, and tells onInfo the caller's user agent.
 func (s *registrationServer) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	cn := connOf(ctx)
+	cn.asked.Store(true)
 	s.mu.Lock()
-	s.asked[connOf(ctx).id] = true
+	s.asked[cn.id] = true
 	s.mu.Unlock()
 	s.awaiting.Store(true)
 	var agent string

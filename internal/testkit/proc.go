@@ -27,7 +27,7 @@ func RunUntilEnd(t testing.TB, run func(context.Context)) {
 }
 
 // watchLimitEnv tells a test process that it runs in a user namespace of its own, and which
-// inotify watch limit to set there: "<the parent's user namespace>,<watches>".
+// inotify limit to set there: "<the parent's user namespace>,<limit's file>,<value>".
 const watchLimitEnv = "MULTIREG_TEST_INOTIFY_WATCHES"
 
 // AtWatchLimit runs the calling test at inotify's watch limit. inotify's limit is per user
@@ -36,22 +36,34 @@ const watchLimitEnv = "MULTIREG_TEST_INOTIFY_WATCHES"
 // the test goes on, and false in the parent, which has reported the child's result.
 func AtWatchLimit(t *testing.T, watches int) bool {
 	t.Helper()
+	return atInotifyLimit(t, "max_inotify_watches", watches)
+}
+
+// AtInstanceLimit is AtWatchLimit for inotify's limit on instances.
+func AtInstanceLimit(t *testing.T, instances int) bool {
+	t.Helper()
+	return atInotifyLimit(t, "max_inotify_instances", instances)
+}
+
+// atInotifyLimit runs the calling test with /proc/sys/user/<limit> at value.
+func atInotifyLimit(t *testing.T, limit string, value int) bool {
+	t.Helper()
 	self, err := os.Readlink("/proc/self/ns/user")
 	if err != nil {
 		t.Skipf("no user namespaces: %v", err)
 	}
 	if v := os.Getenv(watchLimitEnv); v != "" {
-		parent, limit, _ := strings.Cut(v, ",")
-		if self == parent {
+		parts := strings.SplitN(v, ",", 3)
+		if len(parts) != 3 || self == parts[0] {
 			t.Fatalf("the child runs in its parent's user namespace (%s): the host's inotify limit is left alone", self)
 		}
-		if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte(limit), 0); err != nil {
+		if err := os.WriteFile("/proc/sys/user/"+parts[1], []byte(parts[2]), 0); err != nil {
 			t.Fatal(err)
 		}
 		return true
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d", watchLimitEnv, self, watches))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,%d", watchLimitEnv, self, limit, value))
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
@@ -61,7 +73,7 @@ func AtWatchLimit(t *testing.T, watches int) bool {
 	if _, exited := errors.AsType[*exec.ExitError](err); err != nil && !exited {
 		t.Skipf("cannot start a process in a user namespace of its own: %v", err)
 	}
-	t.Logf("at an inotify watch limit of %d:\n%s", watches, out)
+	t.Logf("at %s %d:\n%s", limit, value, out)
 	if err != nil {
 		t.Fatalf("the test failed at the watch limit: %v", err)
 	}
