@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,8 +15,8 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// TestDriversBeyondTheDescriptorBudgetSayWhy: with RLIMIT_NOFILE leaving room for 3
-// registration sockets, 3 of 5 drivers are registered, the other 2 say why in their
+// TestDriversBeyondTheDescriptorBudgetSayWhy: with RLIMIT_NOFILE leaving room for about 3
+// registration sockets, that many drivers are served and registered, 2 more say why in their
 // lastError, the supervisor's Descriptors says what does not fit, and the log warns once;
 // the sockets never take the descriptors kept for the rest (issue 28, item 3: every
 // descriptor went to sockets, and nothing answered).
@@ -24,8 +25,13 @@ func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		t.Fatal(err)
 	}
+	// What the hub will keep for the rest: the descriptors open now, and its spares.
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
 	low := rl
-	low.Cur = regserver.ReserveFDs + regserver.KubeletFDs + 3
+	low.Cur = uint64(len(fds)-1+regserver.SpareFDs+regserver.KubeletFDs) + 3
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
@@ -39,9 +45,13 @@ func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.RunUntilEnd(t, func(ctx context.Context) { s.Run(ctx) })
+	room := s.Descriptors().MaxSockets // 3, give or take the descriptors the runtime opened
+	if room < 1 || room > 5 {
+		t.Fatalf("room for %d sockets, want about 3", room)
+	}
 	dir := testkit.ShortDir(t)
 	var ds []config.Driver
-	for i := range 5 {
+	for i := range room + 2 {
 		ep := filepath.Join(dir, "ep", fmt.Sprintf("d%d.sock", i))
 		startEndpoint(t, ep, fmt.Sprintf("d%d.csi.k8s.io", i))
 		d := testDriver(dir, fmt.Sprintf("d%d.csi.k8s.io", i), config.CSIPlugin, ep)
@@ -49,7 +59,7 @@ func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 		s.Start(d)
 	}
 	var unfit []string
-	testkit.Eventually(t, 10*time.Second, "3 drivers served, 2 saying the descriptors do not fit", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the drivers that fit served, 2 saying the descriptors do not fit", func() bool {
 		unfit = unfit[:0]
 		served := 0
 		for _, d := range ds {
@@ -62,7 +72,7 @@ func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 				unfit = append(unfit, d.Name)
 			}
 		}
-		return served == 3 && len(unfit) == 2
+		return served == room && len(unfit) == 2
 	})
 	for _, d := range ds {
 		if st := statusOf(s, d.Name); st.Phase == Serving {
@@ -70,10 +80,10 @@ func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 		}
 	}
 	got := s.Descriptors()
-	if got.Fits() || got.Needed != 5 || got.MaxSockets != 3 || got.Sockets != 3 || got.Limit != int(low.Cur) {
-		t.Errorf("Descriptors = %+v, want 5 needed, room for 3, 3 taken", got)
+	if got.Fits() || got.Needed != room+2 || got.MaxSockets != room || got.Sockets != room || got.Limit != int(low.Cur) {
+		t.Errorf("Descriptors = %+v, want %d needed, room for %d, all taken", got, room+2, room)
 	}
-	if p := got.Problem(); !strings.Contains(p, "the 5 drivers need 5 registration sockets") || !strings.Contains(p, "2 drivers get no socket") {
+	if p := got.Problem(); !strings.Contains(p, fmt.Sprintf("the %d drivers need %d registration sockets", room+2, room+2)) || !strings.Contains(p, "2 drivers get no socket") {
 		t.Errorf("Problem() = %q", p)
 	}
 	if n := strings.Count(logs.String(), "not every driver's registration socket fits"); n != 1 {
@@ -82,6 +92,6 @@ func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 	s.Stop(ds[0].Name)
 	s.Stop(ds[1].Name)
 	if got := s.Descriptors(); !got.Fits() || got.Problem() != "" {
-		t.Errorf("with 3 drivers, Descriptors = %+v, problem %q, want them to fit", got, got.Problem())
+		t.Errorf("with %d drivers, Descriptors = %+v, problem %q, want them to fit", room, got, got.Problem())
 	}
 }

@@ -26,6 +26,14 @@ type Status struct {
 		LastReloadSuccessful bool   `json:"lastReloadSuccessful"`
 		LastReloadError      string `json:"lastReloadError"`
 	} `json:"config"`
+	Descriptors *struct {
+		Limit      int    `json:"limit"`
+		MaxSockets int    `json:"maxSockets"`
+		Needed     int    `json:"needed"`
+		Sockets    int    `json:"sockets"`
+		Fits       bool   `json:"fits"`
+		Problem    string `json:"problem"`
+	} `json:"descriptors"`
 	Drivers []DriverStatus `json:"drivers"`
 }
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -137,6 +138,9 @@ func Start(t testing.TB, cfg string, args ...string) *Process {
 type Options struct {
 	Bin string   // the binary; Binary() when empty
 	Env []string // added to the environment, "KEY=value"
+	// NoFile, when not 0, is the RLIMIT_NOFILE (soft and hard) multireg runs under: a shell
+	// sets it, then becomes multireg.
+	NoFile int
 }
 
 // StartWith is Start with opts.
@@ -152,6 +156,9 @@ func StartWith(t testing.TB, opts Options, cfg string, args ...string) *Process 
 	// Port 0: tests run several multireg at once; HTTPAddr reads the port from the log.
 	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1", "--http-endpoint", "127.0.0.1:0"}, args...)
 	cmd := exec.Command(bin, all...)
+	if opts.NoFile > 0 {
+		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$0" && exec "$@"`, strconv.Itoa(opts.NoFile), bin}, all...)...)
+	}
 	if len(opts.Env) > 0 {
 		cmd.Env = append(os.Environ(), opts.Env...)
 	}

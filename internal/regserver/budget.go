@@ -2,6 +2,7 @@ package regserver
 
 import (
 	"fmt"
+	"os"
 	"syscall"
 )
 
@@ -10,14 +11,15 @@ import (
 // the drivers, sockets must not take the descriptors the rest needs, or nothing answers at
 // all, not even /healthz.
 const (
-	// ReserveFDs: descriptors the registration sockets and their connections never take: the
-	// runtime's own, the HTTP server and its clients, the config file's reload, the inotify
-	// instance, the lock and the hand-over socket, the endpoint probes (32 at most at once), a
-	// socket being published, and an accept.
-	ReserveFDs = 64
+	// SpareFDs: descriptors the registration sockets and their connections never take,
+	// beyond those the process holds when its hub is made (the runtime's own, the inotify
+	// instance, the HTTP listener, the lock and the hand-over socket): the HTTP server's
+	// clients, the config file's reload, endpoint probes, a socket being published, and an
+	// accept.
+	SpareFDs = 16
 	// KubeletFDs: descriptors kept for kubelet's connections to the sockets; sockets never
 	// take them.
-	KubeletFDs = 16
+	KubeletFDs = 8
 )
 
 // Budget is the hub's descriptor budget, for /status.
@@ -25,8 +27,8 @@ type Budget struct {
 	// Limit is RLIMIT_NOFILE as the process found it at start (Go raises the soft limit to
 	// the hard one: the hard limit, unless something lowered the soft one since).
 	Limit int `json:"limit"`
-	// Reserved: kept for everything but the registration sockets (ReserveFDs), and for
-	// kubelet's connections (KubeletFDs).
+	// Reserved: kept for everything but the registration sockets (what the process held at
+	// start, and SpareFDs), and for kubelet's connections (KubeletFDs).
 	Reserved int `json:"reserved"`
 	// MaxSockets: the registration sockets that fit.
 	MaxSockets int `json:"maxSockets"`
@@ -51,6 +53,15 @@ func budgetText(b Budget) string {
 		b.Limit, b.Reserved, b.MaxSockets, b.Reserved)
 }
 
+// openFDs counts the process's open descriptors.
+func openFDs() int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 16
+	}
+	return len(fds) - 1 // ReadDir's own
+}
+
 // fdLimit returns RLIMIT_NOFILE's soft limit, the one that counts.
 func fdLimit() int {
 	var rl syscall.Rlimit
@@ -68,15 +79,15 @@ func (h *Hub) Budget() Budget {
 }
 
 func (h *Hub) budgetLocked() Budget {
-	return Budget{Limit: h.fdLimit, Reserved: ReserveFDs + KubeletFDs, MaxSockets: h.maxSockets(), Sockets: h.nsocks, Conns: h.nconns}
+	return Budget{Limit: h.fdLimit, Reserved: h.fdReserve + KubeletFDs, MaxSockets: h.maxSockets(), Sockets: h.nsocks, Conns: h.nconns}
 }
 
 func (h *Hub) budgetText() string { return budgetText(h.budgetLocked()) }
 
-func (h *Hub) maxSockets() int { return max(0, h.fdLimit-ReserveFDs-KubeletFDs) }
+func (h *Hub) maxSockets() int { return max(0, h.fdLimit-h.fdReserve-KubeletFDs) }
 
 // fdRoom: descriptors left for one more connection. mu is held.
-func (h *Hub) fdRoom() int { return h.fdLimit - ReserveFDs - h.nsocks - h.nconns }
+func (h *Hub) fdRoom() int { return h.fdLimit - h.fdReserve - h.nsocks - h.nconns }
 
 // Slot is a registration socket's descriptor, claimed before the socket is created (Claim) and
 // given to Serve.

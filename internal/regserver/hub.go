@@ -32,6 +32,7 @@ type Hub struct {
 
 	// The bounds (limits.go) and the descriptor budget (budget.go).
 	fdLimit       int
+	fdReserve     int                // descriptors the sockets leave to the rest (budget.go)
 	nsocks        int                // sockets counted against fdLimit, and slots claimed
 	nconns        int                // connections admitted and not released
 	conns         map[*conn]struct{} // the same
@@ -65,7 +66,7 @@ func NewHub(log *slog.Logger) (*Hub, error) {
 	}
 	return &Hub{
 		log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{}),
-		fdLimit: fdLimit(), conns: map[*conn]struct{}{}, calls: map[*call]struct{}{},
+		fdLimit: fdLimit(), fdReserve: openFDs() + SpareFDs, conns: map[*conn]struct{}{}, calls: map[*call]struct{}{},
 	}, nil
 }
 
