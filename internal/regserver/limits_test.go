@@ -203,3 +203,23 @@ func TestKubeletsConnectionOutlastsAFlood(t *testing.T) {
 		t.Error("kubelet's verdict did not count: its connection was closed for the flood's")
 	}
 }
+
+// TestStopForgetsConnectionsInTheHandshake: a connection whose handshake a stop cut short no
+// longer counts against the bounds (no ConnEnd comes for it).
+func TestStopForgetsConnectionsInTheHandshake(t *testing.T) {
+	h, gs := serveTest(t, 1)
+	c, err := net.Dial("unix", gs[0].path) // no preface: its handshake waits
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	count := func() int {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.nconns
+	}
+	testkit.Eventually(t, 5*time.Second, "the connection admitted", func() bool { return count() == 1 })
+	gs[0].Stop()
+	// Well before firstCallTimeout, which would forget it too.
+	testkit.Eventually(t, 2*time.Second, "the connection forgotten after the stop", func() bool { return count() == 0 })
+}

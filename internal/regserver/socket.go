@@ -343,11 +343,15 @@ func (g *Socket) Stop() {
 		g.mu.Lock()
 		g.stopped = true
 		srv := g.srv
-		for c := range g.opening {
+		opening := g.opening
+		for c := range opening {
 			c.Close() // no call began on it; gRPC's stop would wait for its handshake
 		}
 		g.opening = nil
 		g.mu.Unlock()
+		for _, cn := range opening {
+			g.hub.release(cn) // no ConnEnd comes for a handshake cut short
+		}
 		if srv == nil {
 			return
 		}
