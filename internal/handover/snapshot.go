@@ -188,8 +188,9 @@ func (h *Driver) Retire(log *slog.Logger) {
 	}
 }
 
-// Check checks that hs's descriptor is a listening unix stream socket and that the file at
-// its path is the socket handed over.
+// Check checks that hs's descriptor is a listening unix stream socket, that the file at its
+// path has the identity handed over, and that the descriptor is the socket bound to that file:
+// a connection to the path reaches it (boundAt).
 func (hs *Socket) Check() error {
 	if hs.File == nil {
 		return errors.New("no descriptor")
@@ -197,7 +198,10 @@ func (hs *Socket) Check() error {
 	if err := isListeningUnixStream(hs.File); err != nil {
 		return err
 	}
-	return socketAt(hs.Path, hs.ID.ID())
+	if err := socketAt(hs.Path, hs.ID.ID()); err != nil {
+		return err
+	}
+	return boundAt(hs.File, hs.Path)
 }
 
 // isListeningUnixStream checks that f is a listening unix stream socket.
