@@ -1,0 +1,121 @@
+package handover
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"multireg.dev/multireg/internal/testkit"
+)
+
+// lie makes a holder of dir that answers one hand-over request with one batch of drivers,
+// their descriptors files and the lock's, then released if the new instance acknowledges. The
+// channel says the new instance's answer (ack or abort), once.
+func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os.File) <-chan string {
+	t.Helper()
+	l, err := Listen(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan string, 1)
+	done := make(chan struct{})
+	t.Cleanup(func() { l.Close(); <-done })
+	go func() {
+		defer close(done)
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		hc := Conn{c: c}
+		defer hc.Close()
+		if _, fs, err := hc.Recv(); err != nil {
+			return
+		} else {
+			CloseAll(fs)
+		}
+		m := &Msg{Type: MsgBatch, Version: 1, Drivers: drivers, Last: true, Lock: true, Sockets: len(files)}
+		if err := hc.Send(m, append(files, lock)...); err != nil {
+			return
+		}
+		reply, fs, err := hc.Recv()
+		CloseAll(fs)
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		answer <- reply.Type
+		if reply.Type == MsgAck {
+			hc.Send(&Msg{Type: MsgReleased, Version: 1})
+		}
+	}()
+	return answer
+}
+
+// lockedFile opens dir's lock file (created if missing) and locks it, as a holder does.
+func lockedFile(t *testing.T, dir string) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, ".multireg.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// sameLockFile is a new instance's check of the lock's descriptor: the file at dir's lock path.
+func sameLockFile(dir string) func(*os.File) error {
+	return func(f *os.File) error {
+		a, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		b, err := os.Stat(filepath.Join(dir, ".multireg.lock"))
+		if err != nil {
+			return err
+		}
+		if !os.SameFile(a, b) {
+			return os.ErrInvalid
+		}
+		return nil
+	}
+}
+
+// TestAskNeedsTheLockHeld (issue 28, 5): a lock descriptor that is the lock file but does
+// not hold its lock (another open of it) is refused before the acknowledgement: the new
+// instance would serve while nobody holds the directory. The holder's own open file, which
+// holds it, is taken.
+func TestAskNeedsTheLockHeld(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	held := lockedFile(t, dir)
+	unlocked, err := os.Open(filepath.Join(dir, ".multireg.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlocked.Close()
+
+	answer := lie(t, dir, nil, nil, unlocked)
+	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	if err == nil || lock != nil {
+		lock.Close()
+		t.Fatalf("Ask took an unlocked open of the lock file: err %v", err)
+	}
+	snap.Close()
+	if a := <-answer; a != MsgAbort {
+		t.Errorf("the new instance answered %q, want %q", a, MsgAbort)
+	}
+
+	answer = lie(t, dir, nil, nil, held)
+	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	if err != nil {
+		t.Fatalf("Ask refused the holder's own lock: %v", err)
+	}
+	snap.Close()
+	lock.Close()
+	if a := <-answer; a != MsgAck {
+		t.Errorf("the new instance answered %q, want %q", a, MsgAck)
+	}
+}
