@@ -60,6 +60,7 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 			return nil, nil, err
 		}
 		for _, hd := range m.Drivers {
+			keepInside(hd, dir, log)
 			snap.Add(hd)
 		}
 		if !m.Last {

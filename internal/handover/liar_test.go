@@ -1,6 +1,9 @@
 package handover
 
 import (
+	"net"
+
+	"multireg.dev/multireg/config"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -117,5 +120,63 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	lock.Close()
 	if a := <-answer; a != MsgAck {
 		t.Errorf("the new instance answered %q, want %q", a, MsgAck)
+	}
+}
+
+// TestRetireRemovesOnlyWhatWasHanded (issue 28, 6): the sockets of handed drivers no loop
+// takes are removed only when they are registration sockets of the directory held and the
+// handed descriptor is the socket bound there: a predecessor that names another process's
+// socket, outside the directory or in it, has it left alone.
+func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg, other := filepath.Join(dir, "reg"), filepath.Join(dir, "other")
+	for _, d := range []string{reg, other} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listen := func(path string) *net.UnixListener {
+		l, err := testkit.ListenUnlinked(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	outside := listen(filepath.Join(other, "victim.sock")) // another process's socket
+	plugin := filepath.Join(reg, "third-party-reg.sock")   // a plugin registering itself
+	listen(plugin)                                         //
+	mine := listen(filepath.Join(reg, "retired-reg.sock")) // really handed over
+	spare := listen(filepath.Join(other, "spare.sock"))    // a descriptor to lie with
+	hand := func(l *net.UnixListener, path string) *Socket { return handedSocket(t, l, path) }
+	sockets := []*Socket{
+		hand(outside, filepath.Join(other, "victim.sock")),
+		hand(spare, plugin),
+		hand(mine, filepath.Join(reg, "retired-reg.sock")),
+	}
+	var files []*os.File
+	for _, hs := range sockets {
+		files = append(files, hs.File)
+	}
+	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Status: []byte("{}"), Sockets: sockets}
+	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
+	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if a := <-answer; a != MsgAck {
+		t.Fatalf("the new instance answered %q", a)
+	}
+	for _, hd := range snap.TakeAll() {
+		hd.Retire(testkit.Logger(t))
+	}
+	for _, p := range []string{filepath.Join(other, "victim.sock"), plugin} {
+		if !testkit.IsSocket(p) {
+			t.Errorf("%s removed: it was not a socket handed over in the registration directory", p)
+		}
+	}
+	if p := filepath.Join(reg, "retired-reg.sock"); testkit.IsSocket(p) {
+		t.Errorf("%s kept: it was handed over, and no driver takes it", p)
 	}
 }
