@@ -84,6 +84,7 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 			LocalEndpoint: g.at.local,
 			Versions:      g.vers,
 			File:          f,
+			Own:           true,
 		})
 	}
 	d.prev = nil

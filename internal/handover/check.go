@@ -15,17 +15,27 @@ import (
 // of it.
 
 // boundAt checks that the listening socket f is the one bound at path: it connects to path and
-// looks for that connection on f. A socket's bound name cannot tell (getsockname gives the
-// temporary name a published socket was bound at, before its rename onto path), and the file's
-// identity only says what is at path, not what f is.
+// looks for that connection on f. The file's identity only says what is at path, not what f
+// is; and f's bound name is the temporary name a published socket was bound at before its
+// rename onto path.
 //
-// The connection is told from any other queued on f by its own address, a random name in the
-// abstract namespace. Other connections accepted on the way are closed: they can only be
-// kubelet's (the holder accepts nothing during a hand-over, nor after it), and kubelet
-// retries a registration whose GetInfo failed.
+// The connection is told from others by its own address, a random name in the abstract
+// namespace, and accepted without waiting. When connections wait on f already (kubelet's,
+// queued during the hand-over), none is taken from kubelet: the check then compares the name
+// f is bound at with the name of the socket the connection to path reached, unique temporary
+// names both (a weaker check: a predecessor would have to bind two sockets in turn at one
+// name to pass it), and leaves its connection in the queue, closed.
 func boundAt(f *os.File, path string) error {
 	name, err := checkAddr()
 	if err != nil {
+		return err
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	waiting := false
+	if err := rc.Control(func(fd uintptr) { waiting = pending(int(fd)) }); err != nil {
 		return err
 	}
 	c, err := net.DialUnix("unix", &net.UnixAddr{Name: name, Net: "unix"}, &net.UnixAddr{Name: path, Net: "unix"})
@@ -33,17 +43,19 @@ func boundAt(f *os.File, path string) error {
 		return fmt.Errorf("nothing accepts connections at %s: %w", path, unwrapOp(err))
 	}
 	defer c.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
 	found := false
-	var aerr error
-	if err := rc.Control(func(fd uintptr) { found, aerr = acceptFrom(int(fd), name) }); err != nil {
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		if waiting {
+			found, cerr = sameBoundName(fd, c)
+			return
+		}
+		found, cerr = acceptFrom(int(fd), name)
+	}); err != nil {
 		return err
 	}
-	if aerr != nil {
-		return fmt.Errorf("accept on the descriptor handed for %s: %w", path, aerr)
+	if cerr != nil {
+		return fmt.Errorf("check the descriptor handed for %s: %w", path, cerr)
 	}
 	if !found {
 		return fmt.Errorf("the descriptor handed for %s is not the socket bound there: a connection to %s did not reach it", path, path)
@@ -51,8 +63,41 @@ func boundAt(f *os.File, path string) error {
 	return nil
 }
 
+// pending reports whether connections wait to be accepted on the listening socket fd.
+func pending(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(p, 0)
+	return err == nil && n > 0 && p[0].Revents&unix.POLLIN != 0
+}
+
+// sameBoundName reports whether the listening socket fd is bound at the name of the socket
+// the connection c reached.
+func sameBoundName(fd uintptr, c *net.UnixConn) (bool, error) {
+	sa, err := unix.Getsockname(int(fd))
+	if err != nil {
+		return false, err
+	}
+	crc, err := c.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var peer unix.Sockaddr
+	var perr error
+	if err := crc.Control(func(cfd uintptr) { peer, perr = unix.Getpeername(int(cfd)) }); err != nil {
+		return false, err
+	}
+	if perr != nil {
+		return false, perr
+	}
+	a, ok1 := sa.(*unix.SockaddrUnix)
+	b, ok2 := peer.(*unix.SockaddrUnix)
+	return ok1 && ok2 && a.Name != "" && a.Name == b.Name, nil
+}
+
 // acceptFrom accepts, without waiting, the connections queued on the listening socket fd until
-// one comes from the address name. It reports whether one did.
+// one comes from the address name. It reports whether one did. Another accepted on the way
+// (one that came between the look at the queue and the check's own) is closed: kubelet
+// retries a registration whose GetInfo failed.
 func acceptFrom(fd int, name string) (bool, error) {
 	// The open file is shared with the holder's copy; Go makes its listeners non-blocking,
 	// and so does the listener that will serve f (net.FileListener).

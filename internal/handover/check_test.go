@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/sockfile"
@@ -65,33 +66,54 @@ func TestCheckNeedsTheSocketBoundAtThePath(t *testing.T) {
 		t.Errorf("the socket bound at its path: %v", err)
 	}
 
-	// A listener bound elsewhere, for a path where another listening socket is.
+	// A listener bound elsewhere, for a path where another listening socket is, and for one
+	// where a dead socket is; with no connection waiting on it, and with one.
 	published("live-reg.sock")
 	live := filepath.Join(reg, "live-reg.sock")
-	if err := handedSocket(t, elsewhere, live).Check(); err == nil || !strings.Contains(err.Error(), live) {
-		t.Errorf("a listener bound elsewhere, for %s (listening): %v, want an error naming the path", live, err)
-	}
-
-	// A listener bound elsewhere, for a path where a dead socket is.
 	dead := filepath.Join(reg, "dead-reg.sock")
 	l, err := testkit.ListenUnlinked(dead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
-	if err := handedSocket(t, elsewhere, dead).Check(); err == nil || !strings.Contains(err.Error(), dead) {
-		t.Errorf("a listener bound elsewhere, for %s (dead): %v, want an error naming the path", dead, err)
+	for _, waiting := range []bool{false, true} {
+		if waiting {
+			q, err := net.Dial("unix", filepath.Join(other, "x.sock"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+		}
+		for _, p := range []string{live, dead} {
+			if err := handedSocket(t, elsewhere, p).Check(); err == nil || !strings.Contains(err.Error(), p) {
+				t.Errorf("a listener bound elsewhere, for %s (connection waiting: %v): %v, want an error naming the path", p, waiting, err)
+			}
+		}
 	}
 
-	// The listener that was checked still accepts: a connection after the check reaches it.
+	// The checked listener still has kubelet's connection, alive, and accepts the next.
+	if _, err := kubelet.Write([]byte("k")); err != nil {
+		t.Fatal(err)
+	}
+	a, err := good.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := a.Read(make([]byte, 1)); err != nil {
+		t.Errorf("kubelet's connection, waiting during the check: %v", err)
+	}
 	c, err := net.Dial("unix", filepath.Join(reg, "good-reg.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	a, err := good.Accept()
-	if err != nil {
-		t.Fatal(err)
+	for range 2 { // the check's own connection, left in the queue, then this one
+		a, err := good.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Close()
 	}
-	a.Close()
 }

@@ -70,6 +70,10 @@ type Socket struct {
 
 	// File is the listening socket; nil once taken. Its owner closes it.
 	File *os.File `json:"-"`
+	// Own: the socket is this process's own (its loops detached it, and run again from it
+	// after a hand-over that failed, or after the successor ended): no predecessor vouches
+	// for it, so Check need not connect to it.
+	Own bool `json:"-"`
 }
 
 // Len is the number of drivers in s.
@@ -245,6 +249,9 @@ func (hs *Socket) Check() error {
 	}
 	if err := socketAt(hs.Path, hs.ID.ID()); err != nil {
 		return err
+	}
+	if hs.Own {
+		return nil
 	}
 	return boundAt(hs.File, hs.Path)
 }
