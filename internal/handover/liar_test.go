@@ -32,10 +32,10 @@ func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os
 		}
 		hc := Conn{c: c}
 		defer hc.Close()
-		if _, fs, err := hc.Recv(); err != nil {
+		_, fs, err := hc.Recv()
+		CloseAll(fs)
+		if err != nil {
 			return
-		} else {
-			CloseAll(fs)
 		}
 		m := &Msg{Type: MsgBatch, Version: 1, Drivers: drivers, Last: true, Lock: true, Sockets: len(files)}
 		if err := hc.Send(m, append(files, lock)...); err != nil {
