@@ -25,8 +25,10 @@ type Holder interface {
 
 // Lock is what the holder's side of a hand-over needs of the directory's lock.
 type Lock interface {
-	// File is the lock's open file, passed to the new instance.
-	File() *os.File
+	// File is a descriptor of the lock's open file, passed to the new instance; the caller
+	// closes it. A descriptor of its own, so that the lock's check, which may lock a new
+	// lock file meanwhile and close the old one, never closes the one being sent.
+	File() (*os.File, error)
 	// Let lets go of the lock after a hand-over: the new instance holds the same open file.
 	Let()
 }
@@ -175,7 +177,11 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 	hc.until = time.Now().Add(PauseTimeout)
 	s.log.Info("handing over the registration directory to a new instance", "drivers", snap.Len(), "sockets", snap.Sockets(), "version", v)
 	halt(s.log, "holder", "detached")
-	err := sendSnapshot(hc, snap, v, s.lock.File(), s.log)
+	lockF, err := s.lock.File()
+	if err == nil {
+		err = sendSnapshot(hc, snap, v, lockF, s.log)
+		lockF.Close()
+	}
 	if err == nil {
 		var reply *Msg
 		var files []*os.File

@@ -3,6 +3,7 @@ package regdir
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/sockfile"
@@ -207,14 +209,26 @@ func (d *Dir) serve(srv *handover.Server, c *net.UnixConn) {
 // held is the lock's side of a hand-over (handover.Lock).
 type held struct{ d *Dir }
 
-func (h held) File() *os.File { return h.d.lockFile() }
-func (h held) Let()           { h.d.let() }
+func (h held) File() (*os.File, error) { return h.d.lockFile() }
+func (h held) Let()                    { h.d.let() }
 
-// lockFile is the lock's open file, passed to the new instance in a hand-over.
-func (d *Dir) lockFile() *os.File {
+// lockFile is a new descriptor of the lock's open file, passed to the new instance in a
+// hand-over; the caller closes it.
+func (d *Dir) lockFile() (*os.File, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.lock.f
+	rc, err := d.lock.f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(u uintptr) { fd, derr = unix.FcntlInt(u, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("copy the lock's descriptor: %w", derr)
+	}
+	return os.NewFile(uintptr(fd), d.lock.f.Name()), nil
 }
 
 // let lets go of the lock after a hand-over: the new instance holds the same open file.
