@@ -165,6 +165,9 @@ const (
 	maxCallStreams = 16
 	maxRequest     = 1 << 20  // gRPC's own default is 4 MiB
 	maxHeaderList  = 16 << 10 // a call's header block
+	// readBuffer is what one read of a connection takes from gRPC's buffer pool (its default
+	// is 32 KiB); a larger message takes several reads.
+	readBuffer = 4 << 10
 	// handshakeTimeout bounds the wait for a client's HTTP/2 preface; kubelet sends it at once.
 	handshakeTimeout = 10 * time.Second
 )
@@ -206,6 +209,9 @@ func (g *Socket) give(c net.Conn) *grpc.Server {
 			// Replies are a few hundred bytes: written as they are, without a buffer kept for
 			// each connection.
 			grpc.WriteBufferSize(0),
+			// Reads go into a pooled buffer of this size only once data is there: kubelet's
+			// requests take a few hundred bytes.
+			grpc.ReadBufferSize(readBuffer),
 			grpc.WaitForHandlers(true), // stop returns once no call can reach the loop
 		)
 		registerapi.RegisterRegistrationServer(g.srv, g.rs)
