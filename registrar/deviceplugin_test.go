@@ -78,7 +78,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 			dp2 := filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.2")
 			if !tt.handover {
 				testkit.Never(t, time.Second, "a move while dp.1 answers", func() bool {
-					return isSocket(d.AltSocketPath) || mustID(t, d.SocketPath) != first
+					return testkit.IsSocket(d.AltSocketPath) || mustID(t, d.SocketPath) != first
 				})
 				old.Stop()
 				testkit.Eventually(t, 5*time.Second, "a new registration socket for dp.2", func() bool {
@@ -90,7 +90,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 				}
 				return
 			}
-			testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+			testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 			if info := registerAs(t, d.AltSocketPath, tt.agent, true, ""); info.Endpoint != dp2 {
 				t.Errorf("the second socket's endpoint %q, want %q", info.Endpoint, dp2)
 			}
@@ -100,7 +100,7 @@ func TestPatternDevicePluginHandover(t *testing.T) {
 			})
 			old.Stop()
 			testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
-				return !isSocket(d.SocketPath)
+				return !testkit.IsSocket(d.SocketPath)
 			})
 			if st := statusOf(s, d.Name); st.Phase != Registered || st.Endpoint != dp2 || st.Attempts != 2 {
 				t.Errorf("status: %+v, want Registered at dp.2 after 2 attempts", st)
@@ -128,7 +128,7 @@ func TestDevicePluginInKubeletDirRefused(t *testing.T) {
 		st := statusOf(s, d.Name)
 		return st.Phase == BackingOff && strings.Contains(st.LastError, "kubelet's device-plugin directory")
 	})
-	testkit.Never(t, 500*time.Millisecond, "a registration socket", func() bool { return isSocket(d.SocketPath) })
+	testkit.Never(t, 500*time.Millisecond, "a registration socket", func() bool { return testkit.IsSocket(d.SocketPath) })
 	if !strings.Contains(log.String(), `level=ERROR msg="driver not registered"`) {
 		t.Errorf("no error logged:\n%s", log.String())
 	}

@@ -124,7 +124,7 @@ func TestDeletedSocketIsRecreated(t *testing.T) {
 	if err := os.Remove(d.SocketPath); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, time.Second, "socket recreated within 1s", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, time.Second, "socket recreated within 1s", func() bool { return testkit.IsSocket(d.SocketPath) })
 	testkit.Eventually(t, 5*time.Second, "Serving, 2 attempts after the recreation", func() bool {
 		st := statusOf(s, d.Name)
 		return st.Phase == Serving && st.Attempts == 2

@@ -30,7 +30,7 @@ func TestWaitsForEndpointAndWakesOnCreate(t *testing.T) {
 		t.Fatalf("socket published before the endpoint is up: %v", err)
 	}
 	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io")
-	testkit.Eventually(t, 5*time.Second, "socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "socket once the endpoint is up", func() bool { return testkit.IsSocket(d.SocketPath) })
 }
 
 func TestCSINameMismatch(t *testing.T) {
@@ -103,7 +103,7 @@ func TestEndpointDirectoryAppearsLater(t *testing.T) {
 	})
 	testkit.Eventually(t, 5*time.Second, "WaitingForEndpoint", func() bool { return statusOf(s, d.Name).Phase == WaitingForEndpoint })
 	startEndpoint(t, d.LocalEndpoint, "nfs.csi.k8s.io") // creates the directory, then the socket
-	testkit.Eventually(t, 5*time.Second, "the socket once the endpoint is up", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the socket once the endpoint is up", func() bool { return testkit.IsSocket(d.SocketPath) })
 }
 
 // TestEndpointDirectoriesAppearLevelByLevel: two missing levels under the endpoint; each
@@ -131,7 +131,7 @@ func TestEndpointDirectoriesAppearLevelByLevel(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, "the quick probes over, the next in an hour again", backingOff)
 	testkit.Eventually(t, 5*time.Second, "a watch for a/b/", func() bool { return watchesFor(s, filepath.Join(dir, "a"), "b") })
 	startEndpoint(t, ep, "nfs.csi.k8s.io") // creates a/b/ and the socket
-	testkit.Eventually(t, 5*time.Second, "the socket", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the socket", func() bool { return testkit.IsSocket(d.SocketPath) })
 }
 
 // TestEndpointDirectoryRecreatedWhileServing: with waitForEndpoint false the socket is

@@ -195,7 +195,7 @@ func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
 		id, _, err := fsid.Stat(changed.SocketPath)
 		return err == nil && id != before[0]
 	})
-	if isSocket(removed.SocketPath) {
+	if testkit.IsSocket(removed.SocketPath) {
 		t.Error("the socket of the driver no longer configured is still there")
 	}
 	if id := mustID(t, ds[1].SocketPath); id != before[1] {
@@ -384,7 +384,7 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 				}
 				return
 			}
-			if len(h.Sockets) != 0 || isSocket(spec.SocketPath) {
+			if len(h.Sockets) != 0 || testkit.IsSocket(spec.SocketPath) {
 				t.Errorf("the rejected socket is handed over or still there: %+v", h.Sockets)
 			}
 			if st.Phase != BackingOff || st.Failures != 1 || st.NextAttempt.IsZero() || h.Failures != 1 {

@@ -3,9 +3,6 @@ package registrar
 import (
 	"context"
 	"fmt"
-	"io/fs"
-	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -116,16 +113,6 @@ func deadSocket(t *testing.T, path string) {
 	}
 }
 
-// listenUnlinked listens on path and leaves the file in place when closed.
-func listenUnlinked(path string) (*net.UnixListener, error) {
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	l.SetUnlinkOnClose(false)
-	return l, nil
-}
-
 func statusOf(s *Supervisor, name string) DriverStatus {
 	for _, st := range s.Status() {
 		if st.Name == name {
@@ -133,12 +120,6 @@ func statusOf(s *Supervisor, name string) DriverStatus {
 		}
 	}
 	return DriverStatus{}
-}
-
-// isSocket reports whether a socket is at path.
-func isSocket(path string) bool {
-	fi, err := os.Lstat(path)
-	return err == nil && fi.Mode().Type() == fs.ModeSocket
 }
 
 func mustID(t testing.TB, path string) fsid.ID {
@@ -174,7 +155,7 @@ func dialKubeletAs(t testing.TB, socket, agent string) *kubelet {
 // awaitSocket waits for the driver's registration socket to be published.
 func awaitSocket(t testing.TB, d config.Driver) {
 	t.Helper()
-	testkit.Eventually(t, 5*time.Second, d.Name+"'s socket published", func() bool { return isSocket(d.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, d.Name+"'s socket published", func() bool { return testkit.IsSocket(d.SocketPath) })
 }
 
 // registerAndWait plays kubelet accepting the driver's current socket and waits until the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -83,6 +84,7 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 			LocalEndpoint: g.at.local,
 			Versions:      g.vers,
 			File:          f,
+			Own:           true,
 		})
 	}
 	d.prev = nil
@@ -162,6 +164,7 @@ func (d *driver) inherit(h *handover.Driver) int {
 	case a.cur == nil && d.prev == nil && st.Phase != BackingOff:
 		st.Phase, st.Since = WaitingForEndpoint, time.Now()
 	case a.cur == nil && st.Phase == BackingOff && st.NextAttempt.After(time.Now()):
+		st.NextAttempt = d.boundedAttempt(st.NextAttempt)
 		a.resumeAt = st.NextAttempt
 	}
 	d.mu.Lock()
@@ -169,6 +172,22 @@ func (d *driver) inherit(h *handover.Driver) int {
 	d.mu.Unlock()
 	d.adopted = a
 	return n
+}
+
+// boundedAttempt is the next attempt a predecessor planned, no later than the longest wait
+// this driver's backoff allows from now (its maxInterval, randomized up).
+func (d *driver) boundedAttempt(at time.Time) time.Time {
+	b := d.spec.Backoff
+	f := float64(b.MaxInterval) * (1 + b.RandomizationFactor)
+	if f >= math.MaxInt64/2 { // centuries
+		return at
+	}
+	if limit := time.Now().Add(time.Duration(f)); at.After(limit) {
+		d.log.Warn("the next attempt handed over is later than this driver's backoff allows; trying sooner",
+			"handed", at.Format(time.RFC3339), "nextAttempt", limit.Format(time.RFC3339), "maxInterval", b.MaxInterval)
+		return limit
+	}
+	return at
 }
 
 // handedNodeInfo decodes the NodeGetInfo answer h recorded; nil when none.

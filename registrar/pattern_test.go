@@ -129,7 +129,7 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 	if err := os.MkdirAll(epDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	la, err := listenUnlinked(aPath)
+	la, err := testkit.ListenUnlinked(aPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 	})
 
 	a.Stop() // killed: the file stays, nothing listens
-	if !isSocket(aPath) {
+	if !testkit.IsSocket(aPath) {
 		t.Fatal("csi-a's socket file went with its process")
 	}
 	testkit.Eventually(t, 10*time.Second, "a new registration socket for csi-b", func() bool {
@@ -189,7 +189,7 @@ func TestPatternDRAHandover(t *testing.T) {
 	unchanged := func() bool { id, _, err := fsid.Stat(d.SocketPath); return err == nil && id == first }
 
 	startInstance(t, d, "dra-b.sock")
-	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 	if !unchanged() {
 		t.Fatal("the registered socket moved when the new instance appeared")
 	}
@@ -206,8 +206,8 @@ func TestPatternDRAHandover(t *testing.T) {
 	testkit.Never(t, 500*time.Millisecond, "the old registration withdrawn while the old instance runs", func() bool { return !unchanged() })
 
 	a.Stop()
-	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn", func() bool { return !isSocket(d.SocketPath) })
-	if !isSocket(d.AltSocketPath) {
+	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn", func() bool { return !testkit.IsSocket(d.SocketPath) })
+	if !testkit.IsSocket(d.AltSocketPath) {
 		t.Error("the new registration socket went too")
 	}
 	if st := statusOf(s, d.Name); st.Phase != Registered || st.Endpoint != filepath.Join(epDir, "dra-b.sock") || st.Recreations[ReasonEndpointRestarted] != 0 {
@@ -242,12 +242,12 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "the newer instance seen", func() bool {
 		return strings.Contains(log.String(), "registered beside this one once kubelet's verdict") || !unchanged()
 	})
-	if !unchanged() || isSocket(d.AltSocketPath) {
-		t.Fatalf("sockets before kubelet's verdict: first unchanged %v, second there %v; want the first alone, untouched", unchanged(), isSocket(d.AltSocketPath))
+	if !unchanged() || testkit.IsSocket(d.AltSocketPath) {
+		t.Fatalf("sockets before kubelet's verdict: first unchanged %v, second there %v; want the first alone, untouched", unchanged(), testkit.IsSocket(d.AltSocketPath))
 	}
 
 	k.Notify(t, true, "")
-	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 	if !unchanged() {
 		t.Fatal("the socket kubelet registered moved when the new instance was taken up")
 	}
@@ -270,7 +270,7 @@ func TestPatternDRAHandoverRejected(t *testing.T) {
 	first := mustID(t, d.SocketPath)
 
 	startInstance(t, d, "dra-b.sock")
-	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 	second := mustID(t, d.AltSocketPath)
 	register(t, d.AltSocketPath, false, "no")
 	testkit.Eventually(t, 5*time.Second, "another attempt on the second socket", func() bool {
@@ -316,7 +316,7 @@ func TestPatternDRARestartOverStaleSocket(t *testing.T) {
 				id, _, err := fsid.Stat(at)
 				return err == nil && id != stale[tt.wantAt]
 			})
-			if tt.wantGone != "" && isSocket(paths[tt.wantGone]) {
+			if tt.wantGone != "" && testkit.IsSocket(paths[tt.wantGone]) {
 				t.Errorf("the stale socket at %s is still there", tt.wantGone)
 			}
 			register(t, at, true, "")
@@ -334,7 +334,7 @@ func handedOver(t *testing.T) (*Supervisor, config.Driver, *endpoint, *endpoint)
 	t.Helper()
 	s, d, a := registeredDRAPattern(t, Options{})
 	b := startInstance(t, d, "dra-b.sock")
-	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 	register(t, d.AltSocketPath, true, "")
 	testkit.Eventually(t, 5*time.Second, "Registered on the second socket", func() bool {
 		st := statusOf(s, d.Name)
@@ -349,10 +349,10 @@ func TestPatternDRANewInstanceGoes(t *testing.T) {
 	s, d, a, b := handedOver(t)
 	first := mustID(t, d.SocketPath)
 	b.Stop()
-	testkit.Eventually(t, 5*time.Second, "the new instance's registration withdrawn", func() bool { return !isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the new instance's registration withdrawn", func() bool { return !testkit.IsSocket(d.AltSocketPath) })
 	testkit.Never(t, time.Second, "the old instance's registration touched", func() bool {
 		id, _, err := fsid.Stat(d.SocketPath)
-		return err != nil || id != first || isSocket(d.AltSocketPath)
+		return err != nil || id != first || testkit.IsSocket(d.AltSocketPath)
 	})
 	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.Path() {
 		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
@@ -366,12 +366,12 @@ func TestPatternDRANewInstanceRejectedAndGone(t *testing.T) {
 	s, d, a := registeredDRAPattern(t, Options{})
 	first := mustID(t, d.SocketPath)
 	b := startInstance(t, d, "dra-b.sock")
-	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 	register(t, d.AltSocketPath, false, "no")
 	b.Stop()
 	testkit.Never(t, time.Second, "a second registration of the old instance", func() bool {
 		id, _, err := fsid.Stat(d.SocketPath)
-		return isSocket(d.AltSocketPath) || err != nil || id != first
+		return testkit.IsSocket(d.AltSocketPath) || err != nil || id != first
 	})
 	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.Path() {
 		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
@@ -392,7 +392,7 @@ func TestPatternDRAHandoverBlocked(t *testing.T) {
 		return strings.Contains(statusOf(s, d.Name).LastError, d.AltSocketPath)
 	})
 	testkit.Never(t, time.Second, "the driver to stop being ready while the old registration stays", func() bool {
-		return !statusOf(s, d.Name).Ready() || !isSocket(d.SocketPath)
+		return !statusOf(s, d.Name).Ready() || !testkit.IsSocket(d.SocketPath)
 	})
 	if n := statusOf(s, d.Name).Attempts; n > 20 {
 		t.Errorf("%d attempts within a second: the loop spins on the blocked path instead of backing off", n)
@@ -400,5 +400,5 @@ func TestPatternDRAHandoverBlocked(t *testing.T) {
 	if err := os.Remove(d.AltSocketPath); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 5*time.Second, "the second socket once the path is clear", func() bool { return isSocket(d.AltSocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the second socket once the path is clear", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 }

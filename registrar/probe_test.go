@@ -71,7 +71,7 @@ func TestHungEndpointProbedConcurrently(t *testing.T) {
 	startEndpoint(t, ep, "nfs.csi.k8s.io")
 	ok := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, ep)
 	s.Start(ok)
-	testkit.Eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return isSocket(ok.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return testkit.IsSocket(ok.SocketPath) })
 	// The hung probe is still waiting: its connection is open.
 	grpcConn.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
 	var buf [1024]byte

@@ -35,7 +35,7 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 				return st.Phase == BackingOff && strings.Contains(st.LastError, "is a "+kind+", not a socket: it is left untouched")
 			})
 			// The other driver is not affected.
-			testkit.Eventually(t, 5*time.Second, "the other driver's socket", func() bool { return isSocket(other.SocketPath) })
+			testkit.Eventually(t, 5*time.Second, "the other driver's socket", func() bool { return testkit.IsSocket(other.SocketPath) })
 			// Still there, unchanged, after several retries.
 			testkit.Eventually(t, 5*time.Second, "several retries", func() bool { return statusOf(s, d.Name).Failures >= 3 })
 			fi, err := os.Lstat(d.SocketPath)
@@ -51,7 +51,7 @@ func TestNonSocketInTheWayIsLeftAlone(t *testing.T) {
 			if err := os.Remove(d.SocketPath); err != nil {
 				t.Fatal(err)
 			}
-			testkit.Eventually(t, 5*time.Second, "socket after the way is clear", func() bool { return isSocket(d.SocketPath) })
+			testkit.Eventually(t, 5*time.Second, "socket after the way is clear", func() bool { return testkit.IsSocket(d.SocketPath) })
 		})
 	}
 }
@@ -83,7 +83,7 @@ func TestSocketPublishedOnceTheWayIsClear(t *testing.T) {
 			if err := os.Remove(d.SocketPath); err != nil {
 				t.Fatal(err)
 			}
-			testkit.Eventually(t, 5*time.Second, "socket once the way is clear, long before the backoff ends", func() bool { return isSocket(d.SocketPath) })
+			testkit.Eventually(t, 5*time.Second, "socket once the way is clear, long before the backoff ends", func() bool { return testkit.IsSocket(d.SocketPath) })
 		})
 	}
 }
@@ -131,7 +131,7 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 			if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			l, err := listenUnlinked(d.SocketPath) // the file stays when it stops, as SIGKILL leaves it
+			l, err := testkit.ListenUnlinked(d.SocketPath) // the file stays when it stops, as SIGKILL leaves it
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -47,7 +47,7 @@ func TestManyDriversShareOneWatcher(t *testing.T) {
 	}
 	testkit.Eventually(t, 30*time.Second, "every socket", func() bool {
 		for _, d := range drivers {
-			if !isSocket(d.SocketPath) {
+			if !testkit.IsSocket(d.SocketPath) {
 				return false
 			}
 		}
@@ -83,14 +83,14 @@ func TestHungEndpointDoesNotDelayOthers(t *testing.T) {
 	s := runSupervisor(t, Options{})
 	s.Start(hd)
 	s.Start(ok)
-	testkit.Eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return isSocket(ok.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "the healthy driver's socket", func() bool { return testkit.IsSocket(ok.SocketPath) })
 	register(t, ok.SocketPath, true, "")
 	testkit.Eventually(t, 5*time.Second, "the healthy driver registered", func() bool { return statusOf(s, ok.Name).Phase == Registered })
 	testkit.Eventually(t, 5*time.Second, "the hung driver's probe to time out", func() bool {
 		st := statusOf(s, hd.Name)
 		return st.Phase == WaitingForEndpoint && strings.Contains(st.LastError, "GetPluginInfo")
 	})
-	if isSocket(hd.SocketPath) {
+	if testkit.IsSocket(hd.SocketPath) {
 		t.Error("a socket was published for a hung endpoint")
 	}
 }
@@ -135,7 +135,7 @@ func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
 	go func() { defer close(done); s.Run(ctx) }()
 	s.Start(a)
 	s.Start(b)
-	testkit.Eventually(t, 5*time.Second, "both sockets", func() bool { return isSocket(a.SocketPath) && isSocket(b.SocketPath) })
+	testkit.Eventually(t, 5*time.Second, "both sockets", func() bool { return testkit.IsSocket(a.SocketPath) && testkit.IsSocket(b.SocketPath) })
 
 	s.Stop(a.Name) // blocks until the loop has exited
 	if _, err := os.Lstat(a.SocketPath); !os.IsNotExist(err) {
@@ -152,7 +152,7 @@ func TestStopRemovesSocketShutdownKeepsIt(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return within 5s")
 	}
-	if !isSocket(b.SocketPath) {
+	if !testkit.IsSocket(b.SocketPath) {
 		t.Error("shutdown removed a socket; it must stay so kubelet keeps the plugin")
 	}
 	s.Start(a) // after Run: nothing
@@ -170,7 +170,7 @@ func TestCleanupOnExitRemovesSockets(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(stale.SocketPath), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	l, err := listenUnlinked(stale.SocketPath)
+	l, err := testkit.ListenUnlinked(stale.SocketPath)
 	if err != nil {
 		t.Fatal(err)
 	}

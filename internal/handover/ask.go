@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+
+	"golang.org/x/sys/unix"
 )
 
 // Ask asks the holder of dir for a hand-over. On success it returns what the holder handed
@@ -58,6 +60,7 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 			return nil, nil, err
 		}
 		for _, hd := range m.Drivers {
+			keepInside(hd, dir, log)
 			snap.Add(hd)
 		}
 		if !m.Last {
@@ -66,7 +69,7 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		}
 		lockF = files[len(files)-1]
 	}
-	if err := checkLock(lockF); err != nil {
+	if err := holdsLock(lockF, dir, checkLock); err != nil {
 		hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
 		lockF.Close()
 		snap.Close()
@@ -116,6 +119,28 @@ func fill(m *Msg, files []*os.File) error {
 			hs.File = files[i]
 			i++
 		}
+	}
+	return nil
+}
+
+// holdsLock checks that f, received as the directory's lock, is what checkLock accepts and
+// holds the lock: it locks f without waiting. That succeeds on the holder's own open file,
+// which holds the lock already, and fails on any other open of the lock file while the holder
+// holds its own.
+func holdsLock(f *os.File, dir string, checkLock func(*os.File) error) error {
+	if err := checkLock(f); err != nil {
+		return err
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = unix.Flock(int(fd), unix.LOCK_EX|unix.LOCK_NB) }); err != nil {
+		return err
+	}
+	if ferr != nil {
+		return fmt.Errorf("the lock descriptor handed over does not hold the lock of the registration directory %s: %w", dir, ferr)
 	}
 	return nil
 }

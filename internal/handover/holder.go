@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -24,14 +25,12 @@ type Holder interface {
 
 // Lock is what the holder's side of a hand-over needs of the directory's lock.
 type Lock interface {
-	// File is the lock's open file, passed to the new instance.
-	File() *os.File
+	// File is a descriptor of the lock's open file, passed to the new instance; the caller
+	// closes it. A descriptor of its own, so that the lock's check, which may lock a new
+	// lock file meanwhile and close the old one, never closes the one being sent.
+	File() (*os.File, error)
 	// Let lets go of the lock after a hand-over: the new instance holds the same open file.
 	Let()
-	// Retake, after a hand-over that failed once the lock's descriptor was passed, lets go of
-	// this process's copy and locks the directory anew. It reports whether this process
-	// holds the directory again.
-	Retake() bool
 }
 
 // HandedOver is how Serve (and the directory's Run) ends when the directory went to a new
@@ -56,73 +55,170 @@ const (
 	MsgReleased = "released"
 )
 
-// Serve serves one hand-over request on c, with the drivers h and the lock. It returns a
-// *HandedOver when the directory went to the new instance, and nil when this process keeps it:
-// its loops run again from where they stopped.
-func Serve(c *net.UnixConn, h Holder, lock Lock, log *slog.Logger) error {
+// Bounds of the holder's side (variables, so that tests can change them).
+var (
+	// HelloTimeout bounds the wait for a request's hello: a connection that says nothing
+	// costs no more, and pauses nothing.
+	HelloTimeout = time.Second
+	// PauseTimeout bounds what a hand-over pauses: from the moment the loops stop until the
+	// new instance acknowledges, every batch sent and the ack received. A new instance
+	// acknowledges as soon as it has the batches and has locked the lock's descriptor.
+	PauseTimeout = time.Second
+)
+
+// helloBytes bounds the read of a hello, a message of a few dozen bytes: requests are read
+// concurrently, and a longer one is refused.
+const helloBytes = 4 << 10
+
+// Server is the holder's side of hand-overs: it serves each request on the caller's
+// goroutine, so that requests are served concurrently (the caller bounds how many), and at
+// most one hand-over at a time.
+type Server struct {
+	h    Holder
+	lock Lock
+	log  *slog.Logger
+	// busy is held by a hand-over from Detach until Resume or the release; done once the
+	// directory went to a new instance.
+	busy sync.Mutex
+	done bool
+	// noise throttles the warnings about requests that are not hand-overs.
+	noise noisy
+}
+
+// warnEvery is how often a warning about requests that are not hand-overs is logged at most.
+const warnEvery = 10 * time.Second
+
+// noisy throttles a warning: the first is logged, then one per warnEvery at most, saying how
+// many were not; those go to the debug level.
+type noisy struct {
+	mu    sync.Mutex
+	last  time.Time
+	quiet int
+}
+
+func (n *noisy) warn(log *slog.Logger, msg string, args ...any) {
+	n.mu.Lock()
+	if time.Since(n.last) < warnEvery {
+		n.quiet++
+		n.mu.Unlock()
+		log.Debug(msg, args...)
+		return
+	}
+	quiet := n.quiet
+	n.last, n.quiet = time.Now(), 0
+	n.mu.Unlock()
+	if quiet > 0 {
+		args = append(args, "alikeNotLogged", quiet)
+	}
+	log.Warn(msg, args...)
+}
+
+// NewServer returns the server of the holder's drivers h and its lock.
+func NewServer(h Holder, lock Lock, log *slog.Logger) *Server {
+	return &Server{h: h, lock: lock, log: log}
+}
+
+// Serve serves one hand-over request on c and closes it. It returns a *HandedOver when the
+// directory went to the new instance, and nil when this process keeps it: its loops run
+// again from where they stopped.
+//
+// Nothing stops before the new instance's hello, read within HelloTimeout; from then on the
+// loops stop for PauseTimeout at most. This process keeps its hold of the lock until the new
+// instance acknowledges: one that does not, within PauseTimeout, cannot serve with the lock's
+// descriptor it received (it serves only once told released), and this one serves again.
+func (s *Server) Serve(c *net.UnixConn) error {
 	defer c.Close()
 	hc := Conn{c: c}
 	if err := sameUser(c); err != nil {
-		log.Warn("hand-over request refused", "err", err)
+		s.noise.warn(s.log, "hand-over request refused", "err", err)
 		return nil
 	}
-	m, files, err := hc.Recv()
-	CloseAll(files)
-	if err != nil || m.Type != MsgHello {
-		log.Warn("hand-over request not understood; ignored", "err", err)
+	m, err := hc.recvHello()
+	if err != nil {
+		s.noise.warn(s.log, "hand-over request not understood; ignored", "err", err)
 		return nil
 	}
 	v := pickVersion(m.MinVersion, m.Version)
 	if v == 0 {
 		lo, hi := protocolRange()
 		why := fmt.Sprintf("this instance speaks hand-over versions %d to %d, the new one %d to %d", lo, hi, m.MinVersion, m.Version)
-		hc.Send(&Msg{Type: MsgRefuse, Reason: why})
-		log.Warn("hand-over refused; the new instance waits for this one to exit", "why", why)
+		s.refuse(hc, why)
 		return nil
 	}
+	if !s.busy.TryLock() {
+		s.refuse(hc, "another hand-over is in progress")
+		return nil
+	}
+	defer s.busy.Unlock()
+	if s.done {
+		s.refuse(hc, "this instance handed the directory over already")
+		return nil
+	}
+	ho := s.handOver(hc, v)
+	if ho == nil {
+		return nil
+	}
+	s.done = true
+	return ho
+}
+
+// refuse tells the new instance why there is no hand-over.
+func (s *Server) refuse(hc Conn, why string) {
+	hc.Send(&Msg{Type: MsgRefuse, Reason: why})
+	s.noise.warn(s.log, "hand-over refused; the new instance waits for this one to exit", "why", why)
+}
+
+// handOver stops the loops, sends what they hand over and the lock's descriptor, and lets go
+// of the directory once the new instance acknowledged; otherwise the loops run again. It
+// returns what was handed over, or nil.
+func (s *Server) handOver(hc Conn, v int) *HandedOver {
 	start := time.Now()
-	snap := h.Detach()
-	log.Info("handing over the registration directory to a new instance", "drivers", snap.Len(), "sockets", snap.Sockets(), "version", v)
-	halt(log, "holder", "detached")
-	lockSent, err := sendSnapshot(hc, snap, v, lock.File(), log)
+	snap := s.h.Detach()
+	hc.until = time.Now().Add(PauseTimeout)
+	s.log.Info("handing over the registration directory to a new instance", "drivers", snap.Len(), "sockets", snap.Sockets(), "version", v)
+	halt(s.log, "holder", "detached")
+	lockF, err := s.lock.File()
+	if err == nil {
+		err = sendSnapshot(hc, snap, v, lockF, s.log)
+		lockF.Close()
+	}
 	if err == nil {
 		var reply *Msg
+		var files []*os.File
 		reply, files, err = hc.Recv()
 		CloseAll(files)
 		switch {
 		case err != nil:
+			err = fmt.Errorf("no acknowledgement: %w", err)
 		case reply.Type == MsgAbort:
 			err = fmt.Errorf("the new instance gave up: %s", reply.Reason)
 		case reply.Type != MsgAck:
-			err = fmt.Errorf("unexpected %q", reply.Type)
+			err = fmt.Errorf("a %q message where an ack or an abort belongs", reply.Type)
 		}
 	}
-	if err == nil {
-		lock.Let()
-		halt(log, "holder", "released")
-		if err := hc.Send(&Msg{Type: MsgReleased, Version: v}); err != nil {
-			log.Warn("could not tell the new instance the directory is released; it finds out by itself", "err", err)
-		}
-		h.Release()
-		took := time.Since(start)
-		log.Info("handed over the registration directory; this instance serves nothing now and exits on SIGTERM",
-			"drivers", snap.Len(), "sockets", snap.Sockets(), "took", took.Round(time.Millisecond).String())
-		return &HandedOver{Snapshot: snap, Took: took}
+	if err != nil {
+		// The lock stays held: this process never let go of its open file. A new instance
+		// that has a copy of it lets go of that copy when no release comes, and waits.
+		s.h.Resume(snap)
+		s.log.Warn("hand-over failed; this instance goes on serving every driver", "err", err,
+			"paused", time.Since(start).Round(time.Millisecond).String())
+		return nil
 	}
-	log.Warn("hand-over failed", "err", err)
-	if lockSent && !lock.Retake() {
-		h.Release()
-		log.Warn("the new instance holds the registration directory's lock: it serves; this instance serves nothing now")
-		return &HandedOver{Snapshot: snap, Took: time.Since(start)}
+	hc.until = time.Time{}
+	s.lock.Let()
+	halt(s.log, "holder", "released")
+	if err := hc.Send(&Msg{Type: MsgReleased, Version: v}); err != nil {
+		s.log.Warn("could not tell the new instance the directory is released; it finds out by itself", "err", err)
 	}
-	h.Resume(snap)
-	log.Info("hand-over failed; this instance goes on serving every driver")
-	return nil
+	s.h.Release()
+	took := time.Since(start)
+	s.log.Info("handed over the registration directory; this instance serves nothing now and exits on SIGTERM",
+		"drivers", snap.Len(), "sockets", snap.Sockets(), "took", took.Round(time.Millisecond).String())
+	return &HandedOver{Snapshot: snap, Took: took}
 }
 
-// sendSnapshot sends snap in batches, the lock's descriptor with the last one. It reports
-// whether the lock's descriptor was sent (even when the send then failed).
-func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logger) (lockSent bool, err error) {
+// sendSnapshot sends snap in batches, the lock's descriptor with the last one.
+func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logger) error {
 	var drivers []*Driver
 	for _, hd := range snap.drivers {
 		drivers = append(drivers, hd)
@@ -142,13 +238,13 @@ func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logg
 			files = append(files, lockF)
 		}
 		if err := hc.Send(m, files...); err != nil {
-			return last, err
+			return err
 		}
 		if !last {
 			halt(log, "holder", "batch", "drivers", len(batch))
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // batches cuts drivers into the batches of a hand-over: at most handoverBatch drivers and about

@@ -18,15 +18,23 @@
 //
 // A flock belongs to the open file, not to a process: once the lock's descriptor is passed,
 // both hold the directory until the holder closes its copy, so that it is never free for a
-// third instance in between. Between hello and released the holder's loops are stopped (the
-// kernel queues kubelet's connections on the sockets meanwhile) and its reloader waits.
+// third instance in between. The new instance locks the descriptor it received before it
+// acknowledges (a copy of the holder's open file succeeds; another open of the lock file
+// fails), and serves only once told released. Between hello and released the holder's
+// loops are stopped, for PauseTimeout at most (the kernel queues kubelet's connections on
+// the sockets meanwhile), and its reloader waits; nothing stops before a hello.
 //
-// When anything goes wrong before released, the holder keeps or takes back the directory and
-// resumes its loops from what it would have handed over; the new instance waits for the lock
-// as a standby, keeping the sockets it received, which it serves if it gets the lock while
-// they are still the files at their paths (the holder died). After the lock's descriptor was
-// passed, neither side can tell whether the other still holds it: each closes its copy and
-// takes the lock anew, and the one that gets it serves.
+// When anything goes wrong before the ack, the holder keeps the directory — it never let go
+// of its open file of the lock — and resumes its loops from what it would have handed over;
+// the new instance lets go of its copy of the lock and waits for the lock as a standby,
+// keeping the sockets it received, which it serves if it gets the lock while they are still
+// the files at their paths (the holder died). A new instance that acknowledged and gets no
+// release does the same: the holder let go only if it got the ack, and then the lock is free
+// once the new instance closed its copy.
+//
+// The new instance trusts nothing it can check: a socket is served only if the descriptor
+// is the socket bound at its path (Socket.Check), only registration sockets of the directory
+// are kept (and ever removed), and the lock's descriptor must hold the lock.
 package handover
 
 import (
@@ -116,6 +124,17 @@ func (w WireID) ID() fsid.ID {
 // Conn is one end of a hand-over connection.
 type Conn struct {
 	c *net.UnixConn
+	// until, if set, bounds every step from now on, besides StepTimeout.
+	until time.Time
+}
+
+// deadline is the deadline of a step of timeout that starts now.
+func (h Conn) deadline(timeout time.Duration) time.Time {
+	d := time.Now().Add(timeout)
+	if !h.until.IsZero() && h.until.Before(d) {
+		return h.until
+	}
+	return d
 }
 
 // UnixConn is the connection itself.
@@ -145,10 +164,10 @@ func (h Conn) Send(m *Msg, files ...*os.File) error {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	h.c.SetWriteDeadline(time.Now().Add(StepTimeout))
+	h.c.SetWriteDeadline(h.deadline(StepTimeout))
 	n, oobn, err := h.c.WriteMsgUnix(b, oob, nil)
 	if err != nil {
-		return fmt.Errorf("send %s: %w", m.Type, err)
+		return fmt.Errorf("send %s: %w", m.Type, unwrapOp(err))
 	}
 	if n != len(b) || oobn != len(oob) {
 		return fmt.Errorf("send %s: short write", m.Type)
@@ -160,15 +179,34 @@ func (h Conn) Send(m *Msg, files ...*os.File) error {
 // or descriptors cut short, on the end of the connection (io.EOF) and when nothing comes
 // within handoverStep.
 func (h Conn) Recv() (*Msg, []*os.File, error) {
-	b := make([]byte, maxHandoverMessage)
+	return h.recv(maxHandoverMessage, StepTimeout)
+}
+
+// recvHello reads a request's hello, within HelloTimeout and helloBytes. Descriptors that
+// come with it are closed.
+func (h Conn) recvHello() (*Msg, error) {
+	m, files, err := h.recv(helloBytes, HelloTimeout)
+	CloseAll(files)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("no hello within %s: %w", HelloTimeout, err)
+	case m.Type != MsgHello:
+		return nil, fmt.Errorf("a %q message where a hello belongs", m.Type)
+	}
+	return m, nil
+}
+
+// recv is Recv of a message of at most size bytes, within timeout.
+func (h Conn) recv(size int, timeout time.Duration) (*Msg, []*os.File, error) {
+	b := make([]byte, size)
 	oob := make([]byte, unix.CmsgSpace(4*(2*handoverBatch+1)))
-	h.c.SetReadDeadline(time.Now().Add(StepTimeout))
+	h.c.SetReadDeadline(h.deadline(timeout))
 	n, oobn, flags, _, err := h.c.ReadMsgUnix(b, oob)
 	files, ferr := receivedFiles(oob[:oobn])
 	switch {
 	case err != nil:
 		CloseAll(files)
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("receive: %w", unwrapOp(err)) // not the socket's temporary bound name
 	case ferr != nil:
 		CloseAll(files)
 		return nil, nil, ferr

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -68,6 +70,10 @@ type Socket struct {
 
 	// File is the listening socket; nil once taken. Its owner closes it.
 	File *os.File `json:"-"`
+	// Own: the socket is this process's own (its loops detached it, and run again from it
+	// after a hand-over that failed, or after the successor ended): no predecessor vouches
+	// for it, so Check need not connect to it.
+	Own bool `json:"-"`
 }
 
 // Len is the number of drivers in s.
@@ -170,16 +176,59 @@ func (s *Snapshot) Merge(o *Snapshot) {
 	o.drivers = nil
 }
 
+// keepInside drops from h, closing their descriptors, the sockets whose path is not a
+// registration socket's in dir: a file of dir's own (not hidden, as kubelet would ignore it
+// and as multireg's own files are). Nothing at such a path is multireg's to serve or remove.
+func keepInside(h *Driver, dir string, log *slog.Logger) {
+	kept := h.Sockets[:0]
+	for _, hs := range h.Sockets {
+		if err := insideDir(hs.Path, dir); err != nil {
+			log.Warn("a handed-over socket is not a registration socket of this directory; ignored", "socket", hs.Path, "err", err)
+			hs.File.Close()
+			continue
+		}
+		kept = append(kept, hs)
+	}
+	clear(h.Sockets[len(kept):])
+	h.Sockets = kept
+}
+
+// insideDir checks that path names a file of the directory dir, not hidden.
+func insideDir(path, dir string) error {
+	name := filepath.Base(path)
+	if !filepath.IsAbs(path) || name == "." || name == "/" || strings.HasPrefix(name, ".") {
+		return fmt.Errorf("not a registration socket's name (absolute, not hidden)")
+	}
+	a, err := os.Stat(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	b, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !os.SameFile(a, b) {
+		return fmt.Errorf("not in the registration directory %s", dir)
+	}
+	return nil
+}
+
 // Retire removes the sockets of a handed driver that no loop takes over (removed from the
 // configuration, or registering differently now), as a reload would remove them: each only if
-// it is still the socket handed over.
+// it is still the socket handed over (Check: the descriptor is the socket bound there). Ask
+// kept only sockets of the registration directory.
 func (h *Driver) Retire(log *slog.Logger) {
 	for _, hs := range h.Sockets {
 		if hs.File == nil {
 			continue
 		}
+		err := hs.Check()
 		hs.File.Close()
 		hs.File = nil
+		if err != nil {
+			log.Info("a handed-over socket no driver takes is left alone: it is not the socket handed over", "socket", hs.Path, "err", err)
+			continue
+		}
 		if removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID.ID()); err != nil {
 			log.Warn("remove registration socket", "socket", hs.Path, "err", err)
 		} else if removed {
@@ -188,8 +237,9 @@ func (h *Driver) Retire(log *slog.Logger) {
 	}
 }
 
-// Check checks that hs's descriptor is a listening unix stream socket and that the file at
-// its path is the socket handed over.
+// Check checks that hs's descriptor is a listening unix stream socket, that the file at its
+// path has the identity handed over, and that the descriptor is the socket bound to that file:
+// a connection to the path reaches it (boundAt).
 func (hs *Socket) Check() error {
 	if hs.File == nil {
 		return errors.New("no descriptor")
@@ -197,7 +247,13 @@ func (hs *Socket) Check() error {
 	if err := isListeningUnixStream(hs.File); err != nil {
 		return err
 	}
-	return socketAt(hs.Path, hs.ID.ID())
+	if err := socketAt(hs.Path, hs.ID.ID()); err != nil {
+		return err
+	}
+	if hs.Own {
+		return nil
+	}
+	return boundAt(hs.File, hs.Path)
 }
 
 // isListeningUnixStream checks that f is a listening unix stream socket.

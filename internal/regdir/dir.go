@@ -3,6 +3,7 @@ package regdir
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/sockfile"
@@ -37,9 +39,17 @@ type Dir struct {
 
 	rec ownedRecord
 
-	// requests carries hand-over requests from the accepting goroutines to Run; wg waits for
-	// those goroutines, which end when their listener is closed (Close, or a move).
+	// requests carries hand-over requests from the accepting goroutines to Run, which serves
+	// each on a goroutine of its own; slots bounds how many are accepted and not yet served
+	// (maxRequests); handed carries a hand-over's end to Run. wg waits for every goroutine:
+	// the accepting ones end when their listener is closed (Close, or a move).
 	requests chan *net.UnixConn
+	slots    chan struct{}
+	handed   chan error
+	// reqMu guards inflight, the requests being served (Close closes them), and closing.
+	reqMu    sync.Mutex
+	inflight map[*net.UnixConn]struct{}
+	closing  bool
 	// applied is closed once a configuration is applied (Record): only then does Run serve
 	// hand-over requests, so that a snapshot holds every driver of the file.
 	applied     chan struct{}
@@ -91,7 +101,8 @@ func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, op
 	if _, err := removeOrphans(cfg.RegistrationDir, socketNames(cfg), log); err != nil {
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
-	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), applied: make(chan struct{}), closed: make(chan struct{})}
+	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), applied: make(chan struct{}), closed: make(chan struct{}),
+		slots: make(chan struct{}, maxRequests), handed: make(chan error, 1), inflight: map[*net.UnixConn]struct{}{}}
 	d.rec.log = log
 	d.listen(cfg.RegistrationDir)
 	return d, snap, nil
@@ -146,16 +157,51 @@ func (d *Dir) listen(dir string) {
 	d.mu.Unlock()
 	d.wg.Go(func() {
 		for {
+			select { // a slot first: beyond maxRequests, requests wait in the kernel's queue
+			case d.slots <- struct{}{}:
+			case <-d.closed:
+				return
+			}
 			c, err := l.AcceptUnix()
 			if err != nil {
+				<-d.slots
 				return // closed
 			}
 			select {
 			case d.requests <- c:
 			case <-d.closed:
 				c.Close()
+				<-d.slots
 				return
 			}
+		}
+	})
+}
+
+// maxRequests bounds the hand-over requests served at once: each costs a goroutine and
+// HelloTimeout at most when it says nothing.
+const maxRequests = 256
+
+// serve serves the hand-over request c on a goroutine of its own, which frees c's slot; a
+// hand-over's end goes to Run.
+func (d *Dir) serve(srv *handover.Server, c *net.UnixConn) {
+	d.reqMu.Lock()
+	defer d.reqMu.Unlock()
+	if d.closing {
+		c.Close()
+		<-d.slots
+		return
+	}
+	d.inflight[c] = struct{}{}
+	d.wg.Go(func() {
+		defer func() {
+			d.reqMu.Lock()
+			delete(d.inflight, c)
+			d.reqMu.Unlock()
+			<-d.slots
+		}()
+		if err := srv.Serve(c); err != nil {
+			d.handed <- err // one hand-over at most: the server refuses any after it
 		}
 	})
 }
@@ -163,15 +209,26 @@ func (d *Dir) listen(dir string) {
 // held is the lock's side of a hand-over (handover.Lock).
 type held struct{ d *Dir }
 
-func (h held) File() *os.File { return h.d.lockFile() }
-func (h held) Let()           { h.d.let() }
-func (h held) Retake() bool   { return h.d.retake() }
+func (h held) File() (*os.File, error) { return h.d.lockFile() }
+func (h held) Let()                    { h.d.let() }
 
-// lockFile is the lock's open file, passed to the new instance in a hand-over.
-func (d *Dir) lockFile() *os.File {
+// lockFile is a new descriptor of the lock's open file, passed to the new instance in a
+// hand-over; the caller closes it.
+func (d *Dir) lockFile() (*os.File, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.lock.f
+	rc, err := d.lock.f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(u uintptr) { fd, derr = unix.FcntlInt(u, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("copy the lock's descriptor: %w", derr)
+	}
+	return os.NewFile(uintptr(fd), d.lock.f.Name()), nil
 }
 
 // let lets go of the lock after a hand-over: the new instance holds the same open file.
@@ -181,25 +238,6 @@ func (d *Dir) let() {
 	d.lock.release()
 	d.released = true
 	d.closeListener()
-}
-
-// retake, after a hand-over that failed once the lock's descriptor was passed, lets go of
-// this process's copy and locks the directory anew: nobody can tell whether the new instance
-// still holds the lock. It reports whether this process holds the directory again. In the
-// moment between, a third instance waiting for the lock may take it: it then serves, with one
-// re-registration of each driver (never two instances serve: this one then stands by).
-func (d *Dir) retake() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.lock.release()
-	l, err := tryLock(d.lock.dir, d.log)
-	if err != nil {
-		d.released = true
-		d.closeListener()
-		return false
-	}
-	d.lock = l
-	return true
 }
 
 // closeListener stops accepting hand-over requests; mu is held.
@@ -279,7 +317,8 @@ func (d *Dir) writeRecord(cfg *config.RegistrarConfig) error {
 }
 
 // Run checks every lockCheck that this process still holds the directory, retries a record
-// that could not be written, and serves hand-over requests with h (none when nil). It returns
+// that could not be written, and serves hand-over requests with h (none when nil), each on a
+// goroutine of its own, maxRequests at most at once: no request delays the lock's check. It returns
 // nil when ctx ends; an error wrapping ErrDirLost when another instance took the directory:
 // this process must then stop serving without touching the sockets, which are that
 // instance's; and a *HandedOver after a hand-over.
@@ -289,6 +328,10 @@ func (d *Dir) Run(ctx context.Context, h handover.Holder) error {
 	lastErr := "" // the last failure to check the lock, logged once
 	applied := d.applied
 	var requests <-chan *net.UnixConn // once a configuration is applied
+	var srv *handover.Server
+	if h != nil {
+		srv = handover.NewServer(h, held{d}, d.log)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -297,14 +340,15 @@ func (d *Dir) Run(ctx context.Context, h handover.Holder) error {
 			applied, requests = nil, d.requests
 			continue
 		case c := <-requests:
-			if h == nil {
+			if srv == nil {
 				c.Close()
+				<-d.slots
 				continue
 			}
-			if err := handover.Serve(c, h, held{d}, d.log); err != nil {
-				return err
-			}
+			d.serve(srv, c)
 			continue
+		case err := <-d.handed:
+			return err
 		case <-check.C:
 		}
 		err := d.Check()
@@ -333,6 +377,12 @@ func (d *Dir) Close() error {
 		return nil
 	}
 	d.once.Do(func() { close(d.closed) })
+	d.reqMu.Lock()
+	d.closing = true
+	for c := range d.inflight {
+		c.Close() // its hand-over fails: the loops run again, or stay stopped once Run ended
+	}
+	d.reqMu.Unlock()
 	d.mu.Lock()
 	d.closeListener()
 	var err error

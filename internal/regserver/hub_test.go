@@ -1,7 +1,6 @@
 package regserver
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"runtime"
@@ -110,18 +109,8 @@ func TestGenerationServesAgainAfterIdle(t *testing.T) {
 func TestStopWaitsForCallsInFlight(t *testing.T) {
 	_, gs := serveTest(t, 1)
 	g := gs[0]
-	entered, release := make(chan struct{}), make(chan struct{})
-	g.rs.onInfo = func(string) { close(entered); <-release } // a call that takes its time
-	k := dialKubelet(t, g.path)
-	called := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err := k.C.GetInfo(ctx, &registerapi.InfoRequest{})
-		called <- err
-	}()
+	k, called, release := slowGetInfo(t, g) // a call that takes its time
 	defer func() { <-called }()
-	<-entered
 	k.Conn.Close() // kubelet gives up on the call
 	stopped := make(chan struct{})
 	go func() {

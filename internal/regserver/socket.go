@@ -172,6 +172,9 @@ const (
 	// grows them (BDP estimation) up to 16 MiB, which a client that does not read its
 	// replies, or sends without end, would hold.
 	window = 64 << 10
+	// readBuffer is what one read of a connection takes from gRPC's buffer pool (its default
+	// is 32 KiB); a larger message takes several reads.
+	readBuffer = 4 << 10
 	// handshakeTimeout bounds the wait for a client's HTTP/2 preface; kubelet sends it at once.
 	handshakeTimeout = 10 * time.Second
 )
@@ -218,6 +221,9 @@ func (g *Socket) give(cn *conn) *grpc.Server {
 			// Replies are a few hundred bytes: written as they are, without a buffer kept for
 			// each connection.
 			grpc.WriteBufferSize(0),
+			// Reads go into a pooled buffer of this size only once data is there: kubelet's
+			// requests take a few hundred bytes.
+			grpc.ReadBufferSize(readBuffer),
 			grpc.WaitForHandlers(true), // stop returns once no call can reach the loop
 		)
 		registerapi.RegisterRegistrationServer(g.srv, g.rs)

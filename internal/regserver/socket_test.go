@@ -52,17 +52,7 @@ func TestStopAnswersTheVerdictThatStoppedIt(t *testing.T) {
 func TestStopFinishesTheCallsBegun(t *testing.T) {
 	_, gs := serveTest(t, 1)
 	g := gs[0]
-	entered, release := make(chan struct{}), make(chan struct{})
-	g.rs.onInfo = func(string) { close(entered); <-release }
-	k := dialKubelet(t, g.path)
-	called := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err := k.C.GetInfo(ctx, &registerapi.InfoRequest{})
-		called <- err
-	}()
-	<-entered
+	k, called, release := slowGetInfo(t, g)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -133,4 +123,22 @@ func TestBoundsOnACall(t *testing.T) {
 	_, err := k.C.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: strings.Repeat("x", maxRequest)})
 	wantCode(t, "a verdict of over 1 MiB", err, codes.ResourceExhausted)
 	k.GetInfo(t)
+}
+
+// slowGetInfo makes a kubelet call g's GetInfo, whose answer waits for release; it returns once
+// the call has reached g, with the call's result to come.
+func slowGetInfo(t *testing.T, g *Socket) (k *testkit.Kubelet, called <-chan error, release chan<- struct{}) {
+	t.Helper()
+	entered, rel := make(chan struct{}), make(chan struct{})
+	g.rs.onInfo = func(string) { close(entered); <-rel }
+	k = dialKubelet(t, g.path)
+	res := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := k.C.GetInfo(ctx, &registerapi.InfoRequest{})
+		res <- err
+	}()
+	<-entered
+	return k, res, rel
 }

@@ -1,0 +1,182 @@
+package handover
+
+import (
+	"net"
+
+	"multireg.dev/multireg/config"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"multireg.dev/multireg/internal/testkit"
+)
+
+// lie makes a holder of dir that answers one hand-over request with one batch of drivers,
+// their descriptors files and the lock's, then released if the new instance acknowledges. The
+// channel says the new instance's answer (ack or abort), once.
+func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os.File) <-chan string {
+	t.Helper()
+	l, err := Listen(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan string, 1)
+	done := make(chan struct{})
+	t.Cleanup(func() { l.Close(); <-done })
+	go func() {
+		defer close(done)
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		hc := Conn{c: c}
+		defer hc.Close()
+		_, fs, err := hc.Recv()
+		CloseAll(fs)
+		if err != nil {
+			return
+		}
+		m := &Msg{Type: MsgBatch, Version: 1, Drivers: drivers, Last: true, Lock: true, Sockets: len(files)}
+		if err := hc.Send(m, append(files, lock)...); err != nil {
+			return
+		}
+		reply, fs, err := hc.Recv()
+		CloseAll(fs)
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		answer <- reply.Type
+		if reply.Type == MsgAck {
+			hc.Send(&Msg{Type: MsgReleased, Version: 1})
+		}
+	}()
+	return answer
+}
+
+// lockedFile opens dir's lock file (created if missing) and locks it, as a holder does.
+func lockedFile(t *testing.T, dir string) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, ".multireg.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// sameLockFile is a new instance's check of the lock's descriptor: the file at dir's lock path.
+func sameLockFile(dir string) func(*os.File) error {
+	return func(f *os.File) error {
+		a, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		b, err := os.Stat(filepath.Join(dir, ".multireg.lock"))
+		if err != nil {
+			return err
+		}
+		if !os.SameFile(a, b) {
+			return os.ErrInvalid
+		}
+		return nil
+	}
+}
+
+// TestAskNeedsTheLockHeld (issue 28, 5): a lock descriptor that is the lock file but does
+// not hold its lock (another open of it) is refused before the acknowledgement: the new
+// instance would serve while nobody holds the directory. The holder's own open file, which
+// holds it, is taken.
+func TestAskNeedsTheLockHeld(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	held := lockedFile(t, dir)
+	unlocked, err := os.Open(filepath.Join(dir, ".multireg.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlocked.Close()
+
+	answer := lie(t, dir, nil, nil, unlocked)
+	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	if err == nil || lock != nil {
+		lock.Close()
+		t.Fatalf("Ask took an unlocked open of the lock file: err %v", err)
+	}
+	snap.Close()
+	if a := <-answer; a != MsgAbort {
+		t.Errorf("the new instance answered %q, want %q", a, MsgAbort)
+	}
+
+	answer = lie(t, dir, nil, nil, held)
+	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	if err != nil {
+		t.Fatalf("Ask refused the holder's own lock: %v", err)
+	}
+	snap.Close()
+	lock.Close()
+	if a := <-answer; a != MsgAck {
+		t.Errorf("the new instance answered %q, want %q", a, MsgAck)
+	}
+}
+
+// TestRetireRemovesOnlyWhatWasHanded (issue 28, 6): the sockets of handed drivers no loop
+// takes are removed only when they are registration sockets of the directory held and the
+// handed descriptor is the socket bound there: a predecessor that names another process's
+// socket, outside the directory or in it, has it left alone.
+func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg, other := filepath.Join(dir, "reg"), filepath.Join(dir, "other")
+	for _, d := range []string{reg, other} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listen := func(path string) *net.UnixListener {
+		l, err := testkit.ListenUnlinked(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	outside := listen(filepath.Join(other, "victim.sock")) // another process's socket
+	plugin := filepath.Join(reg, "third-party-reg.sock")   // a plugin registering itself
+	listen(plugin)                                         //
+	mine := listen(filepath.Join(reg, "retired-reg.sock")) // really handed over
+	spare := listen(filepath.Join(other, "spare.sock"))    // a descriptor to lie with
+	hand := func(l *net.UnixListener, path string) *Socket { return handedSocket(t, l, path) }
+	sockets := []*Socket{
+		hand(outside, filepath.Join(other, "victim.sock")),
+		hand(spare, plugin),
+		hand(mine, filepath.Join(reg, "retired-reg.sock")),
+	}
+	var files []*os.File
+	for _, hs := range sockets {
+		files = append(files, hs.File)
+	}
+	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Status: []byte("{}"), Sockets: sockets}
+	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
+	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if a := <-answer; a != MsgAck {
+		t.Fatalf("the new instance answered %q", a)
+	}
+	for _, hd := range snap.TakeAll() {
+		hd.Retire(testkit.Logger(t))
+	}
+	for _, p := range []string{filepath.Join(other, "victim.sock"), plugin} {
+		if !testkit.IsSocket(p) {
+			t.Errorf("%s removed: it was not a socket handed over in the registration directory", p)
+		}
+	}
+	if p := filepath.Join(reg, "retired-reg.sock"); testkit.IsSocket(p) {
+		t.Errorf("%s kept: it was handed over, and no driver takes it", p)
+	}
+}
