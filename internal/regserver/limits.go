@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -55,9 +56,10 @@ var (
 // under its mu.
 type conn struct {
 	credentials.CommonAuthInfo
-	id uint64
-	c  net.Conn
-	g  *Socket
+	id  uint64
+	c   net.Conn
+	g   *Socket
+	pid int32 // the peer process (SO_PEERCRED); 0 when unknown
 
 	accepted time.Time
 	last     time.Time   // when its last call ended; accepted before
@@ -84,11 +86,12 @@ var (
 
 // admit counts c, just accepted on g, against the bounds; nil when it is refused (the caller
 // closes it). A connection idle the longest on g may be closed to make room.
-func (h *Hub) admit(g *Socket, c net.Conn) *conn {
+func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
+	pid := peerPID(c)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if g.nconns >= maxConnsPerSocket && !h.evict(g, false) {
-		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, each with a call in flight", g.nconns))
+	if g.nconns >= maxConnsPerSocket && !h.evictFair(g, pid) {
+		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, those of this connection's process each with a call in flight", g.nconns))
 		return nil
 	}
 	if (g.nconns >= socketReserve || h.nconns >= 2*maxConns) && h.nconns >= maxConns && !h.evict(nil, true) {
@@ -100,13 +103,80 @@ func (h *Hub) admit(g *Socket, c net.Conn) *conn {
 		return nil
 	}
 	now := time.Now()
-	cn := &conn{id: connIDs.Add(1), c: c, g: g, accepted: now, last: now}
+	cn := &conn{id: connIDs.Add(1), c: c, g: g, pid: pid, accepted: now, last: now}
 	cn.CommonAuthInfo = credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
 	cn.timer = time.AfterFunc(firstCallTimeout, func() { h.noCall(cn) })
 	g.nconns++
 	h.nconns++
 	h.conns[cn] = struct{}{}
 	return cn
+}
+
+// evictFair makes room on g, full, for a connection of process pid. When another process
+// holds more of g's connections than pid does, plus one, it closes one of that process's, even
+// one with a call in flight; otherwise one of pid's own with none. One without a call first,
+// then as evictBefore orders them. A flood from one process, however fast it connects again,
+// then never closes or keeps out another process's connection: kubelet's. False when there is
+// nothing to close. mu is held.
+func (h *Hub) evictFair(g *Socket, pid int32) bool {
+	held := map[int32]int{}
+	for cn := range h.conns {
+		if cn.g == g {
+			held[cn.pid]++
+		}
+	}
+	top := pid
+	for p, n := range held {
+		if n > held[top] || (n == held[top] && p < top) {
+			top = p
+		}
+	}
+	other := top != pid && held[top] > held[pid]+1
+	if !other {
+		top = pid
+	}
+	var old *conn
+	for cn := range h.conns {
+		if cn.g != g || cn.pid != top || (!other && cn.calls > 0) {
+			continue
+		}
+		switch {
+		case old == nil:
+			old = cn
+		case (cn.calls == 0) != (old.calls == 0):
+			if cn.calls == 0 {
+				old = cn
+			}
+		case evictBefore(cn, old):
+			old = cn
+		}
+	}
+	if old == nil {
+		return false
+	}
+	h.releaseLocked(old)
+	old.c.Close()
+	why := "the connection idle the longest closed to make room for a new one"
+	if other {
+		why = fmt.Sprintf("a connection of process %d, which holds %d of the socket's, closed to make room for another process's", top, held[top])
+	}
+	h.refused("connection", g.path, why)
+	return true
+}
+
+// peerPID returns the process at the other end of c, 0 when unknown.
+func peerPID(c *net.UnixConn) int32 {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var pid int32
+	_ = raw.Control(func(fd uintptr) {
+		if cred, err := syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED); err == nil {
+			pid = cred.Pid
+		}
+	})
+	return pid
 }
 
 // evict closes a connection with no call in flight, of g or (g nil) of any socket, to make
