@@ -55,7 +55,9 @@ func TestConnectionFlood(t *testing.T) {
 		stdin.Close()
 		_ = child.Wait()
 	}()
-	wait.For(t, registerTimeout, "the flood under way", func() bool { return p.Count("refusing or cutting clients of the registration sockets beyond multireg's bounds", "") > 0 })
+	wait.For(t, registerTimeout, "the flood under way", func() bool {
+		return p.Count("refusing or cutting clients of the registration sockets beyond multireg's bounds", "") > 0
+	})
 
 	first := fileid.Of(e.SocketPath(target))
 	if err := os.Remove(e.SocketPath(target)); err != nil {
