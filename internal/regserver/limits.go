@@ -32,15 +32,18 @@ var (
 	// maxConnsPerSocket: connections one socket may hold. A new one beyond it takes the place
 	// of the socket's connection idle the longest (no call in flight), or is refused.
 	maxConnsPerSocket = 4
-	// maxConns: connections the process may hold, beyond which a socket admits only its
-	// reserve (socketReserve connections), up to twice as many: a socket kubelet has yet to
-	// register, under a flood of the others, still gets kubelet's connection. A connection
+	// maxConns: connections the process may hold beyond one per socket served (kubelet
+	// registering every socket at once holds one to each: 1000 drivers, 1000 connections),
+	// beyond which a socket admits only its reserve (socketReserve connections), up to maxConns
+	// more: a socket kubelet has yet to register, under a flood of the others, still gets
+	// kubelet's connection. A connection
 	// under a flood of data costs some 250 KiB, measured. The descriptor budget
 	// (Hub.Budget) bounds them too.
 	maxConns = 256
 	// socketReserve: connections a socket admits whatever the process holds.
 	socketReserve = 1
-	// maxCalls: calls in flight in the process. Each may buffer a request of up to
+	// maxCalls: calls in flight in the process beyond one per socket served (kubelet makes one
+	// call at a time on each socket's connection). Each may buffer a request of up to
 	// maxRequest. A new call beyond it takes the place of the oldest call in flight for at
 	// least stalledCall, or is refused with ResourceExhausted. Kubelet's calls take
 	// milliseconds: the oldest call is a stalled one, and a new call always gets in, however
@@ -94,7 +97,7 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, those of this connection's process each with a call in flight", g.nconns))
 		return nil
 	}
-	if (g.nconns >= socketReserve || h.nconns >= 2*maxConns) && h.nconns >= maxConns && !h.evict(nil, true) {
+	if limit := h.connLimit(); (g.nconns >= socketReserve || h.nconns >= limit+maxConns) && h.nconns >= limit && !h.evict(nil, true) {
 		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", h.nconns))
 		return nil
 	}
@@ -259,13 +262,21 @@ func (h *Hub) releaseLocked(cn *conn) {
 	h.nconns--
 }
 
+// connLimit is how many connections the process holds before a socket admits only its
+// reserve: maxConns, and one for each socket served. mu is held.
+func (h *Hub) connLimit() int { return maxConns + len(h.socks) }
+
+// callLimit is how many calls may be in flight before a new one cuts the oldest stalled one:
+// maxCalls, and one for each socket served. mu is held.
+func (h *Hub) callLimit() int { return maxCalls + len(h.socks) }
+
 // tap admits a call whose headers arrived on a connection, giving it callTimeout; a call
-// beyond maxCalls cuts the oldest stalled call, or is refused.
+// beyond callLimit cuts the oldest stalled call, or is refused.
 func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	cn := connOf(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.calls) >= maxCalls && !h.cutStalled() {
+	if len(h.calls) >= h.callLimit() && !h.cutStalled() {
 		h.refused("call", cn.g.path, fmt.Sprintf("%d calls in flight on the registration sockets", len(h.calls)))
 		return nil, status.Error(codes.ResourceExhausted, "too many calls in flight on multireg's registration sockets; try again")
 	}

@@ -1,13 +1,16 @@
 package regserver
 
 import (
+	"context"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -85,10 +88,10 @@ func TestConnectionsToASocketAreBounded(t *testing.T) {
 	}
 }
 
-// TestASocketKeepsItsReserve: with the process's connections at maxConns, a socket with none
-// still admits kubelet's.
+// TestASocketKeepsItsReserve: with the process's connections at their limit (maxConns and one
+// per socket), a socket with none still admits kubelet's.
 func TestASocketKeepsItsReserve(t *testing.T) {
-	set(t, &maxConns, 6)
+	set(t, &maxConns, 2) // and 4 sockets: 6
 	_, gs := serveTest(t, 4)
 	for i := range 3 {
 		for range 2 {
@@ -100,7 +103,7 @@ func TestASocketKeepsItsReserve(t *testing.T) {
 			}
 		}
 	}
-	// Six connections that made a call: the process is at maxConns, and none is evicted.
+	// Six connections that made a call: the process is at its limit, and none is evicted.
 	c, err := net.Dial("unix", gs[0].path)
 	if err != nil {
 		t.Fatal(err)
@@ -108,15 +111,16 @@ func TestASocketKeepsItsReserve(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	_, err = c.Write([]byte(http2.ClientPreface)) // fails if it was closed already
 	if p := (&h2{t: t, c: c}); err == nil && !p.closedWithin(5*time.Second) {
-		t.Error("a seventh connection admitted beyond maxConns")
+		t.Error("a seventh connection admitted beyond the limit")
 	}
 	testkit.Register(t, gs[3].path, testkit.Kubelet136, true, "")
 }
 
-// TestStalledCallsMakeRoom: beyond maxCalls in flight, a new call cuts the oldest stalled one,
-// so kubelet's GetInfo is answered while unfinished requests pile up.
+// TestStalledCallsMakeRoom: beyond the calls allowed in flight (maxCalls and one per socket), a
+// new call cuts the oldest stalled one, so kubelet's GetInfo is answered while unfinished
+// requests pile up.
 func TestStalledCallsMakeRoom(t *testing.T) {
-	set(t, &maxCalls, 4)
+	set(t, &maxCalls, 1) // and 3 sockets: 4
 	h, gs := serveTest(t, 3)
 	var ps []*h2
 	for i := range 10 {
@@ -138,8 +142,8 @@ func TestStalledCallsMakeRoom(t *testing.T) {
 	h.mu.Lock()
 	n := len(h.calls)
 	h.mu.Unlock()
-	if n > maxCalls {
-		t.Errorf("%d calls in flight, want at most %d", n, maxCalls)
+	if n > 4 {
+		t.Errorf("%d calls in flight, want at most 4", n)
 	}
 }
 
@@ -222,4 +226,38 @@ func TestStopForgetsConnectionsInTheHandshake(t *testing.T) {
 	gs[0].Stop()
 	// Well before firstCallTimeout, which would forget it too.
 	testkit.Eventually(t, 2*time.Second, "the connection forgotten after the stop", func() bool { return count() == 0 })
+}
+
+// TestKubeletsBurstIsNeverCut: kubelet registering every socket at once holds a connection to
+// each, with a call on each: however few connections and calls the bounds allow beyond one
+// per socket, none of kubelet's is refused or cut.
+func TestKubeletsBurstIsNeverCut(t *testing.T) {
+	set(t, &maxConns, 1)
+	set(t, &maxCalls, 1)
+	const n = 24
+	_, gs := serveTest(t, n)
+	ks := make([]*testkit.Kubelet, n)
+	for i, g := range gs {
+		ks[i] = dialKubelet(t, g.path)
+	}
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for _, k := range ks { // every GetInfo at once, each connection kept open
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := k.C.GetInfo(ctx, &registerapi.InfoRequest{})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("kubelet's GetInfo in a burst of %d: %v", n, err)
+		}
+	}
+	for _, k := range ks { // then every verdict, on the same connections
+		k.Notify(t, true, "")
+	}
 }
