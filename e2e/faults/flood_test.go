@@ -108,12 +108,7 @@ func flood(ctx context.Context, sock string, unfinished bool) {
 		}
 		stop := context.AfterFunc(ctx, func() { c.Close() })
 		if floodOnce(c, unfinished) == nil {
-			buf := make([]byte, 4096)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					break
-				}
-			}
+			_, _ = io.Copy(io.Discard, c) // until multireg closes it
 		}
 		stop()
 		c.Close()

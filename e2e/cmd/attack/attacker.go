@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -48,12 +49,7 @@ func (a *attacker) hold(ctx context.Context, i int) {
 		stop := context.AfterFunc(ctx, func() { c.Close() })
 		if err := a.harm(c); err == nil {
 			// Wait for multireg to close it, reading (and dropping) what it sends.
-			buf := make([]byte, 4096)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					break
-				}
-			}
+			_, _ = io.Copy(io.Discard, c) // until multireg closes it
 		}
 		stop()
 		c.Close()
