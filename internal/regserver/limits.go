@@ -64,13 +64,12 @@ type conn struct {
 	g   *Socket
 	pid int32 // the peer process (SO_PEERCRED); 0 when unknown
 
-	accepted time.Time
-	last     time.Time   // when its last call ended; accepted before
-	calls    int         // calls in flight
-	began    bool        // a call began on it
-	asked    atomic.Bool // it called GetInfo (not under mu)
-	gone     bool        // released: closed, or being closed
-	timer    *time.Timer
+	last  time.Time   // when its last call ended; when it was accepted before
+	calls int         // calls in flight
+	began bool        // a call began on it
+	asked atomic.Bool // it called GetInfo (not under mu)
+	gone  bool        // released: closed, or being closed
+	timer *time.Timer
 }
 
 // call is one call in flight, from its headers (the tap) to its end.
@@ -106,7 +105,7 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 		return nil
 	}
 	now := time.Now()
-	cn := &conn{id: connIDs.Add(1), c: c, g: g, pid: pid, accepted: now, last: now}
+	cn := &conn{id: connIDs.Add(1), c: c, g: g, pid: pid, last: now}
 	cn.CommonAuthInfo = credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
 	cn.timer = time.AfterFunc(firstCallTimeout, func() { h.noCall(cn) })
 	g.nconns++
@@ -235,13 +234,15 @@ func (h *Hub) refused(what, path, why string) {
 // noCall closes cn when no call began on it in firstCallTimeout.
 func (h *Hub) noCall(cn *conn) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if cn.began || cn.gone {
+		h.mu.Unlock()
 		return
 	}
 	h.releaseLocked(cn)
 	cn.c.Close()
 	h.refused("connection", cn.g.path, fmt.Sprintf("no call began on it within %s", firstCallTimeout))
+	h.mu.Unlock()
+	cn.g.forget(cn)
 }
 
 // release forgets cn: its server ended it. It is idempotent.

@@ -35,6 +35,28 @@ func TestAConnectionWithoutACallIsClosed(t *testing.T) {
 	}
 }
 
+// TestAConnectionThatNeverSpeaksIsForgotten: a connection that never sends the HTTP/2 preface
+// (gRPC reports nothing of a handshake that never ends) is closed once firstCallTimeout has
+// passed, and forgotten with it: the socket's server, with no other connection, is let go.
+func TestAConnectionThatNeverSpeaksIsForgotten(t *testing.T) {
+	set(t, &firstCallTimeout, 300*time.Millisecond)
+	_, gs := serveTest(t, 1)
+	g := gs[0]
+	c, err := net.Dial("unix", g.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if p := (&h2{t: t, c: c}); !p.closedWithin(10 * time.Second) {
+		t.Fatal("a silent connection still open 10 s after it was accepted")
+	}
+	testkit.Eventually(t, 5*time.Second, "the idle socket's server let go", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.opening) == 0 && g.srv == nil
+	})
+}
+
 // TestAnUnfinishedRequestIsCut: a request that declares more than maxRequest is refused at
 // once; one within it that never arrives whole is cut once callTimeout has passed from its
 // headers (issue 28, attack 1: 100 connections each holding an unfinished 1 MiB request got

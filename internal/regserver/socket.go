@@ -149,7 +149,8 @@ type Socket struct {
 	mu  sync.Mutex
 	srv *grpc.Server // nil while no connection is served
 	// opening: connections given to srv whose HTTP/2 handshake has not ended; stop closes
-	// them, as gRPC's stop would wait for their handshake.
+	// them, as gRPC's stop would wait for their handshake. One whose handshake fails leaves
+	// with the hub's firstCallTimeout (forget).
 	opening map[net.Conn]*conn
 	served  int // connections past the handshake and not closed
 	calls   int // calls whose handler has not returned, on any of srv's connections
@@ -228,13 +229,6 @@ func (g *Socket) give(cn *conn) *grpc.Server {
 		)
 		registerapi.RegisterRegistrationServer(g.srv, g.rs)
 	}
-	if len(g.opening) >= 64 {
-		for oc, o := range g.opening {
-			if time.Since(o.accepted) > 2*handshakeTimeout {
-				delete(g.opening, oc) // its handshake failed: gRPC closed it
-			}
-		}
-	}
 	g.opening[cn.c] = cn
 	return g.srv
 }
@@ -312,6 +306,17 @@ func (s connStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
 func (connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 
 func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+// forget forgets cn, which the hub closed before any call began on it: its handshake may
+// never have ended, and then gRPC says nothing of it (no ConnEnd).
+func (g *Socket) forget(cn *conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.opening[cn.c]; ok {
+		delete(g.opening, cn.c)
+		g.dropIdle()
+	}
+}
 
 // dropIdle lets go of g's server once it has no connection and no call: it holds no goroutine
 // then (nor a channelz entry: channelz is off), and the next connection gets a new one.
