@@ -55,10 +55,7 @@ func TestInheritRefusesADescriptorBoundElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, _ := json.Marshal(DriverStatus{Phase: Registered})
-	snap := &handover.Snapshot{}
-	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st,
-		Sockets: []*handover.Socket{{Path: d.SocketPath, ID: handover.ToWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, File: f}}})
+	snap := handedRegistered(d, id, f)
 	s := runSupervisor(t, Options{})
 	s.Inherit(snap)
 	s.Start(d)

@@ -284,10 +284,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	snap := &handover.Snapshot{}
-	st, _ := json.Marshal(DriverStatus{Phase: Registered})
-	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st,
-		Sockets: []*handover.Socket{{Path: d.SocketPath, ID: handover.ToWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, File: f}}})
+	snap := handedRegistered(d, id, f)
 	s := runSupervisor(t, Options{})
 	s.Inherit(snap)
 	s.Start(d)
@@ -404,4 +401,14 @@ func TestHandedStatusFitsABatch(t *testing.T) {
 	if got := handedStatus(DriverStatus{LastError: "short"}).LastError; got != "short" {
 		t.Errorf("a short last error handed over as %q", got)
 	}
+}
+
+// handedRegistered is the snapshot a predecessor hands over for d registered on its socket,
+// claimed to be the one of identity id, with f as its descriptor.
+func handedRegistered(d config.Driver, id fsid.ID, f *os.File) *handover.Snapshot {
+	st, _ := json.Marshal(DriverStatus{Phase: Registered})
+	snap := &handover.Snapshot{}
+	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st,
+		Sockets: []*handover.Socket{{Path: d.SocketPath, ID: handover.ToWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, File: f}}})
+	return snap
 }

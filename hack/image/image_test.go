@@ -145,23 +145,36 @@ func TestIndexHasEveryPlatform(t *testing.T) {
 	}
 }
 
-func TestImageConfig(t *testing.T) {
-	s := testSpec(t)
+// platformImages returns each platform's image of the index built from s, by platform.
+func platformImages(t *testing.T, s spec) ([]v1.Platform, []v1.Image) {
+	t.Helper()
 	idx := mustIndex(t, s)
 	m, err := idx.IndexManifest()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range m.Manifests {
+	var ps []v1.Platform
+	var imgs []v1.Image
+	for _, d := range m.Manifests { // every entry names its platform (TestIndex)
 		img, err := idx.Image(d.Digest)
 		if err != nil {
 			t.Fatal(err)
 		}
+		ps, imgs = append(ps, *d.Platform), append(imgs, img)
+	}
+	return ps, imgs
+}
+
+func TestImageConfig(t *testing.T) {
+	s := testSpec(t)
+	platforms, imgs := platformImages(t, s)
+	for i, img := range imgs {
+		pl := platforms[i]
 		cfg, err := img.ConfigFile()
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := d.Platform.String()
+		p := pl.String()
 		if got := (v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture, Variant: cfg.Variant}).String(); got != p {
 			t.Errorf("%s: config's platform %s", p, got)
 		}
@@ -194,22 +207,15 @@ func TestImageConfig(t *testing.T) {
 
 func TestLayerHoldsTheBinaryAndTheLicense(t *testing.T) {
 	s := testSpec(t)
-	idx := mustIndex(t, s)
-	m, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range m.Manifests {
-		img, err := idx.Image(d.Digest)
-		if err != nil {
-			t.Fatal(err)
-		}
+	platforms, imgs := platformImages(t, s)
+	for i, img := range imgs {
+		pl := platforms[i]
 		layers, err := img.Layers()
 		if err != nil || len(layers) != 1 {
-			t.Fatalf("%s: %d layers (%v); want 1", d.Platform, len(layers), err)
+			t.Fatalf("%s: %d layers (%v); want 1", pl, len(layers), err)
 		}
 		if mt, _ := layers[0].MediaType(); mt != types.OCILayer {
-			t.Errorf("%s: layer media type %s; want %s", d.Platform, mt, types.OCILayer)
+			t.Errorf("%s: layer media type %s; want %s", pl, mt, types.OCILayer)
 		}
 		rc, err := layers[0].Uncompressed()
 		if err != nil {
@@ -227,7 +233,7 @@ func TestLayerHoldsTheBinaryAndTheLicense(t *testing.T) {
 			}
 			names = append(names, h.Name)
 			if h.Uid != 0 || h.Gid != 0 || !h.ModTime.Equal(testCreated) || h.Typeflag != tar.TypeReg {
-				t.Errorf("%s: %s: uid %d gid %d mtime %v type %c; want a regular file of root at the creation time", d.Platform, h.Name, h.Uid, h.Gid, h.ModTime, h.Typeflag)
+				t.Errorf("%s: %s: uid %d gid %d mtime %v type %c; want a regular file of root at the creation time", pl, h.Name, h.Uid, h.Gid, h.ModTime, h.Typeflag)
 			}
 			b, err := io.ReadAll(tr)
 			if err != nil {
@@ -235,22 +241,22 @@ func TestLayerHoldsTheBinaryAndTheLicense(t *testing.T) {
 			}
 			switch h.Name {
 			case "multireg":
-				want, err := os.ReadFile(filepath.Join(s.binaries, filepath.FromSlash(d.Platform.String()), binaryName))
+				want, err := os.ReadFile(filepath.Join(s.binaries, filepath.FromSlash(pl.String()), binaryName))
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(b, want) || h.Mode != 0o755 {
-					t.Errorf("%s: /multireg is not the platform's binary, mode 0755 (mode %o)", d.Platform, h.Mode)
+					t.Errorf("%s: /multireg is not the platform's binary, mode 0755 (mode %o)", pl, h.Mode)
 				}
 			case "LICENSE":
 				if string(b) != "Apache License\n" || h.Mode != 0o644 {
-					t.Errorf("%s: /LICENSE %q mode %o", d.Platform, b, h.Mode)
+					t.Errorf("%s: /LICENSE %q mode %o", pl, b, h.Mode)
 				}
 			}
 		}
 		rc.Close()
 		if !slices.Equal(names, []string{"LICENSE", "multireg"}) {
-			t.Errorf("%s: layer holds %q; want [LICENSE multireg]", d.Platform, names)
+			t.Errorf("%s: layer holds %q; want [LICENSE multireg]", pl, names)
 		}
 	}
 }
