@@ -141,7 +141,7 @@ func (w *waiting) look(ev fswatch.Change) ending {
 // verdict takes kubelet's verdict, if one is pending: a rejection ends the wait, with the
 // error to report; an acceptance lifts the timeout.
 func (w *waiting) verdict() error {
-	switch v := w.d.takeVerdict(); {
+	switch v := w.d.takeVerdict(w.g); {
 	case v == nil:
 	case !v.Registered:
 		return v.Rejection()

@@ -74,6 +74,7 @@ type driver struct {
 
 	mu      sync.Mutex
 	gen     uint64             // the current socket generation; verdicts for others are dropped
+	lastGen uint64             // the newest generation numbered: each socket gets its own number
 	pending *regserver.Verdict // the latest verdict for gen
 	st      DriverStatus
 }
@@ -165,10 +166,26 @@ func (d *driver) notify(v regserver.Verdict) {
 	}
 }
 
-func (d *driver) takeVerdict() *regserver.Verdict {
+// takeVerdict takes the verdict pending for generation g, if any. A verdict for another
+// generation is dropped: it came while the loop was leaving that socket, and is about a
+// registration withdrawn since.
+func (d *driver) takeVerdict(g *generation) *regserver.Verdict {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	v := d.pending
 	d.pending = nil
+	d.mu.Unlock()
+	if v != nil && v.Gen != g.gen {
+		d.log.Debug("verdict for a socket withdrawn since ignored", "generation", v.Gen, "registered", v.Registered)
+		return nil
+	}
 	return v
+}
+
+// makeCurrent makes g the generation whose verdicts count, dropping any pending for another.
+func (d *driver) makeCurrent(g *generation) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gen != g.gen {
+		d.gen, d.pending = g.gen, nil
+	}
 }

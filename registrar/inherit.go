@@ -49,7 +49,7 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 		files[g] = f
 	}
 	if cur != nil {
-		if v := d.takeVerdict(); v != nil && v.Gen == cur.gen && d.lateVerdict(cur, v) == nil {
+		if v := d.takeVerdict(cur); v != nil && d.lateVerdict(cur, v) == nil {
 			if f := files[cur]; f != nil {
 				f.Close()
 			}
@@ -153,6 +153,7 @@ func (d *driver) inherit(h *handover.Driver) int {
 		}
 		n++
 		d.gen = max(d.gen, g.gen)
+		d.lastGen = d.gen
 		if hs.Prev {
 			d.prev = g
 		} else {

@@ -240,10 +240,12 @@ func (d *driver) slot(cur *generation) string {
 }
 
 // resume makes the previous generation of a handover the current one again, and returns it:
-// kubelet holds its registration.
+// kubelet holds its registration. Its verdicts count again (kubelet asks anew when it
+// restarts), and a verdict still pending for the generation left is dropped.
 func (d *driver) resume() *generation {
 	g := d.prev
 	d.prev = nil
+	d.makeCurrent(g)
 	d.setSocket(g.path)
 	d.log.Info("back to the registration kubelet holds", "socket", g.path, "endpoint", g.at.local)
 	return g

@@ -1,9 +1,11 @@
 package registrar
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/probe"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -401,4 +404,45 @@ func TestPatternDRAHandoverBlocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 5*time.Second, "the second socket once the path is clear", func() bool { return testkit.IsSocket(d.AltSocketPath) })
+}
+
+// TestPatternDRAVerdictOfAnInstanceGoneMeanwhile: kubelet rejects the new instance while the
+// loop is still looking at its going: the loop goes back to the old instance's registration,
+// and the rejection, about a socket withdrawn since, does not end that registration.
+func TestPatternDRAVerdictOfAnInstanceGoneMeanwhile(t *testing.T) {
+	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
+	a := startInstance(t, d, "dra-a.sock")
+	ageFile(t, a.Path(), time.Minute)
+	// A probe of dra-a, once armed, waits until the test lets it go: the loop is held in
+	// its look at the new instance's going.
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	s := runSupervisor(t, Options{})
+	s.probe = func(ctx context.Context, spec config.Driver) error {
+		if spec.LocalEndpoint == a.Path() && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return probe.Endpoint(ctx, spec)
+	}
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	first := mustID(t, d.SocketPath)
+	b := startInstance(t, d, "dra-b.sock")
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
+
+	armed.Store(true)
+	b.Stop()
+	<-entered
+	register(t, d.AltSocketPath, false, "no")
+	close(release)
+	testkit.Eventually(t, 5*time.Second, "the new instance's socket withdrawn", func() bool { return !testkit.IsSocket(d.AltSocketPath) })
+	testkit.Never(t, time.Second, "the old instance's registration touched", func() bool {
+		id, _, err := fsid.Stat(d.SocketPath)
+		return testkit.IsSocket(d.AltSocketPath) || err != nil || id != first
+	})
+	if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.SocketPath || st.Endpoint != a.Path() {
+		t.Errorf("status: %+v, want Registered on the first socket, at dra-a", st)
+	}
 }

@@ -73,8 +73,9 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 	// sees the attempt too.
 	d.mu.Lock()
 	prev := d.gen
-	d.gen++
-	gen := d.gen
+	d.lastGen++
+	gen := d.lastGen
+	d.gen = gen
 	d.pending = nil
 	d.st.Attempts++
 	d.mu.Unlock()

@@ -41,6 +41,8 @@ type Supervisor struct {
 	hub     *regserver.Hub
 	slots   probe.Slots
 	kubelet *kubeletClient
+	// probe, if not nil, replaces probe.Endpoint in the loops started after it is set (tests).
+	probe func(context.Context, config.Driver) error
 
 	ctx    context.Context // parent of every loop; ends when Run returns
 	cancel context.CancelCauseFunc
@@ -121,6 +123,9 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
 	h.d.guard, h.d.slots, h.d.hub, h.d.kubelet = s.guard, s.slots, s.hub, s.kubelet
+	if s.probe != nil {
+		h.d.probe = s.probe
+	}
 	s.running[d.Name] = h
 	s.mu.Unlock()
 	s.checkDescriptors()
