@@ -244,6 +244,7 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Lo
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ConnState:         newConnCap(log).track,
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()

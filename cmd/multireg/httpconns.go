@@ -1,0 +1,95 @@
+//go:build linux
+
+package main
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// httpMaxConns bounds the HTTP server's open connections. Its clients hold one or two each:
+// kubelet's probes (a connection a probe, closed after it), Prometheus (one, kept alive),
+// `multireg status`. Each open connection costs some 12 KiB: 15,000 connections that never
+// finish their request headers, opened within the read timeout, held 180 MiB, past the
+// shipped memory limit. It is within the descriptors kept for the rest of the process
+// (regserver.SpareFDs), which the registration sockets never take. Variable, for the tests
+// alone.
+var httpMaxConns = 16
+
+// httpConnWarnEvery is how often the warning about connections closed beyond the bound is
+// logged at most.
+const httpConnWarnEvery = 10 * time.Second
+
+// connCap keeps the HTTP server within httpMaxConns connections (http.Server.ConnState). A new
+// connection beyond the bound closes the one that has waited the longest for a request (new,
+// or idle between requests); when every other has a request in flight, the oldest of those
+// in flight for httpStalled (a client that does not read its reply); else itself. The newest
+// connection, a probe's, is served whatever a flood holds, and a reply being taken is not cut.
+type connCap struct {
+	log *slog.Logger
+
+	mu sync.Mutex
+	// conns: every open connection, with what it is doing and since when.
+	conns  map[net.Conn]connUse
+	closed int // since the last warning
+	warned time.Time
+}
+
+// connUse is what an HTTP connection is doing: waiting for a request, or answering one
+// (active), since when.
+type connUse struct {
+	since  time.Time
+	active bool
+}
+
+// httpStalled: a request in flight this long may be cut for a new connection. Kubelet's
+// probes and Prometheus take milliseconds; the status of 1000 drivers is read in a few.
+const httpStalled = time.Second
+
+func newConnCap(log *slog.Logger) *connCap {
+	return &connCap{log: log, conns: map[net.Conn]connUse{}}
+}
+
+// track is the server's ConnState hook.
+func (cc *connCap) track(c net.Conn, s http.ConnState) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	switch s {
+	case http.StateNew:
+		cc.conns[c] = connUse{since: time.Now()}
+		if len(cc.conns) > httpMaxConns {
+			cc.closeOne(c)
+		}
+	case http.StateIdle, http.StateActive:
+		if _, open := cc.conns[c]; open {
+			cc.conns[c] = connUse{since: time.Now(), active: s == http.StateActive}
+		}
+	case http.StateHijacked, http.StateClosed:
+		delete(cc.conns, c)
+	}
+}
+
+// closeOne closes a connection to make room for newest (connCap says which). mu is held.
+func (cc *connCap) closeOne(newest net.Conn) {
+	victim, now := newest, time.Now()
+	var vu connUse
+	for c, u := range cc.conns {
+		if c == newest || u.active && now.Sub(u.since) < httpStalled {
+			continue
+		}
+		if victim == newest || vu.active && !u.active || vu.active == u.active && u.since.Before(vu.since) {
+			victim, vu = c, u
+		}
+	}
+	delete(cc.conns, victim)
+	victim.Close()
+	cc.closed++
+	if now.Sub(cc.warned) >= httpConnWarnEvery {
+		cc.log.Warn("HTTP connections beyond multireg's bound closed", "bound", httpMaxConns,
+			"closed", cc.closed, "next_warning_in", httpConnWarnEvery)
+		cc.warned, cc.closed = now, 0
+	}
+}
