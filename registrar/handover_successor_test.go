@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,20 +17,14 @@ import (
 
 // A successor that misbehaves, seen from the holder (issue 28, 8 to 10).
 
-// takeEverything plays a successor that says hello and takes every batch and the lock's
-// descriptor, and then says nothing. It returns the descriptors it holds (closed when the test
-// ends) and when it said hello.
-func takeEverything(t *testing.T, reg string) ([]*os.File, time.Time) {
+// takeEverything plays a successor that speaks hand-over version v: it says hello (and take,
+// after the welcome, from version 2 on), takes every batch and the lock's descriptor, and then
+// says nothing. It returns the descriptors it holds (closed when the test ends) and when it
+// said the word that paused the holder.
+func takeEverything(t *testing.T, reg string, v int) ([]*os.File, time.Time) {
 	t.Helper()
-	hc, err := handover.Dial(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { hc.Close() })
-	hello := time.Now()
-	if err := hc.Send(&handover.Msg{Type: handover.MsgHello, MinVersion: 1, Version: 1}); err != nil {
-		t.Fatal(err)
-	}
+	hc := sayHello(t, reg, v)
+	paused := time.Now()
 	var kept []*os.File
 	t.Cleanup(func() { handover.CloseAll(kept) })
 	for {
@@ -38,10 +33,31 @@ func takeEverything(t *testing.T, reg string) ([]*os.File, time.Time) {
 			t.Fatal(err)
 		}
 		kept = append(kept, files...)
-		if m.Last {
-			return kept, hello
+		switch {
+		case m.Type == handover.MsgWelcome:
+			paused = time.Now()
+			if err := hc.Send(&handover.Msg{Type: handover.MsgTake, Version: m.Version}); err != nil {
+				t.Fatal(err)
+			}
+		case m.Last:
+			return kept, paused
 		}
 	}
+}
+
+// sayHello asks reg's holder for a hand-over in version v, and says nothing more. The
+// connection is closed when the test ends.
+func sayHello(t *testing.T, reg string, v int) handover.Conn {
+	t.Helper()
+	hc, err := handover.Dial(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hc.Close() })
+	if err := hc.Send(&handover.Msg{Type: handover.MsgHello, MinVersion: v, Version: v}); err != nil {
+		t.Fatal(err)
+	}
+	return hc
 }
 
 // heldByAnother reports whether another open of reg's lock file cannot be locked: some
@@ -71,12 +87,18 @@ func servingAll(in *multiregInstance, ds []string) bool {
 // go of its lock, serves every socket again within PauseTimeout, and a real hand-over works
 // after.
 func TestHandOverUnackedKeepsServing(t *testing.T) {
+	for _, v := range []int{1, 2} {
+		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) { unackedKeepsServing(t, v) })
+	}
+}
+
+func unackedKeepsServing(t *testing.T, v int) {
 	reg, ds, a, before := registeredMultireg(t)
 	var names []string
 	for _, d := range ds {
 		names = append(names, d.Name)
 	}
-	kept, hello := takeEverything(t, reg)
+	kept, hello := takeEverything(t, reg, v)
 	if len(kept) != len(ds)+1 {
 		t.Fatalf("%d descriptors taken, want %d sockets and the lock", len(kept), len(ds))
 	}
@@ -145,27 +167,42 @@ func isFile(path string) bool {
 	return err == nil
 }
 
-// TestHandOverHelloAlonePausesLittle (issue 28, 10): a successor that says hello and then
-// nothing pauses the holder's sockets for PauseTimeout at most: a connection kubelet makes
-// meanwhile is accepted within it.
-func TestHandOverHelloAlonePausesLittle(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	reg := filepath.Join(dir, "reg")
-	ds := handoverDrivers(t, dir)
+// TestHandOverHelloAlonePausesNothing (issue 28, 10): a successor that says hello and then
+// nothing pauses nothing: the holder welcomes it, waits HelloTimeout for its take with every
+// loop running, and gives up.
+func TestHandOverHelloAlonePausesNothing(t *testing.T) {
 	var logs testkit.Buffer
-	a := startMultiregLog(t, reg, ds, logs.Logger())
+	reg, ds, a, _ := registeredMultiregLog(t, logs.Logger())
+	hc := sayHello(t, reg, 2)
+	if m, _, err := hc.Recv(); err != nil || m.Type != handover.MsgWelcome || m.Version != 2 {
+		t.Fatalf("the holder's answer to a hello: %+v, %v; want a welcome in version 2", m, err)
+	}
+	testkit.Eventually(t, handover.HelloTimeout+5*time.Second, "the holder to give up on the silent successor", func() bool {
+		return strings.Contains(logs.String(), "hand-over request abandoned before it paused anything")
+	})
+	if out := logs.String(); strings.Contains(out, "handing over the registration directory") {
+		t.Errorf("the holder stopped its loops for a hello alone:\n%s", out)
+	}
 	for _, d := range ds {
-		awaitSocket(t, d)
-		registerAndWait(t, a.sup, d)
+		if info := dialKubelet(t, d.SocketPath).GetInfo(t); info.Name != d.Name {
+			t.Errorf("%s: GetInfo says %q", d.Name, info.Name)
+		}
+		if st := statusOf(a.sup, d.Name); st.Phase != Registered {
+			t.Errorf("%s: %s, want Registered", d.Name, st.Phase)
+		}
 	}
-	hc, err := handover.Dial(reg)
-	if err != nil {
-		t.Fatal(err)
+	if err := a.dir.Check(); err != nil {
+		t.Errorf("the holder lost the directory: %v", err)
 	}
-	defer hc.Close()
-	if err := hc.Send(&handover.Msg{Type: handover.MsgHello, MinVersion: 1, Version: 1}); err != nil {
-		t.Fatal(err)
-	}
+}
+
+// TestHandOverVersion1HelloPausesLittle (issue 28, 10): in version 1 (v0.1.0's), which has no
+// take, a successor that says hello and then nothing pauses the holder's sockets for
+// PauseTimeout at most: a connection kubelet makes meanwhile is accepted within it.
+func TestHandOverVersion1HelloPausesLittle(t *testing.T) {
+	var logs testkit.Buffer
+	reg, ds, a, _ := registeredMultiregLog(t, logs.Logger())
+	sayHello(t, reg, 1)
 	hello := time.Now()
 	testkit.Eventually(t, 5*time.Second, "the holder's loops to stop for the hand-over", func() bool {
 		return strings.Contains(logs.String(), "handing over the registration directory")

@@ -101,10 +101,16 @@ func (in *multiregInstance) handedOver(t testing.TB) int {
 // and returns the registration directory, the drivers, the instance and its sockets' identities.
 func registeredMultireg(t *testing.T) (string, []config.Driver, *multiregInstance, []fsid.ID) {
 	t.Helper()
+	return registeredMultiregLog(t, testkit.Logger(t))
+}
+
+// registeredMultiregLog is registeredMultireg, logging to log.
+func registeredMultiregLog(t *testing.T, log *slog.Logger) (string, []config.Driver, *multiregInstance, []fsid.ID) {
+	t.Helper()
 	dir := testkit.ShortDir(t)
 	reg := filepath.Join(dir, "reg")
 	ds := handoverDrivers(t, dir)
-	a := startMultireg(t, reg, ds)
+	a := startMultiregLog(t, reg, ds, log)
 	for _, d := range ds {
 		awaitSocket(t, d)
 		registerAndWait(t, a.sup, d)

@@ -16,9 +16,10 @@ import (
 	"multireg.dev/multireg/e2e/mrproc"
 )
 
-// takeEverything plays a successor that says hello on reg's hand-over socket, takes every
-// batch with its descriptors (the sockets and the lock's) and then says nothing, keeping
-// them all until the test ends. It returns when it said hello and how many descriptors it holds.
+// takeEverything plays a successor that says hello on reg's hand-over socket (and take, after
+// the holder's welcome), takes every batch with its descriptors (the sockets and the lock's)
+// and then says nothing, keeping them all until the test ends. It returns when it said the
+// word that paused the holder, and how many descriptors it holds.
 func takeEverything(t *testing.T, reg string) (time.Time, int) {
 	t.Helper()
 	path := filepath.Join(reg, ".multireg.handover")
@@ -34,7 +35,7 @@ func takeEverything(t *testing.T, reg string) (time.Time, int) {
 		}
 	})
 	hello := time.Now()
-	if _, err := c.Write([]byte(`{"type":"hello","minVersion":1,"version":1}`)); err != nil {
+	if _, err := c.Write([]byte(`{"type":"hello","minVersion":1,"version":2}`)); err != nil {
 		t.Fatal(err)
 	}
 	b, oob := make([]byte, 1<<20), make([]byte, unix.CmsgSpace(4*253))
@@ -59,7 +60,15 @@ func takeEverything(t *testing.T, reg string) (time.Time, int) {
 			Type string `json:"type"`
 			Last bool   `json:"last"`
 		}
-		if err := json.Unmarshal(b[:n], &m); err != nil || m.Type != "batch" {
+		err = json.Unmarshal(b[:n], &m)
+		if err == nil && m.Type == "welcome" {
+			hello = time.Now() // the holder pauses from the take on (protocol version 2)
+			if _, err := c.Write([]byte(`{"type":"take","version":2}`)); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err != nil || m.Type != "batch" {
 			t.Fatalf("the holder sent %q (%v), want a batch", b[:n], err)
 		}
 		if m.Last {

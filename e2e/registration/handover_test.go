@@ -26,6 +26,9 @@ import (
 // one.
 const lastRelease = "4465133"
 
+// v010 is release v0.1.0, which speaks hand-over protocol 1 only.
+const v010 = "66a839f"
+
 // Log lines of a hand-over.
 const (
 	msgTookOver   = "took over the registration directory from the previous instance"
@@ -327,7 +330,7 @@ func TestHandoverFallsBack(t *testing.T) {
 		why              string // in the standby's status
 	}{
 		{"last release", mrproc.Options{Bin: old}, mrproc.Options{}, "no instance answers hand-over requests"},
-		{"another protocol version", mrproc.Options{}, mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_PROTOCOL=2"}}, "versions"},
+		{"another protocol version", mrproc.Options{}, mrproc.Options{Env: []string{"MULTIREG_TEST_HANDOVER_PROTOCOL=3"}}, "versions"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -358,6 +361,52 @@ func TestHandoverFallsBack(t *testing.T) {
 			if second.Exited() {
 				t.Error("the new instance exited")
 			}
+		})
+	}
+}
+
+// 5b. Hand-overs between releases: v0.1.0 speaks protocol 1, this release 1 and 2. An upgrade
+// from v0.1.0 and a rollback to it hand every socket over in version 1, and two instances of
+// this release in version 2; kubelet sees none of them.
+func TestHandoverAcrossReleases(t *testing.T) {
+	t.Parallel()
+	old, err := mrproc.BinaryAt(v010)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name             string
+		holder, newcomer mrproc.Options
+		version          float64 // the one the holder picks
+	}{
+		{"upgrade from v0.1.0", mrproc.Options{Bin: old}, mrproc.Options{}, 1},
+		{"rollback to v0.1.0", mrproc.Options{}, mrproc.Options{Bin: old}, 1},
+		{"this release", mrproc.Options{}, mrproc.Options{}, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e, ds, first := handoverFleet(t, 20, tt.holder)
+			before, events := e.sockets(ds), len(e.K.Events())
+			second := mrproc.StartWith(t, tt.newcomer, e.Cfg)
+			wait.For(t, registerTimeout, "the second instance to take over", func() bool { return second.Count(msgTookOver, "") == 1 })
+			wait.For(t, registerTimeout, "the first instance to say it handed over", func() bool { return first.Count(msgHanded, "") == 1 })
+			var version float64
+			for _, r := range first.Records() {
+				if r["msg"] == "handing over the registration directory to a new instance" {
+					version, _ = r["version"].(float64)
+				}
+			}
+			if version != tt.version {
+				t.Errorf("handed over in protocol version %v, want %v", version, tt.version)
+			}
+			if !e.answering(ds) {
+				t.Error("a registration socket does not answer after the hand-over")
+			}
+			wait.Never(t, 3*time.Second, "kubelet to see the hand-over", func() bool { return len(e.K.Events()) != events })
+			if m := moved(before, e.sockets(ds)); len(m) > 0 {
+				t.Errorf("sockets replaced or removed: %v", m)
+			}
+			stopIdle(t, first)
 		})
 	}
 }

@@ -35,16 +35,24 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		if err != nil {
 			return snap, nil, fmt.Errorf("hand-over interrupted: %w", err)
 		}
-		switch m.Type {
-		case MsgRefuse:
+		switch {
+		case m.Type == MsgRefuse:
 			CloseAll(files)
 			snap.Close()
 			return nil, nil, fmt.Errorf("hand-over refused: %s", m.Reason)
-		case MsgBatch:
+		case m.Type == MsgWelcome && v == 0 && m.Version >= takeVersion && m.Version >= lo && m.Version <= hi:
+			// Version 2 on: the holder stops its loops once told to take.
+			CloseAll(files)
+			v = m.Version
+			if err := hc.Send(&Msg{Type: MsgTake, Version: v}); err != nil {
+				return nil, nil, err
+			}
+			continue
+		case m.Type == MsgBatch && (v == 0 || m.Version == v):
 		default:
 			CloseAll(files)
 			snap.Close()
-			return nil, nil, fmt.Errorf("hand-over: unexpected %q", m.Type)
+			return nil, nil, fmt.Errorf("hand-over: unexpected %q (version %d)", m.Type, m.Version)
 		}
 		v = m.Version
 		if m.Last != m.Lock {

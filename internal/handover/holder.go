@@ -49,6 +49,8 @@ func (e *HandedOver) Error() string {
 const (
 	MsgHello    = "hello"
 	MsgRefuse   = "refuse"
+	MsgWelcome  = "welcome"
+	MsgTake     = "take"
 	MsgBatch    = "batch"
 	MsgAck      = "ack"
 	MsgAbort    = "abort"
@@ -57,8 +59,8 @@ const (
 
 // Bounds of the holder's side (variables, so that tests can change them).
 var (
-	// HelloTimeout bounds the wait for a request's hello: a connection that says nothing
-	// costs no more, and pauses nothing.
+	// HelloTimeout bounds the wait for a request's hello, and for its take after the
+	// welcome: a connection that says nothing costs no more, and pauses nothing.
 	HelloTimeout = time.Second
 	// PauseTimeout bounds what a hand-over pauses: from the moment the loops stop until the
 	// new instance acknowledges, every batch sent and the ack received. A new instance
@@ -122,8 +124,9 @@ func NewServer(h Holder, lock Lock, log *slog.Logger) *Server {
 // directory went to the new instance, and nil when this process keeps it: its loops run
 // again from where they stopped.
 //
-// Nothing stops before the new instance's hello, read within HelloTimeout; from then on the
-// loops stop for PauseTimeout at most. This process keeps its hold of the lock until the new
+// Nothing stops before the new instance's hello, read within HelloTimeout, and (version 2 on)
+// its take, read within HelloTimeout of the welcome; from then on the loops stop for
+// PauseTimeout at most. This process keeps its hold of the lock until the new
 // instance acknowledges: one that does not, within PauseTimeout, cannot serve with the lock's
 // descriptor it received (it serves only once told released), and this one serves again.
 func (s *Server) Serve(c *net.UnixConn) error {
@@ -133,7 +136,7 @@ func (s *Server) Serve(c *net.UnixConn) error {
 		s.noise.warn(s.log, "hand-over request refused", "err", err)
 		return nil
 	}
-	m, err := hc.recvHello()
+	m, err := hc.recvShort(MsgHello)
 	if err != nil {
 		s.noise.warn(s.log, "hand-over request not understood; ignored", "err", err)
 		return nil
@@ -144,6 +147,16 @@ func (s *Server) Serve(c *net.UnixConn) error {
 		why := fmt.Sprintf("this instance speaks hand-over versions %d to %d, the new one %d to %d", lo, hi, m.MinVersion, m.Version)
 		s.refuse(hc, why)
 		return nil
+	}
+	if v >= takeVersion {
+		if err := hc.Send(&Msg{Type: MsgWelcome, Version: v}); err != nil {
+			s.noise.warn(s.log, "hand-over request abandoned before it paused anything", "err", err)
+			return nil
+		}
+		if _, err := hc.recvShort(MsgTake); err != nil {
+			s.noise.warn(s.log, "hand-over request abandoned before it paused anything", "err", err)
+			return nil
+		}
 	}
 	if !s.busy.TryLock() {
 		s.refuse(hc, "another hand-over is in progress")

@@ -11,18 +11,23 @@
 //
 //	new → holder   hello     {version range}
 //	holder → new   refuse    {reason}                    (the new instance waits for the lock)
+//	holder → new   welcome   {version}                   (version 2 on)
+//	new → holder   take                                  (version 2 on)
 //	holder → new   batch …   {drivers}, their listening sockets; the last batch also carries
 //	                         the lock file's descriptor
 //	new → holder   ack       (or abort {reason})
 //	holder → new   released  the holder has closed its lock descriptor and serves nothing
 //
+// In version 1 the batches follow the hello at once; version 2 adds welcome and take, so that a
+// hello alone pauses nothing: the holder stops its loops only once the new instance has read
+// the version picked and said take, within HelloTimeout of the welcome.
 // A flock belongs to the open file, not to a process: once the lock's descriptor is passed,
 // both hold the directory until the holder closes its copy, so that it is never free for a
 // third instance in between. The new instance locks the descriptor it received before it
 // acknowledges (a copy of the holder's open file succeeds; another open of the lock file
-// fails), and serves only once told released. Between hello and released the holder's
-// loops are stopped, for PauseTimeout at most (the kernel queues kubelet's connections on
-// the sockets meanwhile), and its reloader waits; nothing stops before a hello.
+// fails), and serves only once told released. Between take (version 1: hello) and released
+// the holder's loops are stopped, for PauseTimeout at most (the kernel queues kubelet's
+// connections on the sockets meanwhile), and its reloader waits; nothing stops before.
 //
 // When anything goes wrong before the ack, the holder keeps the directory — it never let go
 // of its open file of the lock — and resumes its loops from what it would have handed over;
@@ -63,8 +68,12 @@ const Name = ".multireg.handover"
 // holder picks the highest both speak or refuses.
 const (
 	handoverMinVersion = 1
-	handoverMaxVersion = 1
+	handoverMaxVersion = 2
 )
+
+// takeVersion is the first version in which the new instance says take before the holder
+// stops its loops.
+const takeVersion = 2
 
 // Bounds of a hand-over.
 var (
@@ -87,9 +96,9 @@ const (
 
 // handoverMsg is one message of a hand-over.
 type Msg struct {
-	Type string `json:"type"` // hello, refuse, batch, ack, abort, released
+	Type string `json:"type"` // hello, refuse, welcome, take, batch, ack, abort, released
 	// MinVersion and Version: the range the new instance speaks (hello); the version picked
-	// (batch), which every later message keeps.
+	// (welcome, batch), which every later message keeps.
 	MinVersion int    `json:"minVersion,omitempty"`
 	Version    int    `json:"version,omitempty"`
 	Reason     string `json:"reason,omitempty"` // refuse, abort
@@ -182,16 +191,16 @@ func (h Conn) Recv() (*Msg, []*os.File, error) {
 	return h.recv(maxHandoverMessage, StepTimeout)
 }
 
-// recvHello reads a request's hello, within HelloTimeout and helloBytes. Descriptors that
-// come with it are closed.
-func (h Conn) recvHello() (*Msg, error) {
+// recvShort reads a message of type typ that opens a request (hello, take), within
+// HelloTimeout and helloBytes. Descriptors that come with it are closed.
+func (h Conn) recvShort(typ string) (*Msg, error) {
 	m, files, err := h.recv(helloBytes, HelloTimeout)
 	CloseAll(files)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("no hello within %s: %w", HelloTimeout, err)
-	case m.Type != MsgHello:
-		return nil, fmt.Errorf("a %q message where a hello belongs", m.Type)
+		return nil, fmt.Errorf("no %s within %s: %w", typ, HelloTimeout, err)
+	case m.Type != typ:
+		return nil, fmt.Errorf("a %q message where a %s belongs", m.Type, typ)
 	}
 	return m, nil
 }
