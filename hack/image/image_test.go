@@ -23,6 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"multireg.dev/multireg/hack/image/ocilayout"
 )
 
 var testCreated = time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC)
@@ -270,10 +271,10 @@ func TestBuildIsReproducible(t *testing.T) {
 	for range 2 {
 		out := filepath.Join(t.TempDir(), "layout")
 		idx := mustIndex(t, s)
-		if err := writeLayout(out, idx, s.version); err != nil {
+		if err := ocilayout.Write(out, idx, s.version); err != nil {
 			t.Fatal(err)
 		}
-		read, version, err := readLayout(out)
+		read, version, err := ocilayout.Read(out)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +358,7 @@ func TestPushToALocalRegistry(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^index sha256:[0-9a-f]{64}\n`).Match(out.Bytes()) || strings.Count(out.String(), "MiB") != 2*len(defaultPlatforms) {
 		t.Errorf("image build printed %q; want the index digest and each platform's sizes", out.String())
 	}
-	idx, _, err := readLayout(dir)
+	idx, _, err := ocilayout.Read(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +422,7 @@ func TestPushRefuses(t *testing.T) {
 	}
 	s := testSpec(t)
 	dir := filepath.Join(t.TempDir(), "layout")
-	if err := writeLayout(dir, mustIndex(t, s), s.version); err != nil {
+	if err := ocilayout.Write(dir, mustIndex(t, s), s.version); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := push(ctx, dir, "Not A Name", nil, false); err == nil || !strings.Contains(err.Error(), `image "Not A Name"`) {

@@ -4,61 +4,20 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"multireg.dev/multireg/hack/image/ocilayout"
 )
-
-// refName is the layout annotation that names the index: its version.
-const refName = "org.opencontainers.image.ref.name"
-
-// writeLayout writes idx as the one entry of a fresh OCI image layout at dir, named by version.
-func writeLayout(dir string, idx v1.ImageIndex, version string) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		return err
-	}
-	return p.AppendIndex(idx, layout.WithAnnotations(map[string]string{refName: version}))
-}
-
-// readLayout returns the image index of the layout at dir (its one entry) and its version.
-func readLayout(dir string) (v1.ImageIndex, string, error) {
-	p, err := layout.FromPath(dir)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: not an OCI image layout (make image writes one): %w", dir, err)
-	}
-	top, err := p.ImageIndex()
-	if err != nil {
-		return nil, "", err
-	}
-	m, err := top.IndexManifest()
-	if err != nil {
-		return nil, "", err
-	}
-	if len(m.Manifests) != 1 || !m.Manifests[0].MediaType.IsIndex() {
-		return nil, "", fmt.Errorf("%s: want one image index, found %d entries", dir, len(m.Manifests))
-	}
-	idx, err := top.ImageIndex(m.Manifests[0].Digest)
-	if err != nil {
-		return nil, "", err
-	}
-	return idx, m.Manifests[0].Annotations[refName], nil
-}
 
 // push pushes the layout's index to image (REGISTRY/NAME) under each tag (default: the
 // layout's version) and returns what was pushed, each as NAME:TAG@DIGEST. Credentials come from
 // the usual places (docker's config.json, $DOCKER_CONFIG, credential helpers).
 func push(ctx context.Context, dir, image string, tags []string, insecure bool) ([]string, error) {
-	idx, version, err := readLayout(dir)
+	idx, version, err := ocilayout.Read(dir)
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"multireg.dev/multireg/hack/image/ocilayout"
 )
 
 func main() {
@@ -73,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := writeLayout(*out, idx, s.version); err != nil {
+		if err := ocilayout.Write(*out, idx, s.version); err != nil {
 			return err
 		}
 		return describe(stdout, idx)
@@ -103,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		idx, _, err := readLayout(*layoutDir)
+		idx, _, err := ocilayout.Read(*layoutDir)
 		if err != nil {
 			return err
 		}

@@ -8,13 +8,9 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"multireg.dev/multireg/hack/image/ocilayout"
 )
-
-// refName is the annotation of an OCI image layout's entry that names it: hack/image (`make
-// image`) names the image index by its version, the tag it is pushed under.
-const refName = "org.opencontainers.image.ref.name"
 
 // Pushed is a multi-platform image pushed to a registry by PushLayout.
 type Pushed struct {
@@ -41,7 +37,7 @@ func (p Pushed) PlatformNames() []string { return slices.Sorted(maps.Keys(p.Plat
 // `make image` (hack/image) writes it, every platform — to repo (REGISTRY/NAME) over plain
 // HTTP, tagged with the version the layout names it by.
 func PushLayout(ctx context.Context, dir, repo string) (Pushed, error) {
-	idx, version, err := readLayout(dir)
+	idx, version, err := ocilayout.Read(dir)
 	if err != nil {
 		return Pushed{}, err
 	}
@@ -68,33 +64,4 @@ func PushLayout(ctx context.Context, dir, repo string) (Pushed, error) {
 		return Pushed{}, fmt.Errorf("push %s to %s: %w", dir, tag, err)
 	}
 	return p, nil
-}
-
-// readLayout returns the image index that is the one entry of the layout at dir, and the
-// version its entry is named by.
-func readLayout(dir string) (v1.ImageIndex, string, error) {
-	p, err := layout.FromPath(dir)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: not an OCI image layout (make image writes one): %w", dir, err)
-	}
-	top, err := p.ImageIndex()
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", dir, err)
-	}
-	m, err := top.IndexManifest()
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", dir, err)
-	}
-	if len(m.Manifests) != 1 || !m.Manifests[0].MediaType.IsIndex() {
-		return nil, "", fmt.Errorf("%s: want one image index, as make image writes, found %d entries", dir, len(m.Manifests))
-	}
-	version := m.Manifests[0].Annotations[refName]
-	if version == "" {
-		return nil, "", fmt.Errorf("%s: the image index has no %s annotation (its version, the tag to push)", dir, refName)
-	}
-	idx, err := top.ImageIndex(m.Manifests[0].Digest)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", dir, err)
-	}
-	return idx, version, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"multireg.dev/multireg/hack/image/ocilayout"
 )
 
 // testIndex returns an image index of two platforms, each image holding its own file.
@@ -52,7 +53,7 @@ func writeTestLayout(t *testing.T, annotations map[string]string, entries ...v1.
 func TestPushLayout(t *testing.T) {
 	reg := startRegistry(t)
 	idx := testIndex(t)
-	dir := writeTestLayout(t, map[string]string{refName: "v9.8.7"}, idx)
+	dir := writeTestLayout(t, map[string]string{ocilayout.RefName: "v9.8.7"}, idx)
 	want, err := idx.Digest()
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func TestPushLayoutRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{refName: "v1"})); err != nil {
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{ocilayout.RefName: "v1"})); err != nil {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(t.TempDir(), "missing")
@@ -128,9 +129,9 @@ func TestPushLayoutRefuses(t *testing.T) {
 	}{
 		{"not a layout", missing, missing + ": not an OCI image layout (make image writes one)"},
 		{"no version", writeTestLayout(t, nil, idx), "has no org.opencontainers.image.ref.name annotation"},
-		{"two indexes", writeTestLayout(t, map[string]string{refName: "v1"}, idx, idx), "want one image index, as make image writes, found 2 entries"},
+		{"two indexes", writeTestLayout(t, map[string]string{ocilayout.RefName: "v1"}, idx, idx), "want one image index, as make image writes, found 2 entries"},
 		{"an image, no index", imageOnly, "want one image index"},
-		{"a version that is no tag", writeTestLayout(t, map[string]string{refName: "v1+build"}, idx), "tag " + reg.Host + "/multireg:v1+build"},
+		{"a version that is no tag", writeTestLayout(t, map[string]string{ocilayout.RefName: "v1+build"}, idx), "tag " + reg.Host + "/multireg:v1+build"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := PushLayout(t.Context(), tt.dir, reg.Host+"/multireg")
