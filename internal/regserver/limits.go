@@ -118,7 +118,9 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 // holds more of g's connections than pid does, plus one, it closes one of that process's, even
 // one with a call in flight; otherwise one of pid's own with none. One without a call first,
 // then as evictBefore orders them. A flood from one process, however fast it connects again,
-// then never closes or keeps out another process's connection: kubelet's. False when there is
+// then never closes or keeps out another process's connection: kubelet's — where the processes
+// are told apart. In a pod, every peer outside its PID namespace is pid 0 (SO_PEERCRED),
+// kubelet's too, and evictBefore's order alone keeps kubelet's connection. False when there is
 // nothing to close. mu is held.
 func (h *Hub) evictFair(g *Socket, pid int32) bool {
 	held := map[int32]int{}

@@ -71,7 +71,7 @@ func TestAnUnfinishedRequestIsCut(t *testing.T) {
 		t.Errorf("a request declaring 1 MiB: grpc-status %q (connection closed: %v), want 8 (ResourceExhausted)", st, closed)
 	}
 	p.call(3, "NotifyRegistrationStatus")
-	p.body(3, 32<<10, 16<<10)
+	p.body(3, maxRequest/2, maxRequest/4)
 	start := time.Now()
 	st, closed := p.ended(3, 10*time.Second)
 	if closed || st == "0" {

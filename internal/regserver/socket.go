@@ -164,11 +164,14 @@ type Socket struct {
 
 // Bounds on what a client of a registration socket may hold (limits.go has the rest). Kubelet
 // makes one call at a time on a connection, with messages of a few hundred bytes (a
-// rejection's reason may run to some KiB).
+// rejection's reason may run to some KiB; an acceptance has none).
 const (
 	maxCallStreams = 4
-	maxRequest     = 64 << 10 // gRPC's own default is 4 MiB
-	maxHeaderList  = 16 << 10 // a call's header block
+	// maxRequest: gRPC's own default is 4 MiB. A call in flight holds a buffer of its
+	// request's declared size: with 1000 drivers, the calls the bounds allow (one per socket
+	// and maxCalls) holding 64 KiB each got multireg OOM-killed under its 128 MiB limit.
+	maxRequest    = 16 << 10
+	maxHeaderList = 16 << 10 // a call's header block
 	// window: HTTP/2 flow-control windows, stream and connection, fixed: gRPC's default
 	// grows them (BDP estimation) up to 16 MiB, which a client that does not read its
 	// replies, or sends without end, would hold.

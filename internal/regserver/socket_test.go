@@ -113,16 +113,36 @@ func TestStopEndsIdleConnections(t *testing.T) {
 }
 
 // TestBoundsOnACall: a request over maxRequest is refused with ResourceExhausted, and the
-// connection goes on serving.
+// connection goes on serving; a rejection whose reason is ten times the longest kubelet
+// writes (its handlers' errors, some hundred bytes) counts.
 func TestBoundsOnACall(t *testing.T) {
 	_, gs := serveTest(t, 1)
+	verdicts := make(chan Verdict, 1)
+	gs[0].rs.notify = func(v Verdict) { verdicts <- v }
 	k := dialKubelet(t, gs[0].path)
 	k.GetInfo(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := k.C.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: strings.Repeat("x", maxRequest)})
-	wantCode(t, "a verdict of over 1 MiB", err, codes.ResourceExhausted)
+	wantCode(t, "a verdict over maxRequest", err, codes.ResourceExhausted)
 	k.GetInfo(t)
+	long := "RegisterPlugin error -- plugin registration failed with err: " + strings.Repeat("a long reason ", 600)
+	k.Notify(t, false, long)
+	if v := <-verdicts; v.Registered || v.Msg != long {
+		t.Errorf("a rejection of %d bytes: %+v", len(long), v)
+	}
+}
+
+// TestRequestBuffersFitTheMemoryLimit: a call in flight holds a buffer of its request's declared
+// size. With 1000 drivers, the calls the bounds allow (maxCalls and one per socket) must fit
+// what the shipped 128 MiB limit leaves beside the drivers' own peak (71 MiB, BENCHMARKS.md)
+// and the connections the bounds allow (some 35 MiB): at 64 KiB a request, a flood spread over
+// the sockets got multireg OOM-killed (e2e/cmd/attack -drivers 1000 -kind unfinished).
+func TestRequestBuffersFitTheMemoryLimit(t *testing.T) {
+	const sockets, budget = 1000, 20 << 20
+	if held := (maxCalls + sockets) * maxRequest; held > budget {
+		t.Errorf("%d calls of %d KiB hold %d MiB, over the %d MiB budget", maxCalls+sockets, maxRequest>>10, held>>20, budget>>20)
+	}
 }
 
 // slowGetInfo makes a kubelet call g's GetInfo, whose answer waits for release; it returns once
