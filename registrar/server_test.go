@@ -27,8 +27,9 @@ func TestVerdictWithoutGetInfoIgnored(t *testing.T) {
 	registerAndWait(t, s, d) // GetInfo, then the verdict, on one connection: counts
 }
 
-// Messages larger than an HTTP/2 frame — a PluginInfo with many versions, a long rejection
-// from kubelet — go through whole.
+// Messages larger than an HTTP/2 frame — a PluginInfo with many versions — go through whole,
+// and a rejection from kubelet up to the bound on requests (16 KiB; kubelet's are some hundred
+// bytes).
 func TestMessagesLargerThanTheTransportBuffers(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	ep := filepath.Join(dir, "ep", "csi.sock")
@@ -42,7 +43,7 @@ func TestMessagesLargerThanTheTransportBuffers(t *testing.T) {
 	s.Start(d)
 	awaitSocket(t, d)
 
-	reason := strings.Repeat("kubelet says no. ", 1000) // 17 KiB
+	reason := strings.Repeat("kubelet says no. ", 900) // 15 KiB
 	info := register(t, d.SocketPath, false, reason)
 	if !reflect.DeepEqual(info.SupportedVersions, d.SupportedVersions) {
 		t.Errorf("GetInfo returned %d versions, want all %d", len(info.SupportedVersions), len(d.SupportedVersions))
