@@ -186,6 +186,30 @@ func TestHandOverPendingVerdict(t *testing.T) {
 	a.handedOver(t)
 }
 
+// TestHandOverVerdictDuringTheHandOver: kubelet's verdict, sent as the hand-over runs, counts
+// in whichever instance reads it: the first, which hands the driver over registered, or the
+// second, which may read it (on kubelet's new connection, the first having closed its own) as
+// soon as it serves the socket, before the loop runs.
+func TestHandOverVerdictDuringTheHandOver(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)[:1]
+	d := ds[0]
+	a := startMultireg(t, reg, ds)
+	awaitSocket(t, d)
+	k := dialKubelet(t, d.SocketPath)
+	k.GetInfo(t) // kubelet registers the plugin meanwhile; its verdict goes out as the hand-over runs
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		k.Notify(t, true, "")
+	}()
+	b := startMultireg(t, reg, ds)
+	<-sent
+	testkit.Eventually(t, 5*time.Second, "the verdict counted", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
+	a.handedOver(t)
+}
+
 // TestHandOverChangedAndRemovedDrivers: a driver registered differently in the new instance
 // gets a new socket; one the new instance no longer runs loses its socket; the others are
 // kept.

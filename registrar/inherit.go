@@ -145,6 +145,15 @@ func (d *driver) inherit(h *handover.Driver) int {
 	if st.Recreations == nil {
 		st.Recreations = map[string]int{}
 	}
+	// The newest handed generation is current before any socket is served: a verdict queued on
+	// one during the hand-over is read as soon as it is, and must not be taken for an older
+	// socket's.
+	d.mu.Lock()
+	for _, hs := range h.Sockets {
+		d.gen = max(d.gen, hs.Generation)
+	}
+	d.lastGen = d.gen
+	d.mu.Unlock()
 	for _, hs := range h.Sockets {
 		g, err := d.adoptSocket(hs)
 		if err != nil {
@@ -152,8 +161,6 @@ func (d *driver) inherit(h *handover.Driver) int {
 			continue
 		}
 		n++
-		d.gen = max(d.gen, g.gen)
-		d.lastGen = d.gen
 		if hs.Prev {
 			d.prev = g
 		} else {
