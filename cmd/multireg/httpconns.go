@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"multireg.dev/multireg/internal/throttle"
 )
 
 // httpMaxConns bounds the HTTP server's open connections. Its clients hold one or two each:
@@ -19,23 +21,20 @@ import (
 // alone.
 var httpMaxConns = 16
 
-// httpConnWarnEvery is how often the warning about connections closed beyond the bound is
-// logged at most.
-const httpConnWarnEvery = 10 * time.Second
-
 // connCap keeps the HTTP server within httpMaxConns connections (http.Server.ConnState). A new
 // connection beyond the bound closes the one that has waited the longest for a request (new,
 // or idle between requests); when every other has a request in flight, the oldest of those
-// in flight for httpStalled (a client that does not read its reply); else itself. The newest
-// connection, a probe's, is served whatever a flood holds, and a reply being taken is not cut.
+// in flight for httpStalled (a client that does not read its reply); else itself. A probe's
+// connection, which sends its request at once, is served unless httpMaxConns newer ones
+// arrive before its request does, and a reply being taken is not cut.
 type connCap struct {
 	log *slog.Logger
 
 	mu sync.Mutex
 	// conns: every open connection, with what it is doing and since when.
-	conns  map[net.Conn]connUse
-	closed int // since the last warning
-	warned time.Time
+	conns map[net.Conn]connUse
+	// closed: the warning about connections closed beyond the bound.
+	closed throttle.Warning
 }
 
 // connUse is what an HTTP connection is doing: waiting for a request, or answering one
@@ -47,10 +46,11 @@ type connUse struct {
 
 // httpStalled: a request in flight this long may be cut for a new connection. Kubelet's
 // probes and Prometheus take milliseconds; the status of 1000 drivers is read in a few.
-const httpStalled = time.Second
+// Variable, for the tests alone.
+var httpStalled = time.Second
 
 func newConnCap(log *slog.Logger) *connCap {
-	return &connCap{log: log, conns: map[net.Conn]connUse{}}
+	return &connCap{log: log, conns: map[net.Conn]connUse{}, closed: throttle.Warning{Every: throttle.Interval}}
 }
 
 // track is the server's ConnState hook.
@@ -86,10 +86,8 @@ func (cc *connCap) closeOne(newest net.Conn) {
 	}
 	delete(cc.conns, victim)
 	victim.Close()
-	cc.closed++
-	if now.Sub(cc.warned) >= httpConnWarnEvery {
+	if log, n := cc.closed.Note(); log {
 		cc.log.Warn("HTTP connections beyond multireg's bound closed", "bound", httpMaxConns,
-			"closed", cc.closed, "next_warning_in", httpConnWarnEvery)
-		cc.warned, cc.closed = now, 0
+			"closed", n, "next_warning_in", throttle.Interval)
 	}
 }

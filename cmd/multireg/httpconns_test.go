@@ -98,32 +98,110 @@ func TestHTTPConnectionsBounded(t *testing.T) {
 	}
 }
 
-// TestHTTPStalledRequestsMakeRoom: when every connection has a request in flight, a new one
-// is served once the oldest has been in flight for httpStalled: a client that never reads
-// its reply cannot keep a probe out.
-func TestHTTPStalledRequestsMakeRoom(t *testing.T) {
-	defer func(n int) { httpMaxConns = n }(httpMaxConns)
-	httpMaxConns = 4
-	var stalled atomic.Int32
-	addr := serveTestHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// set sets *v to x until the test ends, after what the test started (registered before it).
+func set[T any](t *testing.T, v *T, x T) {
+	old := *v
+	*v = x
+	t.Cleanup(func() { *v = old })
+}
+
+// stallingServer serves /stall/N, whose handler returns only once its connection is closed,
+// and counts the requests in it and those that returned; other paths answer at once.
+func stallingServer(t *testing.T) (addr string, in, out *atomic.Int32) {
+	in, out = new(atomic.Int32), new(atomic.Int32)
+	addr = serveTestHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/stall") {
-			stalled.Add(1)
+			in.Add(1)
 			<-r.Context().Done() // until its connection is closed
+			out.Add(1)
 			return
 		}
 		w.Write([]byte("ok"))
 	}))
-	for i := range httpMaxConns {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		fmt.Fprintf(c, "GET /stall/%d HTTP/1.1\r\nHost: multireg\r\n\r\n", i)
+	return addr, in, out
+}
+
+// stall opens n connections to addr, each with a request in the stalling handler, and waits
+// until they are all in it (in counts n more). A connection closed before its request got in
+// (the server had yet to see an earlier one close) is opened again.
+func stall(t *testing.T, addr string, n int, in *atomic.Int32) []net.Conn {
+	var cs []net.Conn
+	for i := range n {
+		want := in.Load() + 1
+		var c net.Conn
+		testkit.Eventually(t, 5*time.Second, "a connection with a request in flight", func() bool {
+			if in.Load() == want {
+				return true
+			}
+			if c == nil || closedByPeer(c) {
+				var err error
+				if c, err = net.Dial("tcp", addr); err != nil {
+					t.Fatal(err)
+				}
+				opened := c
+				t.Cleanup(func() { opened.Close() })
+				fmt.Fprintf(c, "GET /stall/%d HTTP/1.1\r\nHost: multireg\r\n\r\n", i)
+			}
+			return false
+		})
+		cs = append(cs, c)
 	}
-	testkit.Eventually(t, 5*time.Second, "every connection with a request in flight", func() bool { return stalled.Load() == int32(httpMaxConns) })
-	testkit.Eventually(t, 5*time.Second, "a new connection's request answered", func() bool {
+	return cs
+}
+
+// TestHTTPStalledRequestsMakeRoom: when every connection has a request in flight for
+// httpStalled, a new one is served in place of the oldest: a client that never reads its
+// reply cannot keep a probe out.
+func TestHTTPStalledRequestsMakeRoom(t *testing.T) {
+	set(t, &httpMaxConns, 4)
+	set(t, &httpStalled, 0) // every request in flight is stalled at once
+	addr, in, out := stallingServer(t)
+	cs := stall(t, addr, httpMaxConns, in)
+	if got, err := getOwnConn(addr, "/healthz"); err != nil || got != http.StatusOK {
+		t.Fatalf("a request beside stalled ones: %d, %v", got, err)
+	}
+	testkit.Eventually(t, 5*time.Second, "a stalled request cut", func() bool { return out.Load() == 1 })
+	closed := 0
+	for _, c := range cs {
+		if closedByPeer(c) {
+			closed++
+		}
+	}
+	if closed != 1 {
+		t.Errorf("%d connections with a stalled request closed, want 1", closed)
+	}
+}
+
+// TestHTTPRequestsInFlightAreNotCut: a request in flight for less than httpStalled is never
+// cut for a new connection: the new one is closed instead, and a connection waiting for its
+// request is closed before either.
+func TestHTTPRequestsInFlightAreNotCut(t *testing.T) {
+	set(t, &httpMaxConns, 4)
+	set(t, &httpStalled, time.Hour)
+	addr, in, out := stallingServer(t)
+	cs := stall(t, addr, httpMaxConns-1, in)
+	waiting, err := net.Dial("tcp", addr) // no request yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { waiting.Close() })
+	testkit.Eventually(t, 5*time.Second, "a request answered in place of the waiting connection", func() bool {
 		got, err := getOwnConn(addr, "/healthz")
 		return err == nil && got == http.StatusOK
 	})
+	if !closedByPeer(waiting) {
+		t.Error("the connection waiting for its request is still open")
+	}
+	cs = append(cs, stall(t, addr, 1, in)...) // every connection's request in flight now
+	if _, err := getOwnConn(addr, "/healthz"); err == nil {
+		t.Error("a request answered beyond the bound, with every other connection's request in flight")
+	}
+	for i, c := range cs {
+		if closedByPeer(c) {
+			t.Errorf("connection %d, with a request in flight, was closed", i)
+		}
+	}
+	if n := out.Load(); n != 0 {
+		t.Errorf("%d requests in flight cut", n)
+	}
 }

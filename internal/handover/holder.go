@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"multireg.dev/multireg/internal/throttle"
 )
 
 // The holder's side of a hand-over (Serve); the new instance's is Ask.
@@ -83,41 +85,27 @@ type Server struct {
 	// directory went to a new instance.
 	busy sync.Mutex
 	done bool
-	// noise throttles the warnings about requests that are not hand-overs.
-	noise noisy
+	// noise throttles the warnings about requests that are not hand-overs (warn).
+	noise throttle.Warning
 }
 
-// warnEvery is how often a warning about requests that are not hand-overs is logged at most.
-const warnEvery = 10 * time.Second
-
-// noisy throttles a warning: the first is logged, then one per warnEvery at most, saying how
-// many were not; those go to the debug level.
-type noisy struct {
-	mu    sync.Mutex
-	last  time.Time
-	quiet int
-}
-
-func (n *noisy) warn(log *slog.Logger, msg string, args ...any) {
-	n.mu.Lock()
-	if time.Since(n.last) < warnEvery {
-		n.quiet++
-		n.mu.Unlock()
-		log.Debug(msg, args...)
+// warn logs a warning about a request that is not a hand-over: the first, then one per
+// throttle.Interval at most, saying how many were not; those go to the debug level.
+func (s *Server) warn(msg string, args ...any) {
+	log, n := s.noise.Note()
+	if !log {
+		s.log.Debug(msg, args...)
 		return
 	}
-	quiet := n.quiet
-	n.last, n.quiet = time.Now(), 0
-	n.mu.Unlock()
-	if quiet > 0 {
-		args = append(args, "alikeNotLogged", quiet)
+	if n > 1 {
+		args = append(args, "alikeNotLogged", n-1)
 	}
-	log.Warn(msg, args...)
+	s.log.Warn(msg, args...)
 }
 
 // NewServer returns the server of the holder's drivers h and its lock.
 func NewServer(h Holder, lock Lock, log *slog.Logger) *Server {
-	return &Server{h: h, lock: lock, log: log}
+	return &Server{h: h, lock: lock, log: log, noise: throttle.Warning{Every: throttle.Interval}}
 }
 
 // Serve serves one hand-over request on c and closes it. It returns a *HandedOver when the
@@ -133,12 +121,12 @@ func (s *Server) Serve(c *net.UnixConn) error {
 	defer c.Close()
 	hc := Conn{c: c}
 	if err := sameUser(c); err != nil {
-		s.noise.warn(s.log, "hand-over request refused", "err", err)
+		s.warn("hand-over request refused", "err", err)
 		return nil
 	}
 	m, err := hc.recvShort(MsgHello)
 	if err != nil {
-		s.noise.warn(s.log, "hand-over request not understood; ignored", "err", err)
+		s.warn("hand-over request not understood; ignored", "err", err)
 		return nil
 	}
 	v := pickVersion(m.MinVersion, m.Version)
@@ -150,11 +138,11 @@ func (s *Server) Serve(c *net.UnixConn) error {
 	}
 	if v >= takeVersion {
 		if err := hc.Send(&Msg{Type: MsgWelcome, Version: v}); err != nil {
-			s.noise.warn(s.log, "hand-over request abandoned before it paused anything", "err", err)
+			s.warn("hand-over request abandoned before it paused anything", "err", err)
 			return nil
 		}
 		if _, err := hc.recvShort(MsgTake); err != nil {
-			s.noise.warn(s.log, "hand-over request abandoned before it paused anything", "err", err)
+			s.warn("hand-over request abandoned before it paused anything", "err", err)
 			return nil
 		}
 	}
@@ -178,7 +166,7 @@ func (s *Server) Serve(c *net.UnixConn) error {
 // refuse tells the new instance why there is no hand-over.
 func (s *Server) refuse(hc Conn, why string) {
 	hc.Send(&Msg{Type: MsgRefuse, Reason: why})
-	s.noise.warn(s.log, "hand-over refused; the new instance waits for this one to exit", "why", why)
+	s.warn("hand-over refused; the new instance waits for this one to exit", "why", why)
 }
 
 // handOver stops the loops, sends what they hand over and the lock's descriptor, and lets go

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"multireg.dev/multireg/internal/throttle"
 )
 
 // Hub accepts the connections of every registration socket of a supervisor in one loop, and
@@ -31,14 +33,13 @@ type Hub struct {
 	dead    bool // the loop ended on an error
 
 	// The bounds (limits.go) and the descriptor budget (budget.go).
-	fdLimit       int
-	fdReserve     int                // descriptors the sockets leave to the rest (budget.go)
-	nsocks        int                // sockets counted against fdLimit, and slots claimed
-	nconns        int                // connections admitted and not released
-	conns         map[*conn]struct{} // the same
-	calls         map[*call]struct{} // calls in flight
-	refusals      int                // connections and calls refused or cut since the last warning
-	refusalLogged time.Time
+	fdLimit   int
+	fdReserve int                // descriptors the sockets leave to the rest (budget.go)
+	nsocks    int                // sockets counted against fdLimit, and slots claimed
+	nconns    int                // connections admitted and not released
+	conns     map[*conn]struct{} // the same
+	calls     map[*call]struct{} // calls in flight
+	refusals  throttle.Warning   // the warning about connections and calls refused or cut
 
 	quit   chan struct{}  // closed by close
 	done   chan struct{}  // closed when the loop has returned
@@ -67,6 +68,7 @@ func NewHub(log *slog.Logger) (*Hub, error) {
 	return &Hub{
 		log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{}),
 		fdLimit: fdLimit(), fdReserve: openFDs() + SpareFDs, conns: map[*conn]struct{}{}, calls: map[*call]struct{}{},
+		refusals: throttle.Warning{Every: throttle.Interval},
 	}, nil
 }
 

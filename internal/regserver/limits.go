@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"multireg.dev/multireg/internal/throttle"
 )
 
 // What the clients of the registration sockets may hold, one connection, one socket and the
@@ -216,21 +217,13 @@ func evictBefore(a, b *conn) bool {
 	return a.last.Before(b.last)
 }
 
-// refusalLogEvery: one warning at most this often for every connection and call refused or
-// cut, with their number: a flood of them must not flood the log.
-const refusalLogEvery = 10 * time.Second
-
-// refused counts a connection or call refused or cut and warns, throttled. mu is held.
+// refused counts a connection or call refused or cut and warns: one warning at most every
+// throttle.Interval, with how many since the last: a flood of them must not flood the log.
 func (h *Hub) refused(what, path, why string) {
-	h.refusals++
-	now := time.Now()
-	if !h.refusalLogged.IsZero() && now.Sub(h.refusalLogged) < refusalLogEvery {
-		return
+	if log, n := h.refusals.Note(); log {
+		h.log.Warn("refusing or cutting clients of the registration sockets beyond multireg's bounds",
+			"what", what, "socket", path, "why", why, "since_last_warning", n, "next_warning_in", throttle.Interval)
 	}
-	h.log.Warn("refusing or cutting clients of the registration sockets beyond multireg's bounds",
-		"what", what, "socket", path, "why", why, "since_last_warning", h.refusals, "next_warning_in", refusalLogEvery)
-	h.refusals = 0
-	h.refusalLogged = now
 }
 
 // noCall closes cn when no call began on it in firstCallTimeout.
