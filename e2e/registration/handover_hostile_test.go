@@ -95,7 +95,7 @@ func TestHandoverNeverAcknowledged(t *testing.T) {
 		return err == nil && code == 200 && first.Status(t).Instance.Role == "serving" &&
 			registeredEverywhere(t, e, first, ds) && e.answering(ds)
 	})
-	t.Logf("the holder serves every socket again %s after the hello", time.Since(hello).Round(time.Millisecond))
+	t.Logf("the holder serves every socket again %s after the take", time.Since(hello).Round(time.Millisecond))
 	if first.Count("hand-over failed; this instance goes on serving every driver", "") != 1 {
 		t.Error("the holder did not say the hand-over failed")
 	}

@@ -230,7 +230,8 @@ func TestHandoverKilledAtEachStep(t *testing.T) {
 		{"holder", "detached", n}, // the new instance received nothing: it publishes every socket
 		{"holder", "batch", -1},
 		{"holder", "released", 0},
-		{"new", "hello", 0},
+		{"new", "hello", 0}, // nothing paused (protocol 2)
+		{"new", "take", 0},  // the holder paused, then resumes
 		{"new", "batch", 0},
 		{"new", "received", 0},
 		{"new", "acked", 0}, // the idle holder takes its sockets back

@@ -45,10 +45,13 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 			CloseAll(files)
 			v = m.Version
 			if err := hc.Send(&Msg{Type: MsgTake, Version: v}); err != nil {
-				return nil, nil, err
+				return nil, nil, fmt.Errorf("hand-over interrupted: %w", err)
 			}
+			halt(log, "new", "take")
 			continue
-		case m.Type == MsgBatch && (v == 0 || m.Version == v):
+		case m.Type == MsgBatch && v == 0 && m.Version >= lo && m.Version < takeVersion:
+			// Version 1: the batches follow the hello.
+		case m.Type == MsgBatch && v != 0 && m.Version == v:
 		default:
 			CloseAll(files)
 			snap.Close()

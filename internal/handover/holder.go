@@ -141,7 +141,11 @@ func (s *Server) Serve(c *net.UnixConn) error {
 			s.warn("hand-over request abandoned before it paused anything", "err", err)
 			return nil
 		}
-		if _, err := hc.recvShort(MsgTake); err != nil {
+		take, err := hc.recvShort(MsgTake)
+		if err == nil && take.Version != v {
+			err = fmt.Errorf("a take in version %d after a welcome in version %d", take.Version, v)
+		}
+		if err != nil {
 			s.warn("hand-over request abandoned before it paused anything", "err", err)
 			return nil
 		}

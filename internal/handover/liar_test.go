@@ -1,13 +1,15 @@
 package handover
 
 import (
+	"fmt"
 	"net"
 
-	"multireg.dev/multireg/config"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"multireg.dev/multireg/config"
 
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -178,5 +180,88 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 	}
 	if p := filepath.Join(reg, "retired-reg.sock"); testkit.IsSocket(p) {
 		t.Errorf("%s kept: it was handed over, and no driver takes it", p)
+	}
+}
+
+// holderSays makes a holder of dir that reads one request's hello, then sends msgs, in
+// order (the lock's descriptor with a message that says Lock), and reads what the new instance
+// answers; the channel gives the types of its answers once it has closed the connection.
+func holderSays(t *testing.T, dir string, lock *os.File, msgs ...*Msg) <-chan []string {
+	t.Helper()
+	l, err := Listen(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan []string, 1)
+	done := make(chan struct{})
+	t.Cleanup(func() { l.Close(); <-done })
+	go func() {
+		defer close(done)
+		var got []string
+		defer func() { answers <- got }()
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		hc := Conn{c: c}
+		defer hc.Close()
+		_, fs, err := hc.Recv()
+		CloseAll(fs)
+		if err != nil {
+			return
+		}
+		for _, m := range msgs {
+			var files []*os.File
+			if m.Lock {
+				files = append(files, lock)
+			}
+			if err := hc.Send(m, files...); err != nil {
+				return
+			}
+		}
+		for {
+			m, fs, err := hc.Recv()
+			CloseAll(fs)
+			if err != nil {
+				return
+			}
+			got = append(got, m.Type)
+		}
+	}()
+	return answers
+}
+
+// TestAskRefusesAHolderOutOfProtocol: a holder that welcomes in a version the new instance
+// does not speak, or below the one that has a welcome, welcomes twice, or sends batches in
+// another version than it welcomed in (or in version 2 without a welcome), hands nothing
+// over: the new instance never acknowledges, never says take after a welcome it cannot
+// accept, and holds no lock.
+func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
+	last := func(v int) *Msg { return &Msg{Type: MsgBatch, Version: v, Last: true, Lock: true} }
+	welcome := func(v int) *Msg { return &Msg{Type: MsgWelcome, Version: v} }
+	for _, tt := range []struct {
+		name string
+		msgs []*Msg
+		want string // what the new instance answers
+	}{
+		{"a welcome in version 3", []*Msg{welcome(3), last(3)}, "[]"},
+		{"a welcome in version 1", []*Msg{welcome(1), last(1)}, "[]"},
+		{"two welcomes", []*Msg{welcome(2), welcome(2), last(2)}, "[take]"},
+		{"a batch in version 1 after a welcome in 2", []*Msg{welcome(2), last(1)}, "[take]"},
+		{"a batch in version 2 without a welcome", []*Msg{last(2)}, "[]"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			answers := holderSays(t, dir, lockedFile(t, dir), tt.msgs...)
+			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+			snap.Close()
+			if err == nil || lock != nil {
+				lock.Close()
+				t.Fatalf("Ask took the hand-over: err %v", err)
+			}
+			if got := fmt.Sprint(<-answers); got != tt.want {
+				t.Errorf("the new instance answered %s, want %s", got, tt.want)
+			}
+		})
 	}
 }
