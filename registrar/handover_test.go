@@ -160,15 +160,22 @@ func TestHandOverKeepsEverySocket(t *testing.T) {
 	}
 }
 
+// oneDriverMultireg is an instance serving one driver's socket, not registered yet.
+func oneDriverMultireg(t *testing.T) (reg string, ds []config.Driver, a *multiregInstance) {
+	t.Helper()
+	dir := testkit.ShortDir(t)
+	reg = filepath.Join(dir, "reg")
+	ds = handoverDrivers(t, dir)[:1]
+	a = startMultireg(t, reg, ds)
+	awaitSocket(t, ds[0])
+	return reg, ds, a
+}
+
 // TestHandOverPendingVerdict: kubelet asked GetInfo of the first instance; its verdict, sent
 // after the hand-over on a new connection, counts in the second.
 func TestHandOverPendingVerdict(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	reg := filepath.Join(dir, "reg")
-	ds := handoverDrivers(t, dir)[:1]
+	reg, ds, a := oneDriverMultireg(t)
 	d := ds[0]
-	a := startMultireg(t, reg, ds)
-	awaitSocket(t, d)
 	dialKubelet(t, d.SocketPath).GetInfo(t) // kubelet registers the plugin meanwhile
 
 	b := startMultireg(t, reg, ds)
@@ -191,12 +198,8 @@ func TestHandOverPendingVerdict(t *testing.T) {
 // second, which may read it (on kubelet's new connection, the first having closed its own) as
 // soon as it serves the socket, before the loop runs.
 func TestHandOverVerdictDuringTheHandOver(t *testing.T) {
-	dir := testkit.ShortDir(t)
-	reg := filepath.Join(dir, "reg")
-	ds := handoverDrivers(t, dir)[:1]
+	reg, ds, a := oneDriverMultireg(t)
 	d := ds[0]
-	a := startMultireg(t, reg, ds)
-	awaitSocket(t, d)
 	k := dialKubelet(t, d.SocketPath)
 	k.GetInfo(t) // kubelet registers the plugin meanwhile; its verdict goes out as the hand-over runs
 	sent := make(chan struct{})

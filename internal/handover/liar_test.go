@@ -14,16 +14,14 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// lie makes a holder of dir that answers one hand-over request with one batch of drivers,
-// their descriptors files and the lock's, then released if the new instance acknowledges. The
-// channel says the new instance's answer (ack or abort), once.
-func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os.File) <-chan string {
+// fakeHolder makes a holder of dir that accepts one hand-over request, reads its hello and
+// leaves the rest to serve, on a goroutine the test waits for when it ends.
+func fakeHolder(t *testing.T, dir string, serve func(Conn)) {
 	t.Helper()
 	l, err := Listen(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	answer := make(chan string, 1)
 	done := make(chan struct{})
 	t.Cleanup(func() { l.Close(); <-done })
 	go func() {
@@ -36,9 +34,19 @@ func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os
 		defer hc.Close()
 		_, fs, err := hc.Recv()
 		CloseAll(fs)
-		if err != nil {
-			return
+		if err == nil {
+			serve(hc)
 		}
+	}()
+}
+
+// lie makes a holder of dir that answers one hand-over request with one batch of drivers,
+// their descriptors files and the lock's, then released if the new instance acknowledges. The
+// channel says the new instance's answer (ack or abort), once.
+func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os.File) <-chan string {
+	t.Helper()
+	answer := make(chan string, 1)
+	fakeHolder(t, dir, func(hc Conn) {
 		m := &Msg{Type: MsgBatch, Version: 1, Drivers: drivers, Last: true, Lock: true, Sockets: len(files)}
 		if err := hc.Send(m, append(files, lock)...); err != nil {
 			return
@@ -53,7 +61,7 @@ func lie(t *testing.T, dir string, drivers []*Driver, files []*os.File, lock *os
 		if reply.Type == MsgAck {
 			hc.Send(&Msg{Type: MsgReleased, Version: 1})
 		}
-	}()
+	})
 	return answer
 }
 
@@ -188,28 +196,10 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 // answers; the channel gives the types of its answers once it has closed the connection.
 func holderSays(t *testing.T, dir string, lock *os.File, msgs ...*Msg) <-chan []string {
 	t.Helper()
-	l, err := Listen(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	answers := make(chan []string, 1)
-	done := make(chan struct{})
-	t.Cleanup(func() { l.Close(); <-done })
-	go func() {
-		defer close(done)
+	fakeHolder(t, dir, func(hc Conn) {
 		var got []string
 		defer func() { answers <- got }()
-		c, err := l.AcceptUnix()
-		if err != nil {
-			return
-		}
-		hc := Conn{c: c}
-		defer hc.Close()
-		_, fs, err := hc.Recv()
-		CloseAll(fs)
-		if err != nil {
-			return
-		}
 		for _, m := range msgs {
 			var files []*os.File
 			if m.Lock {
@@ -227,7 +217,7 @@ func holderSays(t *testing.T, dir string, lock *os.File, msgs ...*Msg) <-chan []
 			}
 			got = append(got, m.Type)
 		}
-	}()
+	})
 	return answers
 }
 
