@@ -79,7 +79,7 @@ func (h *Hub) Budget() Budget {
 }
 
 func (h *Hub) budgetLocked() Budget {
-	return Budget{Limit: h.fdLimit, Reserved: h.fdReserve + KubeletFDs, MaxSockets: h.maxSockets(), Sockets: h.nsocks, Conns: h.nconns}
+	return Budget{Limit: h.fdLimit, Reserved: h.fdReserve + KubeletFDs, MaxSockets: h.maxSockets(), Sockets: h.nsocks, Conns: len(h.conns)}
 }
 
 func (h *Hub) budgetText() string { return budgetText(h.budgetLocked()) }
@@ -87,7 +87,7 @@ func (h *Hub) budgetText() string { return budgetText(h.budgetLocked()) }
 func (h *Hub) maxSockets() int { return max(0, h.fdLimit-h.fdReserve-KubeletFDs) }
 
 // fdRoom: descriptors left for one more connection. mu is held.
-func (h *Hub) fdRoom() int { return h.fdLimit - h.fdReserve - h.nsocks - h.nconns }
+func (h *Hub) fdRoom() int { return h.fdLimit - h.fdReserve - h.nsocks - len(h.conns) }
 
 // Slot is a registration socket's descriptor, claimed before the socket is created (Claim) and
 // given to Serve.

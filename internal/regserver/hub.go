@@ -36,8 +36,7 @@ type Hub struct {
 	fdLimit   int
 	fdReserve int                // descriptors the sockets leave to the rest (budget.go)
 	nsocks    int                // sockets counted against fdLimit, and slots claimed
-	nconns    int                // connections admitted and not released
-	conns     map[*conn]struct{} // the same
+	conns     map[*conn]struct{} // connections admitted and not released
 	calls     map[*call]struct{} // calls in flight
 	refusals  throttle.Warning   // the warning about connections and calls refused or cut
 

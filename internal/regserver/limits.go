@@ -69,7 +69,6 @@ type conn struct {
 	calls int         // calls in flight
 	began bool        // a call began on it
 	asked atomic.Bool // it called GetInfo (not under mu)
-	gone  bool        // released: closed, or being closed
 	timer *time.Timer
 }
 
@@ -97,8 +96,8 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, those of this connection's process each with a call in flight", g.nconns))
 		return nil
 	}
-	if limit := h.connLimit(); (g.nconns >= socketReserve || h.nconns >= limit+maxConns) && h.nconns >= limit && !h.evict(nil, true) {
-		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", h.nconns))
+	if limit := h.connLimit(); (g.nconns >= socketReserve || len(h.conns) >= limit+maxConns) && len(h.conns) >= limit && !h.evict(nil, true) {
+		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", len(h.conns)))
 		return nil
 	}
 	if h.fdRoom() <= 0 && !h.evict(nil, true) {
@@ -110,7 +109,6 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 	cn.CommonAuthInfo = credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
 	cn.timer = time.AfterFunc(firstCallTimeout, func() { h.noCall(cn) })
 	g.nconns++
-	h.nconns++
 	h.conns[cn] = struct{}{}
 	return cn
 }
@@ -159,8 +157,7 @@ func (h *Hub) evictFair(g *Socket, pid int32) bool {
 	if old == nil {
 		return false
 	}
-	h.releaseLocked(old)
-	old.c.Close()
+	h.closeConn(old)
 	why := "the connection idle the longest closed to make room for a new one"
 	if other {
 		why = fmt.Sprintf("a connection of process %d, which holds %d of the socket's, closed to make room for another process's", top, held[top])
@@ -203,8 +200,7 @@ func (h *Hub) evict(g *Socket, fresh bool) bool {
 	if old == nil {
 		return false
 	}
-	h.releaseLocked(old)
-	old.c.Close()
+	h.closeConn(old)
 	h.refused("connection", old.g.path, "the connection idle the longest closed to make room for a new one")
 	return true
 }
@@ -229,12 +225,11 @@ func (h *Hub) refused(what, path, why string) {
 // noCall closes cn when no call began on it in firstCallTimeout.
 func (h *Hub) noCall(cn *conn) {
 	h.mu.Lock()
-	if cn.began || cn.gone {
+	if _, admitted := h.conns[cn]; cn.began || !admitted {
 		h.mu.Unlock()
 		return
 	}
-	h.releaseLocked(cn)
-	cn.c.Close()
+	h.closeConn(cn)
 	h.refused("connection", cn.g.path, fmt.Sprintf("no call began on it within %s", firstCallTimeout))
 	h.mu.Unlock()
 	cn.g.forget(cn)
@@ -248,14 +243,18 @@ func (h *Hub) release(cn *conn) {
 }
 
 func (h *Hub) releaseLocked(cn *conn) {
-	if cn.gone {
+	if _, admitted := h.conns[cn]; !admitted {
 		return
 	}
-	cn.gone = true
 	cn.timer.Stop()
 	delete(h.conns, cn)
 	cn.g.nconns--
-	h.nconns--
+}
+
+// closeConn releases and closes cn, to make room or because it broke a bound. mu is held.
+func (h *Hub) closeConn(cn *conn) {
+	h.releaseLocked(cn)
+	cn.c.Close()
 }
 
 // connLimit is how many connections the process holds before a socket admits only its

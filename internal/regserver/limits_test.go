@@ -103,7 +103,7 @@ func TestConnectionsToASocketAreBounded(t *testing.T) {
 		t.Errorf("%d of the flood's %d connections still open, want at most %d", open, len(ps), maxConnsPerSocket)
 	}
 	h.mu.Lock()
-	n := h.nconns
+	n := len(h.conns)
 	h.mu.Unlock()
 	if n > maxConnsPerSocket {
 		t.Errorf("the hub counts %d connections, want at most %d", n, maxConnsPerSocket)
@@ -242,7 +242,7 @@ func TestStopForgetsConnectionsInTheHandshake(t *testing.T) {
 	count := func() int {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		return h.nconns
+		return len(h.conns)
 	}
 	testkit.Eventually(t, 5*time.Second, "the connection admitted", func() bool { return count() == 1 })
 	gs[0].Stop()
