@@ -283,19 +283,9 @@ func CloseAll(files []*os.File) {
 // sockets and the directory are this user's, and nobody else's process may take them or hand
 // some over.
 func sameUser(c *net.UnixConn) error {
-	rc, err := c.SyscallConn()
+	cred, err := sockfile.PeerCred(c)
 	if err != nil {
 		return err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", cerr)
 	}
 	if uid := uint32(os.Getuid()); cred.Uid != uid {
 		return fmt.Errorf("the other process runs as uid %d, not %d", cred.Uid, uid)

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/throttle"
 )
 
@@ -166,19 +166,14 @@ func (h *Hub) evictFair(g *Socket, pid int32) bool {
 	return true
 }
 
-// peerPID returns the process at the other end of c, 0 when unknown.
+// peerPID returns the process at the other end of c, 0 when unknown (or outside this
+// process's PID namespace).
 func peerPID(c *net.UnixConn) int32 {
-	raw, err := c.SyscallConn()
+	cred, err := sockfile.PeerCred(c)
 	if err != nil {
 		return 0
 	}
-	var pid int32
-	_ = raw.Control(func(fd uintptr) {
-		if cred, err := syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED); err == nil {
-			pid = cred.Pid
-		}
-	})
-	return pid
+	return cred.Pid
 }
 
 // evict closes a connection with no call in flight, of g or (g nil) of any socket, to make

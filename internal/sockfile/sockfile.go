@@ -346,3 +346,24 @@ func Client(path string) (*grpc.ClientConn, error) {
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return Dial(ctx, path) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
+
+// PeerCred returns the credentials of the process at the other end of c (SO_PEERCRED). Its
+// pid is 0 when that process is outside this one's PID namespace (kubelet, for multireg in a
+// pod).
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	if cerr != nil {
+		return nil, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return cred, nil
+}
