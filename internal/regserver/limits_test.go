@@ -208,13 +208,9 @@ func TestAnAcceptTakesOneDescriptor(t *testing.T) {
 // TestKubeletsConnectionOutlastsAFlood: kubelet's connection, between its GetInfo and its
 // verdict, is the last a flood of new connections to its socket closes: the verdict arrives.
 func TestKubeletsConnectionOutlastsAFlood(t *testing.T) {
-	_, gs := serveTest(t, 1)
-	verdicts := make(chan Verdict, 1)
-	gs[0].rs.notify = func(v Verdict) { verdicts <- v }
-	k := dialKubelet(t, gs[0].path)
-	k.GetInfo(t)
+	g, k, verdicts := askedSocket(t)
 	for range 3 * maxConnsPerSocket {
-		p := dialH2(t, gs[0].path)
+		p := dialH2(t, g.path)
 		p.call(1, "NotifyRegistrationStatus")
 		p.fr.WriteData(1, true, make([]byte, 5))
 		p.ended(1, 5*time.Second)

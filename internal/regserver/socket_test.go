@@ -112,15 +112,23 @@ func TestStopEndsIdleConnections(t *testing.T) {
 	})
 }
 
-// TestBoundsOnACall: a request over maxRequest is refused with ResourceExhausted, and the
-// connection goes on serving; a rejection whose reason is ten times the longest kubelet
-// writes (its handlers' errors, some hundred bytes) counts.
-func TestBoundsOnACall(t *testing.T) {
+// askedSocket serves one socket whose verdicts go to the channel, and a kubelet that asked its
+// GetInfo.
+func askedSocket(t *testing.T) (*Socket, *testkit.Kubelet, <-chan Verdict) {
+	t.Helper()
 	_, gs := serveTest(t, 1)
 	verdicts := make(chan Verdict, 1)
 	gs[0].rs.notify = func(v Verdict) { verdicts <- v }
 	k := dialKubelet(t, gs[0].path)
 	k.GetInfo(t)
+	return gs[0], k, verdicts
+}
+
+// TestBoundsOnACall: a request over maxRequest is refused with ResourceExhausted, and the
+// connection goes on serving; a rejection whose reason is ten times the longest kubelet
+// writes (its handlers' errors, some hundred bytes) counts.
+func TestBoundsOnACall(t *testing.T) {
+	_, k, verdicts := askedSocket(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := k.C.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: strings.Repeat("x", maxRequest)})
