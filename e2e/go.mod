@@ -65,7 +65,7 @@ require (
 	go.opentelemetry.io/otel/trace v1.41.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.3 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
-	golang.org/x/net v0.49.0 // indirect
+	golang.org/x/net v0.49.0
 	golang.org/x/oauth2 v0.34.0 // indirect
 	golang.org/x/sys v0.40.0
 	golang.org/x/term v0.39.0 // indirect

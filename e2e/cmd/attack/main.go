@@ -28,6 +28,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"multireg.dev/multireg/e2e/h2flood"
 	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/plugins"
@@ -57,6 +58,9 @@ func main() {
 }
 
 func run(o options) error {
+	if o.kind != "idle" && o.kind != "unfinished" {
+		return fmt.Errorf("-kind %q: idle or unfinished", o.kind)
+	}
 	bin, err := filepath.Abs(o.bin)
 	if err != nil {
 		return err
@@ -97,18 +101,18 @@ func run(o options) error {
 	fmt.Printf("%d drivers registered; multireg's RSS %d KiB; attack %s, %d connections, for %s\n", len(names), base, o.kind, o.conns, o.dur)
 
 	socks, _ := filepath.Glob(filepath.Join(reg, "*.sock"))
-	a := &attacker{kind: o.kind, size: o.size, socks: socks}
+	a := &h2flood.Flood{Unfinished: o.kind == "unfinished", Size: o.size}
 	actx, acancel := context.WithTimeout(ctx, o.dur)
 	defer acancel()
 	var wg sync.WaitGroup
 	for i := range o.conns {
-		wg.Go(func() { a.hold(actx, i) })
+		wg.Go(func() { a.Hold(actx, socks[i%len(socks)]) })
 	}
 	peak, lat, alive := watch(actx, k, pid, reg, names)
 	acancel()
 	wg.Wait()
 	fmt.Printf("multireg alive: %v; peak RSS %d KiB (before the attack %d KiB); cgroup memory.peak %s\n", alive, peak, base, cgroupPeak(o.cgroup))
-	fmt.Printf("attacker: %d connections opened, %d closed by multireg\n", a.opened.Load(), a.closed.Load())
+	fmt.Printf("attacker: %d connections opened, %d closed by multireg\n", a.Opened.Load(), a.Closed.Load())
 	fmt.Printf("re-registrations during the attack (socket removed -> kubelet registered the new one): %s\n", lat)
 	if !alive {
 		return fmt.Errorf("multireg died")
