@@ -16,7 +16,7 @@ import (
 
 // Where inotify refuses a watch (its watch limit), a subscription looks at its file itself.
 
-// dirPollInterval paces the look at a file for which inotify refuses every watch (its watch
+// PollInterval paces the look at a file for which inotify refuses every watch (its watch
 // limit). It only runs in that state.
 const PollInterval = time.Second
 
@@ -46,7 +46,7 @@ func (s *Subscription) look(watchErr error) Change {
 	return 0
 }
 
-// lookPattern is look for a pattern: it reports evCreated when the matching files differ from
+// lookPattern is look for a pattern: it reports Created when the matching files differ from
 // the last look (one appeared, went or was created anew), which the owner looks at itself.
 func (s *Subscription) lookPattern(watchErr error) Change {
 	var set strings.Builder
