@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -25,8 +26,13 @@ func yamlError(msg string) *field.Error {
 	return &field.Error{Type: field.ErrorTypeInvalid, BadValue: omit, Detail: strings.ReplaceAll(msg, "\n", " ")}
 }
 
-// child is the path of a field of the mapping at p; nil is the top level.
+// child is the path of a field of the mapping at p; nil is the top level. A key that would
+// not print on one line (a line break, a control character) is quoted, so that each problem
+// stays one line.
 func child(p *field.Path, name string) *field.Path {
+	if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		name = strconv.Quote(name)
+	}
 	if p == nil {
 		return field.NewPath(name)
 	}
