@@ -192,30 +192,36 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 }
 
 // holderSays makes a holder of dir that reads one request's hello, then sends msgs, in
-// order (the lock's descriptor with a message that says Lock), and reads what the new instance
-// answers; the channel gives the types of its answers once it has closed the connection.
+// order (the lock's descriptor with a message that says Lock), reading the answer to each
+// welcome before it goes on, and then what else the new instance answers; the channel gives
+// the types of its answers once it has closed the connection.
 func holderSays(t *testing.T, dir string, lock *os.File, msgs ...*Msg) <-chan []string {
 	t.Helper()
 	answers := make(chan []string, 1)
 	fakeHolder(t, dir, func(hc Conn) {
 		var got []string
 		defer func() { answers <- got }()
+		// recv reads one answer; false once the new instance has gone.
+		recv := func() bool {
+			m, fs, err := hc.Recv()
+			CloseAll(fs)
+			if err == nil {
+				got = append(got, m.Type)
+			}
+			return err == nil
+		}
 		for _, m := range msgs {
 			var files []*os.File
 			if m.Lock {
 				files = append(files, lock)
 			}
-			if err := hc.Send(m, files...); err != nil {
+			// After a welcome its answer is read before anything else is sent: a new instance
+			// that gives up closes with what it has not read, which makes its answers unreadable.
+			if hc.Send(m, files...) != nil || m.Type == MsgWelcome && !recv() {
 				return
 			}
 		}
-		for {
-			m, fs, err := hc.Recv()
-			CloseAll(fs)
-			if err != nil {
-				return
-			}
-			got = append(got, m.Type)
+		for recv() {
 		}
 	})
 	return answers
