@@ -1,0 +1,242 @@
+// Package podres reads kubelet's own view of the node's device-plugin resources: the
+// devices kubelet's device manager holds and counts allocatable, per resource name, from
+// kubelet's node-local pod-resources API (k8s.io/kubelet/pkg/apis/podresources/v1,
+// GetAllocatableResources, GA since Kubernetes 1.28; unix socket
+// <kubelet root>/pod-resources/kubelet.sock, root only).
+//
+// It is evidence, not inference: what a registration did to a device plugin's resource is
+// read from kubelet rather than guessed from what kubelet probably is. One View serves a
+// whole process: it reads once a reconcile pass (Period), and every QuickPeriod while a loop
+// watches a registration's outcome (Quick).
+package podres
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"sync"
+	"time"
+
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"multireg.dev/multireg/internal/sockfile"
+)
+
+const (
+	// Period is how often the view reads kubelet when no loop asks for more: kubelet's
+	// reconcile period, the pace at which registrations change.
+	Period = time.Second
+	// QuickPeriod is how often it reads while a loop watches a registration's outcome. kubelet
+	// rate-limits the API (100 calls a second by default): 20 a second leaves room for others.
+	QuickPeriod = 50 * time.Millisecond
+	// callTimeout bounds one read.
+	callTimeout = time.Second
+)
+
+// SocketPath is the pod-resources socket of the kubelet whose plugins-registry directory is
+// registrationDir (<root>/plugins_registry → <root>/pod-resources/kubelet.sock).
+func SocketPath(registrationDir string) string {
+	return filepath.Join(filepath.Dir(filepath.Clean(registrationDir)), "pod-resources", "kubelet.sock")
+}
+
+// Reading is one answer of kubelet: the allocatable devices of each device-plugin resource.
+type Reading struct {
+	// At is when kubelet answered; zero before any answer.
+	At time.Time
+	// Devices counts the allocatable devices of each resource kubelet's device manager
+	// holds. A resource it does not list has none.
+	Devices map[string]int
+	// since is when each resource's count became what it is, as far as this view has seen:
+	// at the first reading for a resource never seen with devices.
+	since map[string]time.Time
+	first time.Time
+}
+
+// Count is what the reading says of resource: its allocatable devices, and since when kubelet
+// has held that many (as far as the view has read; the first reading's time for a resource
+// absent since). ok is false before any reading.
+func (r Reading) Count(resource string) (n int, since time.Time, ok bool) {
+	if r.At.IsZero() {
+		return 0, time.Time{}, false
+	}
+	since, seen := r.since[resource]
+	if !seen {
+		since = r.first
+	}
+	return r.Devices[resource], since, true
+}
+
+// View is a process's reading of kubelet's pod-resources API, kept fresh by Run. A nil View
+// reads nothing: Available is false and Last is empty.
+type View struct {
+	path string
+	log  *slog.Logger
+
+	// guards: every field below.
+	mu   sync.Mutex
+	last Reading
+	// up: the last read answered. down: a failed read was logged, and not since a success.
+	up, down bool
+	// changed is closed, and replaced, when a read finds another count or availability.
+	changed chan struct{}
+	// quickUntil: read every QuickPeriod until then.
+	quickUntil time.Time
+	// wake: cap 1; a loop asked for quick reads.
+	wake chan struct{}
+}
+
+// New returns the View of the pod-resources socket at path (the path this process sees).
+func New(path string, log *slog.Logger) *View {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &View{path: path, log: log, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+}
+
+// Path is the socket the view reads; "" for a nil View.
+func (v *View) Path() string {
+	if v == nil {
+		return ""
+	}
+	return v.path
+}
+
+// Run reads kubelet until ctx ends, once a Period, or once a QuickPeriod while a loop asked
+// (Quick). It returns when ctx ends; the caller owns it and waits for it.
+func (v *View) Run(ctx context.Context) {
+	conn, err := sockfile.Client(v.path)
+	if err != nil { // only a malformed target fails here; the socket is dialled per call
+		v.log.Error("kubelet's pod-resources API", "socket", v.path, "err", err)
+		return
+	}
+	defer conn.Close()
+	client := podresourcesv1.NewPodResourcesListerClient(conn)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-v.wake:
+			t.Stop()
+		}
+		v.read(ctx, client)
+		t.Reset(v.next())
+	}
+}
+
+// next is the wait before the next read.
+func (v *View) next() time.Duration {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if time.Now().Before(v.quickUntil) {
+		return QuickPeriod
+	}
+	return Period
+}
+
+// read asks kubelet once and records the answer, or that there was none.
+func (v *View) read(ctx context.Context, client podresourcesv1.PodResourcesListerClient) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	resp, err := client.GetAllocatableResources(cctx, &podresourcesv1.AllocatableResourcesRequest{})
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err != nil {
+		if v.up || !v.down {
+			v.log.Warn("kubelet's pod-resources API does not answer: kubelet's view of device plugins is not shown, "+
+				"and a device plugin moving to a new endpoint is registered after its old instance is gone",
+				"socket", v.path, "err", err)
+			v.down = true
+		}
+		if v.up {
+			v.up = false
+			v.notify()
+		}
+		return
+	}
+	if !v.up {
+		v.log.Info("kubelet's pod-resources API answers: device plugins' resources are read from kubelet", "socket", v.path)
+		v.up, v.down = true, false
+		v.notify()
+	}
+	devices := map[string]int{}
+	for _, cd := range resp.GetDevices() {
+		devices[cd.GetResourceName()] += len(cd.GetDeviceIds())
+	}
+	r := Reading{At: now, Devices: devices, since: maps.Clone(v.last.since), first: v.last.first}
+	if r.since == nil {
+		r.since, r.first = map[string]time.Time{}, now
+	}
+	changed := false
+	for name, n := range devices {
+		if _, seen := r.since[name]; !seen || v.last.Devices[name] != n {
+			r.since[name], changed = now, true
+		}
+	}
+	for name := range r.since {
+		if _, listed := devices[name]; !listed && v.last.Devices[name] != 0 {
+			r.since[name], changed = now, true
+		}
+	}
+	v.last = r
+	if changed {
+		v.notify()
+	}
+}
+
+// notify wakes whoever waits on Changed. Its caller holds mu.
+func (v *View) notify() {
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// Last returns the last reading, and whether kubelet answered the last read.
+func (v *View) Last() (Reading, bool) {
+	if v == nil {
+		return Reading{}, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.last, v.up
+}
+
+// Available reports whether kubelet answered the last read.
+func (v *View) Available() bool {
+	_, up := v.Last()
+	return up
+}
+
+// Changed returns a channel closed at the next read that finds another count for some
+// resource, or a change of availability. A nil View's never is.
+func (v *View) Changed() <-chan struct{} {
+	if v == nil {
+		return nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.changed
+}
+
+// Quick asks for a read now and every QuickPeriod for d: a loop watches what a registration
+// did. It never blocks.
+func (v *View) Quick(d time.Duration) {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	if until := time.Now().Add(d); until.After(v.quickUntil) {
+		v.quickUntil = until
+	}
+	v.mu.Unlock()
+	select {
+	case v.wake <- struct{}{}:
+	default:
+	}
+}
