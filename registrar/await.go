@@ -30,7 +30,20 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 		return end, nil
 	}
 	for {
+		if d.checkVerify() {
+			return endDevicesDropped, nil
+		}
+		viewC, verifyC := w.watchVerify()
 		select {
+		case <-viewC:
+			if d.verify != nil && d.verify.until.IsZero() && d.prev != nil && g.registered {
+				// kubelet's view changed while the old registration stays: its instance
+				// may be gone.
+				if end := w.look(0); end != endStopped {
+					return end, nil
+				}
+			}
+		case <-verifyC:
 		case <-ctx.Done():
 			return endStopped, nil
 		case <-d.verdictC:
@@ -83,6 +96,9 @@ type waiting struct {
 	// moveOnVerdict: a newer instance answered while kubelet was registering g; the pattern
 	// is looked at again once the verdict is in (see look).
 	moveOnVerdict bool
+	// verifyEnd fires when a device plugin's move has been verified long enough (nil until
+	// one is).
+	verifyEnd *time.Timer
 }
 
 func (d *driver) newWaiting(ctx context.Context, g *generation, registered bool) *waiting {
@@ -97,9 +113,32 @@ func (d *driver) newWaiting(ctx context.Context, g *generation, registered bool)
 
 func (w *waiting) stop() {
 	w.recheck.Stop()
+	if w.verifyEnd != nil {
+		w.verifyEnd.Stop()
+	}
 	if w.timeout != nil {
 		w.timeout.Stop()
 	}
+}
+
+// watchVerify returns what a wait watches while a device plugin's move is verified
+// (devicemoves.go): kubelet's view changing, and the end of the verification; nil channels
+// otherwise.
+func (w *waiting) watchVerify() (<-chan struct{}, <-chan time.Time) {
+	v := w.d.verify
+	if v == nil {
+		return nil, nil
+	}
+	var end <-chan time.Time
+	if !v.until.IsZero() {
+		if w.verifyEnd == nil {
+			w.verifyEnd = time.NewTimer(time.Until(v.until))
+		} else {
+			w.verifyEnd.Reset(time.Until(v.until))
+		}
+		end = w.verifyEnd.C
+	}
+	return w.d.moves.view.Changed(), end
 }
 
 // look looks at the endpoint after a wake-up (ev; 0: none) and says whether it ends the wait

@@ -6,107 +6,187 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// TestKeepsDeviceEndpoints: kubelet's gRPC release, read from its registration client's user
-// agent, tells whether its device manager keeps several endpoints of one resource (1.37 and
-// later); whatever cannot be read is taken for an older kubelet.
-func TestKeepsDeviceEndpoints(t *testing.T) {
-	for agent, want := range map[string]bool{
-		"grpc-go/1.65.0":                false, // kubelet 1.32
-		"grpc-go/1.72.2":                false, // 1.35
-		"grpc-go/1.79.3":                false, // 1.36
-		"grpc-go/1.82.1":                true,  // 1.37
-		"grpc-go/1.90.0":                true,
-		"grpc-go/2.0.0":                 false, // not a release read here
-		"grpc-go/1.79.3 grpc-go/1.85.0": false, // the first name is the client's own
-		"kubelet grpc-go/1.82.1":        true,
-		"":                              false,
-		"grpc-java/1.82.1":              false,
-		"grpc-go/1.x.0":                 false,
-	} {
-		if got := keepsDeviceEndpoints(agent); got != want {
-			t.Errorf("keepsDeviceEndpoints(%q) = %v, want %v", agent, got, want)
-		}
+// devicePluginMove is a device plugin registered at dp.1 whose new instance, dp.2, starts.
+type devicePluginMove struct {
+	t       *testing.T
+	s       *Supervisor
+	d       config.Driver
+	old     *endpoint
+	kubelet *testkit.PodResources // nil: no pod-resources API
+	first   fsid.ID               // dp.1's registration socket
+}
+
+// startDevicePluginMove registers a device plugin at dp.1 with a supervisor of opts; with
+// podResources, kubelet's pod-resources API is served and holds two of its devices.
+func startDevicePluginMove(t *testing.T, opts Options, podResources bool) *devicePluginMove {
+	dir := testkit.ShortDir(t)
+	m := &devicePluginMove{t: t, d: patternDriver(dir, config.DevicePlugin, "dp.*")}
+	if !m.d.Handover() || m.d.AltSocketPath == "" {
+		t.Fatalf("a device plugin pattern without its second socket: %+v", m.d)
 	}
-	var k *kubeletClient
-	if k.keepsDeviceEndpoints() {
-		t.Error("no kubelet client: kept, want not")
+	if podResources {
+		sock := filepath.Join(dir, "pr.sock")
+		m.kubelet = testkit.StartPodResources(t, sock)
+		m.kubelet.Set(m.d.Name, 2)
+		opts.PodResources = podres.New(sock, testkit.Logger(t))
 	}
-	k = &kubeletClient{}
-	if k.keepsDeviceEndpoints() {
-		t.Error("before any GetInfo: kept, want not")
+	m.old = startInstance(t, m.d, "dp.1")
+	ageFile(t, filepath.Join(filepath.Dir(m.d.LocalEndpoint), "dp.1"), time.Minute)
+	m.s = runSupervisor(t, opts)
+	if podResources {
+		testkit.Eventually(t, 5*time.Second, "kubelet's view read", opts.PodResources.Available)
 	}
-	k.saw(kubelet137)
-	if !k.keepsDeviceEndpoints() || k.userAgent() != kubelet137 {
-		t.Errorf("after kubelet 1.37's GetInfo: kept %v, agent %q", k.keepsDeviceEndpoints(), k.userAgent())
+	m.s.Start(m.d)
+	awaitSocket(t, m.d)
+	register(t, m.d.SocketPath, true, "")
+	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(m.s, m.d.Name).Phase == Registered })
+	m.first = mustID(t, m.d.SocketPath)
+	return m
+}
+
+// instance is the path of the driver's endpoint instance name.
+func (m *devicePluginMove) instance(name string) string {
+	return filepath.Join(filepath.Dir(m.d.LocalEndpoint), name)
+}
+
+// awaitBeside waits for the new instance's registration socket beside dp.1's, registers it
+// as kubelet would, and checks that dp.1's stays while dp.1 runs.
+func (m *devicePluginMove) awaitBeside(newSock, newInstance string) {
+	t := m.t
+	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(newSock) })
+	if info := register(t, newSock, true, ""); info.Endpoint != m.instance(newInstance) {
+		t.Errorf("the second socket's endpoint %q, want %q", info.Endpoint, m.instance(newInstance))
 	}
 }
 
-// TestPatternDevicePluginHandover: a device plugin's new instance (dp.2) answers while the
-// registered one (dp.1) still runs. On kubelet 1.37, which keeps several endpoints of one
-// resource, it is registered beside the old one through the second socket, and the old
-// registration is withdrawn once dp.1 is gone: kubelet's device manager promotes dp.2 and the
-// resource never leaves the node. On 1.36, whose device manager would drop dp.2 when dp.1
-// exits, nothing moves while dp.1 answers, and dp.2 is registered once dp.1 is gone.
-func TestPatternDevicePluginHandover(t *testing.T) {
-	for _, tt := range []struct {
-		agent    string
-		handover bool
-	}{{kubelet137, true}, {kubelet136, false}} {
-		t.Run(tt.agent, func(t *testing.T) {
-			dir := testkit.ShortDir(t)
-			d := patternDriver(dir, config.DevicePlugin, "dp.*")
-			if !d.Handover() || d.AltSocketPath == "" {
-				t.Fatalf("a device plugin pattern without its second socket: %+v", d)
-			}
-			old := startInstance(t, d, "dp.1")
-			ageFile(t, filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.1"), time.Minute)
-			s := runSupervisor(t, Options{})
-			s.Start(d)
-			awaitSocket(t, d)
-			registerAs(t, d.SocketPath, tt.agent, true, "")
-			testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
-			first := mustID(t, d.SocketPath)
+// awaitAfter checks that nothing moves while the registered instance answers.
+func (m *devicePluginMove) awaitAfter(sock string, id fsid.ID, other string) {
+	testkit.Never(m.t, time.Second, "a move while the registered instance answers", func() bool {
+		return testkit.IsSocket(other) || mustID(m.t, sock) != id
+	})
+}
 
-			startInstance(t, d, "dp.2")
-			dp2 := filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.2")
-			if !tt.handover {
-				testkit.Never(t, time.Second, "a move while dp.1 answers", func() bool {
-					return testkit.IsSocket(d.AltSocketPath) || mustID(t, d.SocketPath) != first
-				})
-				old.Stop()
-				testkit.Eventually(t, 5*time.Second, "a new registration socket for dp.2", func() bool {
-					id, _, err := fsid.Stat(d.SocketPath)
-					return err == nil && id != first
-				})
-				if info := registerAs(t, d.SocketPath, tt.agent, true, ""); info.Endpoint != dp2 {
-					t.Errorf("GetInfo's endpoint %q, want %q", info.Endpoint, dp2)
-				}
-				return
-			}
-			testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
-			if info := registerAs(t, d.AltSocketPath, tt.agent, true, ""); info.Endpoint != dp2 {
-				t.Errorf("the second socket's endpoint %q, want %q", info.Endpoint, dp2)
-			}
-			testkit.Never(t, 500*time.Millisecond, "the old registration withdrawn while dp.1 runs", func() bool {
-				id, _, err := fsid.Stat(d.SocketPath)
-				return err != nil || id != first
-			})
-			old.Stop()
-			testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
-				return !testkit.IsSocket(d.SocketPath)
-			})
-			if st := statusOf(s, d.Name); st.Phase != Registered || st.Endpoint != dp2 || st.Attempts != 2 {
-				t.Errorf("status: %+v, want Registered at dp.2 after 2 attempts", st)
-			}
-		})
+// TestDevicePluginMoveKept: with kubelet's pod-resources API at hand, a device plugin's new
+// instance (dp.2) is registered beside the running one (dp.1) through the second socket, and
+// dp.1's registration is withdrawn once dp.1 is gone. kubelet keeps the resource's devices (as
+// 1.37 does): nothing is registered again, and the next move goes beside again.
+func TestDevicePluginMoveKept(t *testing.T) {
+	m := startDevicePluginMove(t, Options{}, true)
+	startInstance(t, m.d, "dp.2")
+	m.awaitBeside(m.d.AltSocketPath, "dp.2")
+	testkit.Never(t, 500*time.Millisecond, "the old registration withdrawn while dp.1 runs", func() bool {
+		id, _, err := fsid.Stat(m.d.SocketPath)
+		return err != nil || id != m.first
+	})
+	alt := mustID(t, m.d.AltSocketPath)
+	m.old.Stop()
+	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
+		return !testkit.IsSocket(m.d.SocketPath)
+	})
+	calls := m.kubelet.Calls()
+	testkit.Never(t, verifyFor+500*time.Millisecond, "dp.2 registered again", func() bool {
+		id, _, err := fsid.Stat(m.d.AltSocketPath)
+		return err != nil || id != alt
+	})
+	if n := m.kubelet.Calls() - calls; n < 10 {
+		t.Errorf("kubelet's view read %d times while the move was verified, want quick reads", n)
 	}
+	if st := statusOf(m.s, m.d.Name); st.Phase != Registered || st.Endpoint != m.instance("dp.2") || st.Attempts != 2 || st.Recreations[ReasonDevicesDropped] != 0 {
+		t.Errorf("status: %+v, want Registered at dp.2 after 2 attempts", st)
+	}
+	// The next move goes beside dp.2 again.
+	startInstance(t, m.d, "dp.3")
+	m.awaitBeside(m.d.SocketPath, "dp.3")
+}
+
+// TestDevicePluginMoveDropped: kubelet drops the resource's devices once dp.1's registration
+// is withdrawn (as 1.36 and older do, which keep one client per resource name): multireg
+// registers dp.2 again at once, and registers later new instances only after the old one is
+// gone.
+func TestDevicePluginMoveDropped(t *testing.T) {
+	var log testkit.Buffer
+	m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
+	startInstance(t, m.d, "dp.2")
+	m.awaitBeside(m.d.AltSocketPath, "dp.2")
+	alt := mustID(t, m.d.AltSocketPath)
+	m.old.Stop()
+	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
+		return !testkit.IsSocket(m.d.SocketPath)
+	})
+	m.kubelet.Set(m.d.Name, 0) // kubelet deregistered dp.1's socket, and with it the resource's client
+	testkit.Eventually(t, 5*time.Second, "dp.2's registration socket recreated", func() bool {
+		id, _, err := fsid.Stat(m.d.AltSocketPath)
+		return err == nil && id != alt
+	})
+	if info := register(t, m.d.AltSocketPath, true, ""); info.Endpoint != m.instance("dp.2") {
+		t.Errorf("the recreated socket's endpoint %q, want %q", info.Endpoint, m.instance("dp.2"))
+	}
+	m.kubelet.Set(m.d.Name, 2)
+	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(m.s, m.d.Name).Phase == Registered })
+	if st := statusOf(m.s, m.d.Name); st.Recreations[ReasonDevicesDropped] != 1 {
+		t.Errorf("recreations: %v, want one for %s", st.Recreations, ReasonDevicesDropped)
+	}
+	for _, want := range []string{"kubelet dropped the resource's devices", "kubelet's device manager keeps one client per resource"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("log without %q:\n%s", want, log.String())
+		}
+	}
+	// From now on the new instance is registered after the old one is gone.
+	cur := mustID(t, m.d.AltSocketPath)
+	startInstance(t, m.d, "dp.3")
+	m.awaitAfter(m.d.AltSocketPath, cur, m.d.SocketPath)
+}
+
+// TestDevicePluginMoveWithoutKubeletsView: without kubelet's pod-resources API, nothing tells
+// what kubelet does with a move: the new instance is registered after the old one is gone,
+// which every kubelet accepts.
+func TestDevicePluginMoveWithoutKubeletsView(t *testing.T) {
+	m := startDevicePluginMove(t, Options{}, false)
+	startInstance(t, m.d, "dp.2")
+	m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
+	m.old.Stop()
+	testkit.Eventually(t, 5*time.Second, "a new registration socket for dp.2", func() bool {
+		id, _, err := fsid.Stat(m.d.SocketPath)
+		return err == nil && id != m.first
+	})
+	if info := register(t, m.d.SocketPath, true, ""); info.Endpoint != m.instance("dp.2") {
+		t.Errorf("GetInfo's endpoint %q, want %q", info.Endpoint, m.instance("dp.2"))
+	}
+}
+
+// TestDevicePluginMovesForced: --device-plugin-moves forces either way, whatever kubelet's
+// view says or whether there is one.
+func TestDevicePluginMovesForced(t *testing.T) {
+	t.Run("beside", func(t *testing.T) {
+		m := startDevicePluginMove(t, Options{DeviceMoves: config.MovesBeside}, false)
+		startInstance(t, m.d, "dp.2")
+		m.awaitBeside(m.d.AltSocketPath, "dp.2")
+	})
+	t.Run("after", func(t *testing.T) {
+		m := startDevicePluginMove(t, Options{DeviceMoves: config.MovesAfter}, true)
+		startInstance(t, m.d, "dp.2")
+		m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
+	})
+}
+
+// TestForeignGetInfoChangesNothing: GetInfo calls by other local clients, whatever their gRPC
+// release, change nothing of how a device plugin moves.
+func TestForeignGetInfoChangesNothing(t *testing.T) {
+	m := startDevicePluginMove(t, Options{}, false)
+	for _, agent := range []string{"grpc-go/1.85.0", "grpc-go/1.60.0", kubelet137} {
+		testkit.DialKubelet(t, m.d.SocketPath, agent).GetInfo(t)
+	}
+	startInstance(t, m.d, "dp.2")
+	m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
 }
 
 // TestDevicePluginInKubeletDirRefused: a device plugin whose endpoint is in kubelet's
@@ -141,4 +221,87 @@ func TestDevicePluginInKubeletDirRefused(t *testing.T) {
 	d.Endpoint = filepath.Join("/var/lib/kubelet/plugins/nvidia", "nvidia-gpu.sock")
 	s.Start(d)
 	awaitSocket(t, d)
+}
+
+// TestKubeletViewOfDevicePlugin: a device plugin's status and metrics show what kubelet's
+// pod-resources API says of its resource; a registered one whose resource kubelet holds no
+// device of for longer than a reconcile pass is flagged and logged, once, and again when it
+// is over.
+func TestKubeletViewOfDevicePlugin(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := testDriver(dir, "example.com/fpga", config.DevicePlugin, filepath.Join(dir, "ep", "fpga.sock"))
+	startEndpoint(t, d.LocalEndpoint, "")
+	sock := filepath.Join(dir, "pr.sock")
+	k := testkit.StartPodResources(t, sock)
+	k.Set(d.Name, 3)
+	var log testkit.Buffer
+	view := podres.New(sock, log.Logger())
+	s := runSupervisor(t, Options{Log: log.Logger(), PodResources: view})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	testkit.Eventually(t, 5*time.Second, "kubelet's view in the status", func() bool {
+		kv := statusOf(s, d.Name).Kubelet
+		return kv != nil && kv.Devices == 3 && !kv.Missing && !kv.ReadAt.IsZero()
+	})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(s))
+	metric := func(name string) (float64, bool) {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == name {
+				return f.GetMetric()[0].GetGauge().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+	if v, ok := metric("multireg_kubelet_devices"); !ok || v != 3 {
+		t.Errorf("multireg_kubelet_devices = %v (%v), want 3", v, ok)
+	}
+	if v, ok := metric("multireg_kubelet_pod_resources_up"); !ok || v != 1 {
+		t.Errorf("multireg_kubelet_pod_resources_up = %v (%v), want 1", v, ok)
+	}
+
+	k.Set(d.Name, 0)
+	testkit.Eventually(t, 5*time.Second, "the missing devices flagged", func() bool {
+		kv := statusOf(s, d.Name).Kubelet
+		return kv != nil && kv.Missing && kv.ReadAt.Sub(kv.Since) > podres.Period
+	})
+	if v, _ := metric("multireg_kubelet_devices_missing"); v != 1 {
+		t.Errorf("multireg_kubelet_devices_missing = %v, want 1", v)
+	}
+	testkit.Eventually(t, 5*time.Second, "the warning logged", func() bool {
+		return strings.Contains(log.String(), "kubelet holds no device of the registered device plugin's resource")
+	})
+	k.Set(d.Name, 3)
+	testkit.Eventually(t, 5*time.Second, "the end logged", func() bool {
+		return strings.Contains(log.String(), "kubelet holds the device plugin's devices again")
+	})
+	if n := strings.Count(log.String(), "kubelet holds no device of the registered"); n != 1 {
+		t.Errorf("the warning logged %d times, want once", n)
+	}
+	if st := statusOf(s, d.Name); st.Kubelet.Missing || st.Phase != Registered {
+		t.Errorf("status: %+v, want Registered and nothing missing", st)
+	}
+}
+
+// TestKubeletViewNotForOtherTypes: only a device plugin has a resource in kubelet's view.
+func TestKubeletViewNotForOtherTypes(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
+	startEndpoint(t, d.LocalEndpoint, d.Name)
+	sock := filepath.Join(dir, "pr.sock")
+	testkit.StartPodResources(t, sock)
+	view := podres.New(sock, nil)
+	s := runSupervisor(t, Options{PodResources: view})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	testkit.Eventually(t, 5*time.Second, "kubelet read", view.Available)
+	if kv := statusOf(s, d.Name).Kubelet; kv != nil {
+		t.Errorf("a CSI driver's kubelet view: %+v, want none", kv)
+	}
 }

@@ -43,8 +43,9 @@ type driver struct {
 	slots probe.Slots
 	// hub serves the loop's sockets, with the supervisor's other loops'.
 	hub *regserver.Hub
-	// kubelet is what the supervisor's loops know of the kubelet that registers them.
-	kubelet *kubeletClient
+	// moves is what the supervisor's loops know of how kubelet takes a device plugin's move
+	// to a new endpoint, with kubelet's view of device-plugin resources (devicemoves.go).
+	moves *deviceMoves
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
@@ -63,6 +64,8 @@ type driver struct {
 	// prev is the generation a handover leaves registered, until its successor is registered
 	// and prev's endpoint is gone (pattern.go).
 	prev *generation
+	// verify is a device plugin's move being checked in kubelet's view (devicemoves.go).
+	verify *verification
 	// p paces registration attempts.
 	p *pacing
 	// probed is the endpoint's socket as last probed ready; zero when it was not there.
@@ -122,6 +125,7 @@ const (
 	endSocketRemoved                   // someone else removed or replaced the socket
 	endEndpointRestarted               // the driver's endpoint socket was created anew
 	endEndpointMoved                   // another socket matching the endpoint pattern takes over
+	endDevicesDropped                  // kubelet dropped a moved device plugin's devices (devicemoves.go)
 )
 
 // run is the loop: wait for the endpoint, publish a socket, wait for kubelet's verdict or an

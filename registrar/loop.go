@@ -152,6 +152,9 @@ func (l *loop) after(end ending, err error) bool {
 		cur.stop()
 		l.cur = nil
 		d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
+	case endDevicesDropped:
+		// kubelet holds cur's registration without the resource's devices: cur is registered
+		// again (prepare publishes over it).
 	case endEndpointRestarted:
 		// Keep serving the old socket while the driver comes up again; a new socket, if
 		// the driver needs one, is renamed over it.
@@ -176,6 +179,7 @@ func (l *loop) after(end ending, err error) bool {
 				d.retire(d.prev)
 			}
 			d.prev, l.cur = cur, nil
+			d.startVerify()
 			d.log.Info("driver endpoint moved; registering the new instance beside the old one")
 		default:
 			d.reregister("why", "the endpoint moved")

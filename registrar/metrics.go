@@ -12,6 +12,7 @@ type Collector struct {
 	s *Supervisor
 
 	registered, phase, endpointUp, absent, required, heldByOther, attempts, recreations, restarts *prometheus.Desc
+	kubeletDevices, kubeletMissing, podResourcesUp                                                *prometheus.Desc
 }
 
 // NewCollector returns the collector of s's drivers; register it on a registry.
@@ -40,24 +41,34 @@ func NewCollector(s *Supervisor) *Collector {
 			"Registration attempts that ended, by result: registered, rejected (by kubelet), timeout (no verdict), publish_failed (socket not created).",
 			[]string{"driver", "result"}, nil),
 		recreations: prometheus.NewDesc("multireg_socket_recreations_total",
-			"Registration sockets recreated, by reason: rejected, timeout, socket_removed, endpoint_restarted.",
+			"Registration sockets recreated, by reason: rejected, timeout, socket_removed, endpoint_restarted, devices_dropped (kubelet dropped a moved device plugin's devices: registered again).",
 			[]string{"driver", "reason"}, nil),
 		restarts: prometheus.NewDesc("multireg_endpoint_restarts_total",
 			"Times the driver's endpoint socket was created anew while its registration socket was served (the driver restarted), whether its registration was kept or made again.",
 			[]string{"driver"}, nil),
+		kubeletDevices: prometheus.NewDesc("multireg_kubelet_devices",
+			"The allocatable devices kubelet's device manager holds for a device plugin's resource, read from kubelet's pod-resources API (only while it answers).",
+			[]string{"driver"}, nil),
+		kubeletMissing: prometheus.NewDesc("multireg_kubelet_devices_missing",
+			"1 when the device plugin is registered and kubelet has held none of its resource's devices for longer than a reconcile pass, else 0 (only while kubelet's pod-resources API answers).",
+			[]string{"driver"}, nil),
+		podResourcesUp: prometheus.NewDesc("multireg_kubelet_pod_resources_up",
+			"1 when kubelet's pod-resources API answered the last read, else 0; absent when multireg reads none (--pod-resources-socket empty).",
+			nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.heldByOther, c.attempts, c.recreations, c.restarts} {
+	for _, d := range []*prometheus.Desc{c.registered, c.phase, c.endpointUp, c.absent, c.required, c.heldByOther, c.attempts, c.recreations, c.restarts,
+		c.kubeletDevices, c.kubeletMissing, c.podResourcesUp} {
 		ch <- d
 	}
 }
 
 var (
 	results = []string{ResultRegistered, ResultRejected, ResultTimeout, ResultPublishFailed}
-	reasons = []string{ReasonRejected, ReasonTimeout, ReasonSocketRemoved, ReasonEndpointRestarted}
+	reasons = []string{ReasonRejected, ReasonTimeout, ReasonSocketRemoved, ReasonEndpointRestarted, ReasonDevicesDropped}
 )
 
 // Collect implements prometheus.Collector.
@@ -78,6 +89,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.recreations, prometheus.CounterValue, float64(d.Recreations[r]), d.Name, r)
 		}
 		ch <- prometheus.MustNewConstMetric(c.restarts, prometheus.CounterValue, float64(d.EndpointRestarts), d.Name)
+		if k := d.Kubelet; k != nil {
+			ch <- prometheus.MustNewConstMetric(c.kubeletDevices, prometheus.GaugeValue, float64(k.Devices), d.Name)
+			ch <- prometheus.MustNewConstMetric(c.kubeletMissing, prometheus.GaugeValue, boolValue(k.Missing), d.Name)
+		}
+	}
+	if v := c.s.moves.view; v != nil {
+		ch <- prometheus.MustNewConstMetric(c.podResourcesUp, prometheus.GaugeValue, boolValue(v.Available()))
 	}
 }
 

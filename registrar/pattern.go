@@ -27,9 +27,10 @@ import (
 //     withdrawn once the new one is registered and the old instance is gone. kubelet keeps
 //     both meanwhile and calls the newest, so it never holds none. A newer instance is taken
 //     as soon as it answers, as the DRA kubeletplugin helper's rolling update does.
-//   - a device plugin's is handed over the same way on a kubelet that keeps several endpoints
-//     of one resource (1.37 and later: kubelet.go): kubelet promotes the new endpoint when the
-//     old one goes, and the resource's devices never leave the node's allocatable.
+//   - a device plugin's is handed over the same way while kubelet's pod-resources view shows
+//     that kubelet keeps several endpoints of one resource (1.37 and later: devicemoves.go):
+//     kubelet promotes the new endpoint when the old one goes, and the resource's devices
+//     never leave the node's allocatable. What kubelet did is read back, and repaired.
 //   - a CSI driver, or a device plugin on an older kubelet, is registered again under the new
 //     path: kubelet holds one registration per name, and unregisters the plugin for a
 //     reconcile pass (about a second). (An older device manager disconnects whichever client
@@ -54,9 +55,10 @@ type match struct {
 
 // handover reports whether the loop hands its registration from one instance of its endpoint
 // to the next through its second socket (config.Driver.Handover): a DRA driver's always, a
-// device plugin's on a kubelet that keeps several endpoints of one resource (kubelet.go).
+// device plugin's when its new instances are registered beside the old ones (devicemoves.go).
+// A move under way is finished the way it started.
 func (d *driver) handover() bool {
-	return d.spec.HandsOverAlways() || d.spec.Handover() && d.kubelet.keepsDeviceEndpoints()
+	return d.spec.HandsOverAlways() || d.spec.Handover() && (d.prev != nil || d.moves.beside())
 }
 
 // fixedTarget is the target of a driver without a pattern.
@@ -277,6 +279,7 @@ func (d *driver) settleHandover(ctx context.Context, g *generation) {
 			"socket", d.prev.path, "endpoint", d.prev.at.local)
 		d.retire(d.prev)
 		d.prev = nil
+		d.withdrawn()
 	}
 }
 
@@ -303,6 +306,7 @@ func (d *driver) socketsGone(ev fswatch.Change, g *generation) bool {
 		d.log.Info("the old instance's registration socket was removed", "socket", d.prev.path)
 		d.prev.stop()
 		d.prev = nil
+		d.withdrawn()
 		if !g.registered { // kubelet holds none of ours now
 			d.update(Serving, "", time.Time{})
 		}

@@ -65,6 +65,9 @@ type DriverStatus struct {
 	Since time.Time
 	// NextAttempt is when a backing-off loop starts again; zero otherwise.
 	NextAttempt time.Time
+	// Kubelet is kubelet's own view of a device plugin's resource, read from its
+	// pod-resources API; nil for other types, and while the API does not answer.
+	Kubelet *KubeletView
 }
 
 // Ready reports whether the driver counts as ready on this node: registered with kubelet,
@@ -87,6 +90,9 @@ const (
 	ReasonTimeout           = "timeout"
 	ReasonSocketRemoved     = "socket_removed"
 	ReasonEndpointRestarted = "endpoint_restarted"
+	// ReasonDevicesDropped: kubelet's view showed a moved device plugin's resource without
+	// devices once the old instance's registration went (devicemoves.go).
+	ReasonDevicesDropped = "devices_dropped"
 )
 
 // What each ending is counted as: the attempt's result, and the reason its socket is
@@ -103,6 +109,7 @@ var (
 		endTimeout:           ReasonTimeout,
 		endSocketRemoved:     ReasonSocketRemoved,
 		endEndpointRestarted: ReasonEndpointRestarted,
+		endDevicesDropped:    ReasonDevicesDropped,
 	}
 )
 

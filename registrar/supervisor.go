@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/probe"
 	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/regserver"
@@ -30,6 +32,12 @@ type Options struct {
 	// registration directory, so that an instance that lost it never publishes over the
 	// sockets of the one that took it.
 	Guard func() error
+	// PodResources, if not nil, is kubelet's pod-resources view: Run keeps it read, status
+	// shows each device plugin's resource as kubelet holds it, and a device plugin's move is
+	// verified there (DeviceMoves).
+	PodResources *podres.View
+	// DeviceMoves is how a device plugin's new instance is registered ("": config.MovesAuto).
+	DeviceMoves config.DeviceMoves
 }
 
 // Supervisor runs one registration loop per driver and shares one file watcher among them.
@@ -40,7 +48,7 @@ type Supervisor struct {
 	w       *fswatch.Watcher
 	hub     *regserver.Hub
 	slots   probe.Slots
-	kubelet *kubeletClient
+	moves   *deviceMoves
 	// probe, if not nil, replaces probe.Endpoint in the loops started after it is set (tests).
 	probe func(context.Context, config.Driver) error
 
@@ -88,7 +96,8 @@ func New(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), kubelet: &kubeletClient{log: log}, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
+	moves := &deviceMoves{mode: cmp.Or(opts.DeviceMoves, config.MovesAuto), view: opts.PodResources, log: log}
+	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), moves: moves, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
@@ -122,7 +131,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
-	h.d.guard, h.d.slots, h.d.hub, h.d.kubelet = s.guard, s.slots, s.hub, s.kubelet
+	h.d.guard, h.d.slots, h.d.hub, h.d.moves = s.guard, s.slots, s.hub, s.moves
 	if s.probe != nil {
 		h.d.probe = s.probe
 	}
@@ -193,6 +202,20 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		defer close(watcherDone)
 		s.w.Run(wctx)
 	}()
+	// kubelet's view is read while the loops run, and stops with them.
+	vctx, stopView := context.WithCancel(context.Background())
+	viewDone := make(chan struct{})
+	go func() {
+		defer close(viewDone)
+		if s.moves.view != nil {
+			s.moves.view.Run(vctx)
+		}
+	}()
+	warnDone := make(chan struct{})
+	go func() {
+		defer close(warnDone)
+		s.watchKubelet(vctx)
+	}()
 	<-ctx.Done()
 	cause := errShutdown
 	if c := context.Cause(ctx); errors.Is(c, regdir.ErrDirLost) {
@@ -203,6 +226,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	s.wg.Wait()
+	stopView()
+	<-viewDone
+	<-warnDone
 	s.hub.Close()
 	stopWatcher()
 	<-watcherDone
@@ -293,8 +319,13 @@ func (s *Supervisor) Status() []DriverStatus {
 	}
 	s.mu.Unlock()
 	st := make([]DriverStatus, 0, len(hs))
+	r, up := s.moves.view.Last()
 	for _, h := range hs {
-		st = append(st, h.d.status())
+		ds := h.d.status()
+		if up && ds.Type == config.DevicePlugin {
+			ds.Kubelet = kubeletView(r, ds)
+		}
+		st = append(st, ds)
 	}
 	slices.SortFunc(st, func(a, b DriverStatus) int { return strings.Compare(a.Name, b.Name) })
 	return st

@@ -1,0 +1,28 @@
+package config
+
+import "fmt"
+
+// DeviceMoves is how a device plugin's new instance is registered.
+type DeviceMoves string
+
+const (
+	// MovesAuto: beside the old instance while kubelet's pod-resources API shows that
+	// kubelet keeps the resource's devices through a move; after it otherwise.
+	MovesAuto DeviceMoves = "auto"
+	// MovesBeside: always beside the old instance (kubelet 1.37 and later). A drop of the
+	// resource's devices seen in kubelet's view is still repaired.
+	MovesBeside DeviceMoves = "beside"
+	// MovesAfter: always after the old instance is gone.
+	MovesAfter DeviceMoves = "after"
+)
+
+// ParseDeviceMoves reads a DeviceMoves ("" is MovesAuto).
+func ParseDeviceMoves(s string) (DeviceMoves, error) {
+	switch m := DeviceMoves(s); m {
+	case "":
+		return MovesAuto, nil
+	case MovesAuto, MovesBeside, MovesAfter:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q: must be %s, %s or %s", s, MovesAuto, MovesBeside, MovesAfter)
+}

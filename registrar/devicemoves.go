@@ -1,0 +1,147 @@
+package registrar
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/podres"
+)
+
+// How a device plugin moves to a new endpoint (an endpoint pattern's new instance) depends
+// on kubelet's device manager, and nothing kubelet sends names it:
+//   - kubelet 1.37 and later keep several endpoints per resource, keyed by socket, and
+//     promote a remaining one when one goes. Registering the new instance beside the old one,
+//     and withdrawing the old registration once its instance is gone, keeps the resource's
+//     devices allocatable throughout.
+//   - kubelet 1.36 and older keep one client per resource name: the second registration
+//     replaces the first, and the end of either instance's stream, or the withdrawal of
+//     either registration, disconnects whichever client kubelet holds. Registered beside the
+//     old one, the new instance loses its devices when the old one goes.
+//
+// multireg does not guess which kubelet it serves. With kubelet's pod-resources API at hand
+// (podres), it registers the new instance beside the old one and then reads what kubelet did:
+// if the resource's devices dropped once the old instance went, it registers the new instance
+// again at once, and from then on registers a moving plugin's new instance only after its old
+// one is gone. Without the API it does the latter from the start: it costs about a reconcile
+// pass without the resource on a kubelet that would have kept it, and never strands a resource
+// on one that would not.
+
+// verifyFor is how long a loop reads kubelet's view after withdrawing the old registration of
+// a device plugin registered beside it: kubelet deregisters the old socket within one
+// reconcile pass (an older device manager then disconnects the resource's client), and the
+// read that shows it comes within another.
+const verifyFor = 2 * podres.Period
+
+// deviceMoves is what a supervisor's loops know of how kubelet takes a device plugin's move.
+type deviceMoves struct {
+	mode config.DeviceMoves
+	view *podres.View // nil: none
+	log  *slog.Logger
+
+	// guards: onePerResource.
+	mu sync.Mutex
+	// onePerResource: kubelet was seen to drop a resource's devices when the old instance of
+	// a move went (config.MovesAuto then registers new instances after the old ones).
+	onePerResource bool
+}
+
+// beside reports whether a device plugin's new instance is registered beside the old one.
+func (m *deviceMoves) beside() bool {
+	if m == nil {
+		return false
+	}
+	switch m.mode {
+	case config.MovesBeside:
+		return true
+	case config.MovesAfter:
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.onePerResource && m.view.Available()
+}
+
+// dropped records that kubelet dropped resource's devices when the old instance of a move
+// went.
+func (m *deviceMoves) dropped(log *slog.Logger, resource string, had int) {
+	m.mu.Lock()
+	learned := !m.onePerResource && m.mode == config.MovesAuto
+	m.onePerResource = true
+	m.mu.Unlock()
+	log.Warn("kubelet dropped the resource's devices when the old instance's registration went: registering the new instance again",
+		"resource", resource, "devicesBefore", had)
+	if learned {
+		m.log.Warn("kubelet's device manager keeps one client per resource (kubelet 1.36 or older, whatever its gRPC release): " +
+			"from now on a device plugin's new instance is registered after its old one is gone")
+	}
+}
+
+// devices is what kubelet's view says of the driver's resource: its allocatable devices,
+// and whether the view has read kubelet.
+func (d *driver) devices() (int, bool) {
+	if d.moves == nil {
+		return 0, false
+	}
+	r, up := d.moves.view.Last()
+	n, _, ok := r.Count(d.spec.Name)
+	return n, ok && up
+}
+
+// verification is a device plugin's move being checked in kubelet's view, from the moment the
+// new instance is registered beside the old one until verifyFor after the old registration
+// is withdrawn.
+type verification struct {
+	had   int       // the most devices kubelet held for the resource during the move
+	until time.Time // zero while the old registration stays
+}
+
+// startVerify begins watching kubelet's view for a device plugin whose new instance is
+// registered beside the old one.
+func (d *driver) startVerify() {
+	if d.spec.Type != config.DevicePlugin || d.moves == nil || d.moves.view == nil {
+		return
+	}
+	n, _ := d.devices()
+	d.verify = &verification{had: n}
+}
+
+// withdrawn notes that the old registration of a verified move was withdrawn: kubelet's view
+// is read quickly for verifyFor.
+func (d *driver) withdrawn() {
+	if d.verify == nil {
+		return
+	}
+	d.verify.until = time.Now().Add(verifyFor)
+	d.moves.view.Quick(verifyFor)
+}
+
+// checkVerify reads kubelet's view for a move being verified. It reports true when the
+// resource's devices dropped after the old registration was withdrawn: the new instance must
+// be registered again. A verification that saw no drop for verifyFor ends.
+func (d *driver) checkVerify() bool {
+	v := d.verify
+	if v == nil {
+		return false
+	}
+	n, ok := d.devices()
+	if ok {
+		v.had = max(v.had, n)
+	}
+	if v.until.IsZero() { // the old registration stays: kubelet holds the resource through it
+		return false
+	}
+	if ok && n == 0 && v.had > 0 {
+		d.verify = nil
+		d.moves.dropped(d.log, d.spec.Name, v.had)
+		return true
+	}
+	if !time.Now().Before(v.until) {
+		d.verify = nil
+		if ok && v.had > 0 {
+			d.log.Info("kubelet kept the resource's devices through the move", "devices", n)
+		}
+	}
+	return false
+}
