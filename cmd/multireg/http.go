@@ -93,6 +93,10 @@ func newStatusDoc(v instanceView) statusDoc {
 		}
 	}
 	for _, d := range drivers { // sorted by name
+		var kubelet *kubeletStatus
+		if k := d.Kubelet; k != nil {
+			kubelet = &kubeletStatus{Devices: k.Devices, ReadAt: timePtr(k.ReadAt), Since: timePtr(k.Since), Missing: k.Missing}
+		}
 		doc.Drivers = append(doc.Drivers, driverStatus{
 			Name:        d.Name,
 			Type:        d.Type,
@@ -108,6 +112,7 @@ func newStatusDoc(v instanceView) statusDoc {
 			LastError:   d.LastError,
 			Since:       timePtr(d.Since),
 			NextAttempt: timePtr(d.NextAttempt),
+			Kubelet:     kubelet,
 		})
 	}
 	return doc

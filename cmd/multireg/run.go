@@ -15,6 +15,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
@@ -179,7 +180,15 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 // brought (got).
 func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Dir, got *handover.Snapshot) error {
 	log := r.log
-	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: r.f.cleanup, Guard: dir.Check})
+	var view *podres.View
+	sock := r.f.podResources
+	if sock == autoPodResources {
+		sock = podres.SocketPath(r.cfg.RegistrationDir)
+	}
+	if sock != "" {
+		view = podres.New(sock, log)
+	}
+	sup, err := registrar.New(registrar.Options{Log: log, CleanupOnExit: r.f.cleanup, Guard: dir.Check, PodResources: view, DeviceMoves: r.f.moves})
 	if err != nil {
 		got.Close()
 		return fmt.Errorf("start: %w", err)

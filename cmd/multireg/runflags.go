@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+
+	"multireg.dev/multireg/config"
 )
 
 // defaultHTTPEndpoint is where `run` serves and `status` asks, unless told otherwise.
@@ -17,7 +19,15 @@ type runFlags struct {
 	verbosity                           int
 	cleanup                             bool
 	level                               slog.Level // from --log-level or -v
+	// podResources is kubelet's pod-resources socket: autoPodResources derives it from the
+	// registration directory; "" reads none.
+	podResources string
+	moves        config.DeviceMoves
 }
+
+// autoPodResources: the pod-resources socket beside the registration directory,
+// <kubelet root>/pod-resources/kubelet.sock.
+const autoPodResources = "auto"
 
 const runAbout = `Register every driver of the drivers file with kubelet, and keep them registered until
 SIGTERM: one registration loop per driver, each with its own socket in kubelet's
@@ -45,6 +55,10 @@ func runCommandFlags(f *runFlags) *command {
 	c.String(&f.logLevel, "log-level", "LEVEL", "", "log level: debug, info, warn or error (default info; debug adds every kubelet call)")
 	c.Int(&f.verbosity, "v", "N", 0, "log verbosity: 0 logs phase changes and failures, 1 or more adds every kubelet call (as --log-level debug)")
 	c.Bool(&f.cleanup, "cleanup-on-exit", "remove every registration socket on exit, so kubelet deregisters every plugin (uninstall)")
+	c.String(&f.podResources, "pod-resources-socket", "PATH", autoPodResources,
+		"kubelet's pod-resources socket, read for what kubelet holds of each device plugin; auto: <kubelet root>/pod-resources/kubelet.sock beside the registration directory; empty: none")
+	c.String((*string)(&f.moves), "device-plugin-moves", "MODE", string(config.MovesAuto),
+		"how a device plugin's new instance (endpoint pattern) is registered: auto (beside the old one while kubelet's pod-resources view shows kubelet keeps the devices, else after it), beside, or after")
 	return c
 }
 
@@ -64,6 +78,11 @@ func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, er
 	if f.logFormat != "text" && f.logFormat != "json" {
 		return f, c.usageError("--log-format %q: must be text or json", f.logFormat)
 	}
+	moves, err := config.ParseDeviceMoves(string(f.moves))
+	if err != nil {
+		return f, c.usageError("--device-plugin-moves %v", err)
+	}
+	f.moves = moves
 	if f.verbosity < 0 {
 		return f, c.usageError("-v %d: must be 0 or more", f.verbosity)
 	}

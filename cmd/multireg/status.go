@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -98,6 +99,21 @@ type driverStatus struct {
 	LastError   string     `json:"lastError"`
 	Since       *time.Time `json:"since"`
 	NextAttempt *time.Time `json:"nextAttempt"`
+	// Kubelet is kubelet's own view of a device plugin's resource (its pod-resources API);
+	// absent for other types, and while that API does not answer.
+	Kubelet *kubeletStatus `json:"kubelet,omitempty"`
+}
+
+// kubeletStatus is what kubelet's pod-resources API says of a device plugin's resource.
+type kubeletStatus struct {
+	// Devices counts the allocatable devices kubelet's device manager holds for it.
+	Devices int `json:"devices"`
+	// ReadAt is when kubelet said so; Since, since when it has held that many.
+	ReadAt *time.Time `json:"readAt"`
+	Since  *time.Time `json:"since"`
+	// Missing: the driver is registered and kubelet has held none of its devices for longer
+	// than a reconcile pass.
+	Missing bool `json:"missing"`
 }
 
 // statusTimeout bounds `multireg status`'s request.
@@ -243,7 +259,14 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 	}
 	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DRIVER\tTYPE\tPHASE\tSINCE\tATTEMPTS\tFAILURES\tNEXT RETRY\tLAST ERROR")
+	// KUBELET, what kubelet's pod-resources API says of a device plugin's resource, only
+	// where it says something.
+	kubeletCol := slices.ContainsFunc(doc.Drivers, func(d driverStatus) bool { return d.Kubelet != nil })
+	header := "DRIVER\tTYPE\tPHASE\tSINCE\tATTEMPTS\tFAILURES\tNEXT RETRY\t"
+	if kubeletCol {
+		header += "KUBELET\t"
+	}
+	fmt.Fprintln(tw, header+"LAST ERROR")
 	for _, d := range doc.Drivers {
 		since, next := "-", "-"
 		if d.Since != nil {
@@ -267,10 +290,22 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 			// as in the JSON document.
 			lastErr = strings.TrimSuffix("endpoint absent from this node; "+lastErr, "; ")
 		}
+		kubelet := "-"
+		if k := d.Kubelet; k != nil {
+			kubelet = fmt.Sprintf("%d devices", k.Devices)
+			if k.Missing && k.ReadAt != nil && k.Since != nil {
+				kubelet = fmt.Sprintf("NONE for %s", age(k.ReadAt.Sub(*k.Since)))
+				lastErr = strings.TrimPrefix(lastErr+"; kubelet holds no device of the registered resource", "; ")
+			}
+		}
 		if lastErr == "" {
 			lastErr = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Type, phase, since, d.Attempts, d.Failures, next, lastErr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t", d.Name, d.Type, phase, since, d.Attempts, d.Failures, next)
+		if kubeletCol {
+			fmt.Fprintf(tw, "%s\t", kubelet)
+		}
+		fmt.Fprintf(tw, "%s\n", lastErr)
 	}
 	tw.Flush()
 }
