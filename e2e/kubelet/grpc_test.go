@@ -16,9 +16,8 @@ import (
 
 // TestGRPCIsKubeletsOwn: the plugin manager of these suites talks to multireg with the gRPC
 // release the real kubelet of that version was built with (the one its k8s.io/kubernetes
-// go.mod requires). multireg reads kubelet's gRPC release from its user agent to tell a 1.37
-// kubelet's device manager from older ones, so a suite linked with another release would test
-// another kubelet.
+// go.mod requires): the frames, window updates and keepalives multireg's registration server
+// sees are that release's, so a suite linked with another one would test another kubelet.
 func TestGRPCIsKubeletsOwn(t *testing.T) {
 	linked := moduleVersion(t, reflect.ValueOf(grpc.NewServer).Pointer(), "google.golang.org/grpc@")
 	out, err := exec.Command("go", "env", "GOMODCACHE").Output()

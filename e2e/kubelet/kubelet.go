@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/tools/record"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -44,6 +45,9 @@ type Options struct {
 	// StartTimeout bounds how long Start waits for the plugin manager to report that it watches
 	// the registry directory. Zero means 10 s.
 	StartTimeout time.Duration
+	// NoPodResources leaves out the pod-resources API that kubelet serves beside its
+	// plugins-registry directory (podresources.go): a kubelet too old, or not mounted.
+	NoPodResources bool
 }
 
 // Kubelet is a running plugin manager with recording handlers. Its methods are safe for
@@ -71,6 +75,11 @@ type Kubelet struct {
 	csi     map[string]*csiDriver    // keyed by name, like kubelet's csiDrivers
 	devices map[string][]string      // name → endpoints, like the device manager's clients (one before 1.37)
 	dra     map[string][]string      // name → endpoints: DRA is keyed by (name, endpoint)
+	// deviceCount: name → the devices its resource holds while registered (default 1).
+	deviceCount map[string]int
+
+	podResources     *grpc.Server // nil without the pod-resources API
+	podResourcesDone chan struct{}
 }
 
 type csiDriver struct {
@@ -117,6 +126,13 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		csi:             map[string]*csiDriver{},
 		devices:         map[string][]string{},
 		dra:             map[string][]string{},
+		deviceCount:     map[string]int{},
+	}
+	if !opts.NoPodResources {
+		if err := k.servePodResources(); err != nil {
+			cancel()
+			return nil, fmt.Errorf("start kubelet: %w", err)
+		}
 	}
 
 	pm := pluginmanager.NewPluginManager(registryDir, record.NewFakeRecorder(1000))
@@ -167,6 +183,10 @@ func (k *Kubelet) Stop() {
 		close(k.stopCh)
 		<-k.done
 		k.calls.Wait()
+		if k.podResources != nil {
+			k.podResources.Stop()
+			<-k.podResourcesDone
+		}
 		k.log.Debug("kubelet plugin manager stopped", "dir", k.dir)
 	})
 }

@@ -1,11 +1,16 @@
 package registration
 
 import (
+	"context"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
@@ -17,32 +22,64 @@ import (
 // it expects of the kubelet linked in.
 
 // TestDevicePluginRollingUpdate: a device plugin's new instance (dp.2) starts while the
-// registered one (dp.1) runs, then dp.1 exits. A 1.37 kubelet's plugin manager (gRPC 1.82,
-// which multireg reads from its user agent) gets dp.2 registered beside dp.1 and dp.1 withdrawn
-// once it is gone: kubelet holds a registration of the resource throughout. An older one
-// keeps dp.1 alone while it runs (its device manager would drop dp.2 when dp.1 exits), and
-// gets dp.2 after.
+// registered one (dp.1) runs, then dp.1 exits. multireg registers dp.2 beside dp.1, withdraws
+// dp.1's registration once it is gone, and reads kubelet's pod-resources API to see what
+// kubelet did. A 1.37 kubelet's device manager keeps the resource's devices throughout. An
+// older one (one client per resource name) drops them when dp.1's registration goes: multireg
+// registers dp.2 again at once, and the next move (dp.3) is registered only after dp.2 is
+// gone. A bystander's GetInfo on another driver's socket, with a newer or an older gRPC in its
+// user agent, changes none of it.
 func TestDevicePluginRollingUpdate(t *testing.T) {
-	t.Parallel()
+	for _, bystander := range []string{"", "grpc-go/1.85.0", "grpc-go/1.60.0"} {
+		name := "alone"
+		if bystander != "" {
+			name = "bystander " + bystander
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			devicePluginRollingUpdate(t, bystander)
+		})
+	}
+}
+
+func devicePluginRollingUpdate(t *testing.T, bystander string) {
 	e := newEnv(t)
-	d := driver{Name: "example.com/rolling", Type: "DevicePlugin"}
-	dir, old, p := e.startPattern(&d, "dp", "dp.*", "dp.1")
-	e.startInstance(d, "dp.2")
-	dp1, dp2 := filepath.Join(dir, "dp.1"), filepath.Join(dir, "dp.2")
+	d := driver{Name: "example.com/rolling", Type: "DevicePlugin", Endpoint: filepath.Join(e.Dir, "ep", "dp", "dp.*")}
+	other := driver{Name: "other.csi.example.com", Type: "CSIPlugin"}
+	dir := filepath.Dir(d.Endpoint)
+	old := e.startInstance(d, "dp.1")
+	e.StartEndpoint(other)
+	p := mrproc.Start(t, e.WriteConfig([]driver{d, other}))
+	dp1, dp2, dp3 := filepath.Join(dir, "dp.1"), filepath.Join(dir, "dp.2"), filepath.Join(dir, "dp.3")
+	e.registeredAt(d, dp1)
+	wait.For(t, registerTimeout, other.Name+" registered", func() bool { return e.K.Registered(other.Name) })
+	if bystander != "" {
+		getInfoAs(t, e.SocketPath(other), bystander)
+	}
+
+	second := e.startInstance(d, "dp.2")
 	if kubelet.DevicePluginsKeyedByEndpoint() {
 		e.registeredAt(d, dp1, dp2)
 		wait.Never(t, 2*time.Second, "dp.1's registration withdrawn while it runs", func() bool {
 			return len(e.K.RegisteredEndpoints(d.Name)) != 2
 		})
 	} else {
-		wait.Never(t, 2*time.Second, "a move while dp.1 runs", func() bool {
-			return !slices.Equal(e.K.RegisteredEndpoints(d.Name), []string{dp1})
-		})
+		e.registeredAt(d, dp2) // beside dp.1: this device manager replaced dp.1's client
 	}
 	old.Stop()
+	wait.For(t, registerTimeout, "dp.1's registration withdrawn", func() bool { return e.K.Counts(d.Name).Deregistrations > 0 })
+	if !kubelet.DevicePluginsKeyedByEndpoint() {
+		// This device manager dropped the resource with dp.1's registration: dp.2 is
+		// registered again.
+		wait.For(t, registerTimeout, "dp.2 registered again", func() bool { return e.K.Counts(d.Name).Registrations == 3 })
+	}
 	e.registeredAt(d, dp2)
+	wait.For(t, registerTimeout, "kubelet holds the resource's devices", func() bool { return e.K.AllocatableDevices(d.Name) > 0 })
 	gap := longestAbsence(e.K.EventsFor(d.Name))
 	c := e.K.Counts(d.Name)
+	if n := p.Count("driver endpoint moved; registering the new instance beside the old one", d.Name); n != 1 {
+		t.Errorf("the move beside the old instance logged %d times, want once", n)
+	}
 	if kubelet.DevicePluginsKeyedByEndpoint() {
 		if gap != 0 {
 			t.Errorf("kubelet %s held no registration of %s for %s, want never", kubelet.Version(), d.Name, gap)
@@ -50,13 +87,52 @@ func TestDevicePluginRollingUpdate(t *testing.T) {
 		if c.Registrations != 2 || c.Deregistrations != 1 || c.RegistrationFailures != 0 {
 			t.Errorf("kubelet's calls: %+v, want 2 registrations, 1 deregistration, no failure", c)
 		}
-		if n := p.Count("driver endpoint moved; registering the new instance beside the old one", d.Name); n != 1 {
-			t.Errorf("the hand-over logged %d times, want once", n)
+		wait.For(t, registerTimeout, "the move verified in kubelet's view", func() bool {
+			return p.Count("kubelet kept the resource's devices through the move", d.Name) == 1
+		})
+		if n := p.Count("kubelet dropped the resource's devices when the old instance's registration went: registering the new instance again", d.Name); n != 0 {
+			t.Errorf("a drop seen %d times on a kubelet that keeps the devices", n)
 		}
-	} else if c.Registrations != 2 {
-		t.Errorf("kubelet's calls: %+v, want 2 registrations", c)
+		t.Logf("kubelet %s: no registration of %s for %s during the rolling update", kubelet.Version(), d.Name, gap)
+		return
 	}
-	t.Logf("kubelet %s: no registration of %s for %s during the rolling update", kubelet.Version(), d.Name, gap)
+	if c.Registrations != 3 {
+		t.Errorf("kubelet's calls: %+v, want 3 registrations (dp.1, dp.2 beside it, dp.2 again)", c)
+	}
+	if n := p.Count("kubelet dropped the resource's devices when the old instance's registration went: registering the new instance again", d.Name); n != 1 {
+		t.Errorf("the drop logged %d times, want once", n)
+	}
+	t.Logf("kubelet %s: the first move, registered beside: no registration of %s for %s", kubelet.Version(), d.Name, gap)
+
+	// Learned: the next new instance is registered after the old one is gone.
+	e.startInstance(d, "dp.3")
+	wait.Never(t, 2*time.Second, "a move while dp.2 runs", func() bool {
+		return !slices.Equal(e.K.RegisteredEndpoints(d.Name), []string{dp2})
+	})
+	before := len(e.K.EventsFor(d.Name))
+	second.Stop()
+	e.registeredAt(d, dp3)
+	t.Logf("kubelet %s: the second move, registered after: no registration of %s for %s", kubelet.Version(), d.Name,
+		longestAbsence(e.K.EventsFor(d.Name)[before:]))
+	if n := p.Count("driver endpoint moved; registering the new instance beside the old one", d.Name); n != 1 {
+		t.Errorf("the move beside the old instance logged %d times, want once: the second move goes after", n)
+	}
+}
+
+// getInfoAs calls GetInfo on a registration socket as a local client whose gRPC user agent
+// starts with agent would: a probe, grpcurl, another registrar.
+func getInfoAs(t *testing.T, socket, agent string) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(agent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}); err != nil {
+		t.Fatalf("GetInfo as %s: %v", agent, err)
+	}
 }
 
 // TestDRAHealthAdvertised: a DRA driver registered with the default versions is advertised
