@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"multireg.dev/multireg/e2e/node/cluster"
@@ -152,12 +153,16 @@ func (w *allocatableWatch) stop() (live, status time.Duration, looks int) {
 	return w.live.total, w.status.total, w.looks
 }
 
-// 4g. A device plugin's rolling update: a new instance (dp.2, a new socket name) starts while
-// the old one (dp.1) runs, then the old one exits. On kubelet 1.37, which keeps several
-// endpoints per resource, multireg registers dp.2 beside dp.1, and kubelet promotes dp.2 when
-// dp.1 goes: the resource's devices never leave allocatable, read live from kubelet's
-// pod-resources API every 50 ms. On older kubelets dp.2 is registered once dp.1 is gone, and
-// the shortfall is measured.
+// 4g. A device plugin's rolling update, twice: a new instance (dp.2, then dp.3, a new socket
+// name) starts while the old one runs, then the old one exits; the resource's allocatable is
+// read live from kubelet's pod-resources API every 50 ms. multireg registers the first new
+// instance beside the old one and reads kubelet's view after the old one goes. On kubelet 1.37,
+// which keeps several endpoints per resource, both moves go beside and the devices never leave
+// allocatable. On older kubelets (one client per resource name), whatever gRPC they were built
+// with, the first move's devices drop when the old instance goes: multireg registers the new
+// instance again at once, and the second move goes after the old instance. Before one move a
+// bystander calls GetInfo with a gRPC user agent that once decided the move (1.37: an older
+// gRPC; older kubelets: gRPC 1.85): it changes nothing.
 func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config string) {
 	const res, n = "example.com/rolling", 2
 	dir := endpointPath("rolling", "")
@@ -198,50 +203,101 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 		_, a, err := capacity(ctx, res)
 		return err == nil && a == n, fmt.Sprintf("allocatable %d (%v)", a, err)
 	})
-	watch := watchAllocatable(t, res, n)
 
-	nw := start("dp.2") // the rolling update's new instance
-	if keeps {
-		registeredAt(nw)
-		waitUntil(t, time.Minute, "kubelet holds both instances' registrations", func(ctx context.Context) (bool, string) {
+	bystanders := []string{"", "grpc-go/1.60.0"} // 1.37: the second move after an older gRPC's GetInfo
+	if !keeps {
+		bystanders = []string{"grpc-go/1.85.0", ""} // older: the first move after a newer gRPC's GetInfo
+	}
+	for i, name := range []string{"dp.2", "dp.3"} {
+		cur, _ := mr.status(context.Background())
+		if by := bystanders[i]; by != "" {
+			registrationGetInfoAs(t, cur[res].Socket, by)
+		}
+		beside := keeps || i == 0
+		watch := watchAllocatable(t, res, n)
+		nw := start(name) // the rolling update's new instance
+		if beside {
+			registeredAt(nw)
+			waitUntil(t, time.Minute, "kubelet holds both instances' registrations", func(ctx context.Context) (bool, string) {
+				reg, err := kubeletRegistered(ctx)
+				return err == nil && reg[first] && reg[second], fmt.Sprint(reg, err)
+			})
+		} else {
+			stays(t, 3*time.Second, res+" registered at "+filepath.Base(old.Path())+" while it runs (this kubelet drops the devices of a new instance registered beside it when it exits)", func(ctx context.Context) (string, error) {
+				st, err := mr.status(ctx)
+				if err != nil {
+					return "", err
+				}
+				if st[res].Endpoint != old.Path() {
+					return "moved to " + st[res].Endpoint, nil
+				}
+				return "", nil
+			})
+		}
+		exited := time.Now()
+		old.Stop() // the old instance exits
+		s := registeredAt(nw)
+		waitUntil(t, time.Minute, "one registration socket of "+res+" left in kubelet", func(ctx context.Context) (bool, string) {
 			reg, err := kubeletRegistered(ctx)
-			return err == nil && reg[first] && reg[second], fmt.Sprint(reg, err)
+			return err == nil && len(held(reg, first, second)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
 		})
-	} else {
-		stays(t, 3*time.Second, res+" registered at dp.1 while it runs (a kubelet before 1.37 would drop dp.2 when dp.1 exits)", func(ctx context.Context) (string, error) {
-			st, err := mr.status(ctx)
-			if err != nil {
-				return "", err
-			}
-			if st[res].Endpoint != old.Path() {
-				return "moved to " + st[res].Endpoint, nil
-			}
-			return "", nil
+		waitUntil(t, time.Minute, "node status shows every device allocatable", func(ctx context.Context) (bool, string) {
+			_, a, err := capacity(ctx, res)
+			// Node status is written every 10 s: a shortfall shows there within 12 s of the exit.
+			return err == nil && a == n && time.Since(exited) > 12*time.Second, fmt.Sprintf("allocatable %d (%v)", a, err)
 		})
+		live, status, looks := watch.stop()
+		dropped := logLines(mr.log, "kubelet dropped the resource's devices", res)
+		how := "registered after the old instance exited"
+		switch {
+		case keeps:
+			how = "registered beside the old one"
+			if live > 0 || status > 0 {
+				t.Errorf("kubelet 1.37, move %d: %s short of allocatable devices for %s live and %s in node status, want never", i+1, res, live.Round(time.Millisecond), status.Round(time.Millisecond))
+			}
+			if dropped != 0 {
+				t.Errorf("kubelet 1.37: multireg saw the devices dropped %d times, want never", dropped)
+			}
+		case beside:
+			how = "registered beside the old one, the drop seen in kubelet's view, registered again"
+			if dropped != 1 {
+				t.Errorf("move %d: multireg logged the drop of the devices %d times, want once", i+1, dropped)
+			}
+		}
+		if !keeps && live > maxShortOlder {
+			t.Errorf("move %d (%s): %s short of allocatable devices for %s live, want at most %s", i+1, how, res, live.Round(time.Millisecond), maxShortOlder)
+		}
+		with := "no bystander"
+		if bystanders[i] != "" {
+			with = "after a bystander's GetInfo as " + bystanders[i]
+		}
+		t.Logf("device plugin rolling update %d (dp.*, %s, %s): allocatable short for %s live (pod-resources, 50 ms), %s in node status (%d looks)",
+			i+1, how, with, live.Round(time.Millisecond), status.Round(time.Millisecond), looks)
+		figures = append(figures, fmt.Sprintf("device plugin rolling update %d, dp.*, %s, %s: allocatable short %s live (pod-resources every 50 ms), %s in node status",
+			i+1, how, with, live.Round(time.Millisecond), status.Round(time.Millisecond)))
+		old = nw
 	}
-	exited := time.Now()
-	old.Stop() // the old instance exits
-	s := registeredAt(nw)
-	waitUntil(t, time.Minute, "one registration socket of "+res+" left in kubelet", func(ctx context.Context) (bool, string) {
-		reg, err := kubeletRegistered(ctx)
-		return err == nil && len(held(reg, first, second)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
-	})
-	waitUntil(t, time.Minute, "node status shows every device allocatable", func(ctx context.Context) (bool, string) {
-		_, a, err := capacity(ctx, res)
-		// Node status is written every 10 s: a shortfall shows there within 12 s of the exit.
-		return err == nil && a == n && time.Since(exited) > 12*time.Second, fmt.Sprintf("allocatable %d (%v)", a, err)
-	})
-	live, status, looks := watch.stop()
-	if keeps && (live > 0 || status > 0) {
-		t.Errorf("kubelet 1.37: %s short of allocatable devices for %s live and %s in node status during the rolling update, want never", res, live.Round(time.Millisecond), status.Round(time.Millisecond))
+}
+
+// maxShortOlder bounds how long a device plugin's rolling update may leave its resource
+// without devices on a kubelet that keeps one client per resource name: the re-registration
+// kubelet makes of a recreated socket, two reconcile passes at most.
+const maxShortOlder = 2 * time.Second
+
+// registrationGetInfoAs calls GetInfo on a registration socket as a local client whose gRPC
+// user agent starts with agent (a probe, grpcurl, another registrar), not as kubelet.
+func registrationGetInfoAs(t *testing.T, socket, agent string) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix:"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(agent))
+	if err != nil {
+		t.Fatal(err)
 	}
-	how := "re-registered after the old instance exited"
-	if keeps {
-		how = "the new instance registered beside the old one"
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}); err != nil {
+		t.Fatalf("GetInfo on %s as %s: %v", socket, agent, err)
 	}
-	t.Logf("device plugin rolling update (dp.* , %s): allocatable short for %s live (pod-resources, 50 ms), %s in node status (%d looks)", how, live.Round(time.Millisecond), status.Round(time.Millisecond), looks)
-	figures = append(figures, fmt.Sprintf("device plugin rolling update, dp.*: %s; allocatable short %s live (pod-resources every 50 ms), %s in node status",
-		how, live.Round(time.Millisecond), status.Round(time.Millisecond)))
 }
 
 // 4h. DRA device health (kubelet 1.36 watches every DRA driver's v1alpha1 health service;
