@@ -446,7 +446,11 @@ patches:
       - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/0/mountPath, value: %[2]s}
       - {op: test, path: /spec/template/spec/containers/0/volumeMounts/1/name, value: plugins-dir}
       - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/1/mountPath, value: %[3]s}
-`, newImage, cl.PluginsRegistry, cl.PluginsDir)
+      - {op: test, path: /spec/template/spec/volumes/2/name, value: pod-resources}
+      - {op: replace, path: /spec/template/spec/volumes/2/hostPath/path, value: %[4]s}
+      - {op: test, path: /spec/template/spec/containers/0/volumeMounts/2/name, value: pod-resources}
+      - {op: replace, path: /spec/template/spec/containers/0/volumeMounts/2/mountPath, value: %[4]s}
+`, newImage, cl.PluginsRegistry, cl.PluginsDir, filepath.Join(cl.KubeletRoot, "pod-resources"))
 	for name, content := range map[string]string{"config.yaml": config, "kustomization.yaml": kustomization} {
 		if err := os.WriteFile(filepath.Join(overlay, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
