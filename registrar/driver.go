@@ -59,6 +59,9 @@ type driver struct {
 	// health are the DRAResourceHealth services the driver's endpoint serves, advertised after
 	// its versions (health.go); nil when none, or not asked.
 	health []string
+	// healthKnown: health is what the driver answered, an instance of it asked earlier by this
+	// loop, or what a hand-over told of; a silent endpoint keeps it (health.go).
+	healthKnown bool
 	// healthOf is the endpoint socket health was asked of (or a hand-over told of).
 	healthOf fsid.ID
 	// prev is the generation a handover leaves registered, until its successor is registered

@@ -18,10 +18,12 @@ import (
 //     handler dials the endpoint anew for each call, and records what NodeGetInfo answered at
 //     registration (node ID, max volumes per node, topology) in CSINode. A re-registration
 //     removes the driver from CSINode meanwhile, and mounts on the node fail.
-//   - DRA: re-registered only when the device health services it serves changed (health.go):
-//     kubelet learns them only at registration. Otherwise kubelet's DRA manager keeps one gRPC
-//     connection per plugin, which reconnects by itself to the restarted driver (kubelet 1.33
-//     to 1.37); a re-registration would close it and cancel the calls in flight.
+//   - DRA: re-registered only when the driver's answer about the device health services it
+//     serves changed (health.go): kubelet learns them only at registration. How soon it
+//     answers within the probe's bound changes nothing, and silence keeps the earlier answer.
+//     Otherwise kubelet's DRA manager keeps one gRPC connection per plugin, which reconnects
+//     by itself to the restarted driver (kubelet 1.33 to 1.37); a re-registration would close
+//     it and cancel the calls in flight.
 //   - Device plugins: always re-registered. kubelet's device manager marks the resource's
 //     devices unhealthy when the ListAndWatch stream ends, stops the plugin's endpoint, and
 //     only a new registration opens another.
@@ -75,8 +77,8 @@ func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
 }
 
 // keepsRegistration reports, after the driver restarted and answered again, whether its
-// registration, cur, stays: a DRA driver's when it serves the health services cur advertised
-// (health.go); a CSI driver's when its NodeGetInfo answer is the one recorded when kubelet
+// registration, cur, stays: a DRA driver's when its answer gives the health services cur
+// advertised (health.go); a CSI driver's when its NodeGetInfo answer is the one recorded when kubelet
 // registered the socket. Otherwise the restart is counted and logged, and the loop registers
 // the driver again.
 func (d *driver) keepsRegistration(ctx context.Context, cur *generation) bool {

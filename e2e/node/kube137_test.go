@@ -301,14 +301,18 @@ func registrationGetInfoAs(t *testing.T, socket, agent string) {
 }
 
 // 4h. DRA device health (kubelet 1.36 watches every DRA driver's v1alpha1 health service;
-// 1.37 only a driver whose registration lists it): a DRA driver that serves
-// v1alpha1.DRAResourceHealth, registered by multireg with the default versions, has its
-// device's health in the pod's allocatedResourcesStatus, Healthy and then Unhealthy when the
-// driver says so. multireg found the service on the endpoint and advertised it.
+// 1.37 only a driver whose registration lists it, the newest listed, and stops for good at
+// Unimplemented): a DRA driver that serves v1alpha1.DRAResourceHealth only, and answers v1's
+// NodeWatchResources Unimplemented a second late, registered by multireg with the default
+// versions, has its device's health in the pod's allocatedResourcesStatus, Healthy and then
+// Unhealthy when the driver says so. multireg found the v1alpha1 service on the endpoint, and
+// only it, and advertised it: had it advertised v1, kubelet 1.37 would call v1 and stop.
 func scenarioDRAHealth(t *testing.T, mr *hostMultireg, config string) {
 	const driver, class, claimName, podName = "health.multireg.test", "e2e-health", "e2e-health", "e2e-health"
 	node := cluster.NodeName
-	dra, err := endpoints.StartDRA(endpointPath("health", "dra.sock"), endpoints.DRAOptions{DriverName: driver, Pool: node, Device: "dev-0", Health: true})
+	dra, err := endpoints.StartDRA(endpointPath("health", "dra.sock"), endpoints.DRAOptions{
+		DriverName: driver, Pool: node, Device: "dev-0", Health: true, V1HealthUnimplementedAfter: time.Second,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,6 +324,9 @@ func scenarioDRAHealth(t *testing.T, mr *hostMultireg, config string) {
 	})
 	if n := logLines(mr.log, "device health services the DRA driver serves, advertised to kubelet", driver, "v1alpha1.DRAResourceHealth"); n != 1 {
 		t.Errorf("multireg logged the health service it advertises for %s %d times, want once", driver, n)
+	}
+	if n := logLines(mr.log, "device health services the DRA driver serves, advertised to kubelet", driver, "v1.DRAResourceHealth"); n != 0 {
+		t.Errorf("multireg advertised v1.DRAResourceHealth for %s, which answers it Unimplemented (after a second)", driver)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -411,7 +418,7 @@ func scenarioDRAHealth(t *testing.T, mr *hostMultireg, config string) {
 		return h == string(corev1.ResourceHealthStatusUnhealthy), why
 	})
 	t.Logf("DRA device health through multireg's registration: Healthy, then Unhealthy in the pod's allocatedResourcesStatus %s after the driver said so", took.Round(10*time.Millisecond))
-	figures = append(figures, fmt.Sprintf("DRA device health (v1alpha1.DRAResourceHealth found on the endpoint and advertised): a device turned Unhealthy reached the pod's allocatedResourcesStatus in %s", took.Round(10*time.Millisecond)))
+	figures = append(figures, fmt.Sprintf("DRA device health (v1alpha1.DRAResourceHealth found on the endpoint and advertised, v1's Unimplemented a second late not): a device turned Unhealthy reached the pod's allocatedResourcesStatus in %s", took.Round(10*time.Millisecond)))
 }
 
 // 4i. A device plugin that registers itself on kubelet.sock, listed in the drivers file too (a

@@ -11,9 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Endpoint is one fake plugin service on a unix socket.
@@ -52,8 +55,9 @@ func StartNode(path, typ, name, nodeID string) (*Endpoint, error) {
 	return e, nil
 }
 
-// startServer serves at path, creating its directory, the services register registers.
-func startServer(path, name string, register func(*grpc.Server)) (*Endpoint, error) {
+// startServer serves at path, creating its directory, the services register registers, on a
+// gRPC server built with opts.
+func startServer(path, name string, register func(*grpc.Server), opts ...grpc.ServerOption) (*Endpoint, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
@@ -61,7 +65,7 @@ func startServer(path, name string, register func(*grpc.Server)) (*Endpoint, err
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", name, err)
 	}
-	e := &Endpoint{Path: path, srv: grpc.NewServer(), done: make(chan struct{})}
+	e := &Endpoint{Path: path, srv: grpc.NewServer(opts...), done: make(chan struct{})}
 	register(e.srv)
 	go func() {
 		defer close(e.done)
@@ -122,6 +126,28 @@ func StartDRAHealth(path, name string) (*Endpoint, error) {
 	return startServer(path, name, func(s *grpc.Server) { s.RegisterService(&draHealthDesc, nil) })
 }
 
+// StartDRAHealthSlow is StartDRAHealth with every NodeWatchResources answer delay late (a
+// stream interceptor holds the call before its handler): v1alpha1's report, and
+// v1.DRAResourceHealth's Unimplemented. For that, v1 is registered with a handler that answers
+// Unimplemented, as a driver built on the generated Unimplemented server does: a gRPC server
+// answers a service it does not know at once, before any interceptor runs.
+func StartDRAHealthSlow(path, name string, delay time.Duration) (*Endpoint, error) {
+	hold := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ss.Context().Done():
+			return ss.Context().Err()
+		}
+		return handler(srv, ss)
+	}
+	return startServer(path, name, func(s *grpc.Server) {
+		s.RegisterService(&draHealthDesc, nil)
+		s.RegisterService(&draHealthV1UnimplementedDesc, nil)
+	}, grpc.StreamInterceptor(hold))
+}
+
 // draHealthDesc is v1alpha1.DRAResourceHealth with its one method. Its request and response
 // are read and written as an empty message (any will do: CSI's ProbeRequest), which is a
 // report without devices on the wire.
@@ -140,6 +166,20 @@ var draHealthDesc = grpc.ServiceDesc{
 			}
 			<-stream.Context().Done()
 			return nil
+		},
+	}},
+}
+
+// draHealthV1UnimplementedDesc is v1.DRAResourceHealth answering Unimplemented, as the
+// generated UnimplementedDRAResourceHealthServer does.
+var draHealthV1UnimplementedDesc = grpc.ServiceDesc{
+	ServiceName: "v1.DRAResourceHealth",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "NodeWatchResources",
+		ServerStreams: true,
+		Handler: func(any, grpc.ServerStream) error {
+			return status.Error(codes.Unimplemented, "method NodeWatchResources not implemented")
 		},
 	}},
 }

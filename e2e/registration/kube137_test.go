@@ -137,20 +137,29 @@ func getInfoAs(t *testing.T, socket, agent string) {
 
 // TestDRAHealthAdvertised: a DRA driver registered with the default versions is advertised
 // with the DRAResourceHealth service its endpoint serves (kubelet 1.37 watches health only
-// then), and without one when it serves none. Every kubelet accepts both lists.
+// then), however late within multireg's probe it answers, and without one when it serves none.
+// Every kubelet accepts the lists.
 func TestDRAHealthAdvertised(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	with := driver{Name: "health.example.com", Type: "DRAPlugin"}
+	slow := driver{Name: "slowhealth.example.com", Type: "DRAPlugin"} // v1's Unimplemented comes after a second
 	without := driver{Name: "nohealth.example.com", Type: "DRAPlugin"}
 	ep, err := plugins.StartDRAHealth(e.EndpointPath(with), with.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ep.Stop)
+	slowEP, err := plugins.StartDRAHealthSlow(e.EndpointPath(slow), slow.Name, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(slowEP.Stop)
 	e.StartEndpoint(without)
-	p := mrproc.Start(t, e.WriteConfig([]driver{with, without}))
-	wait.For(t, registerTimeout, "both registered", func() bool { return e.K.Registered(with.Name) && e.K.Registered(without.Name) })
+	p := mrproc.Start(t, e.WriteConfig([]driver{with, slow, without}))
+	wait.For(t, registerTimeout, "all registered", func() bool {
+		return e.K.Registered(with.Name) && e.K.Registered(slow.Name) && e.K.Registered(without.Name)
+	})
 	versions := func(name string) []string {
 		for _, ev := range e.K.EventsFor(name) {
 			if ev.Kind == kubelet.EventRegister {
@@ -159,14 +168,18 @@ func TestDRAHealthAdvertised(t *testing.T) {
 		}
 		return nil
 	}
-	if got, want := versions(with.Name), []string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}; !slices.Equal(got, want) {
-		t.Errorf("kubelet %s was told %q for %s, want %q", kubelet.Version(), got, with.Name, want)
+	for _, d := range []driver{with, slow} {
+		if got, want := versions(d.Name), []string{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}; !slices.Equal(got, want) {
+			t.Errorf("kubelet %s was told %q for %s, want %q", kubelet.Version(), got, d.Name, want)
+		}
 	}
 	if got, want := versions(without.Name), []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}; !slices.Equal(got, want) {
 		t.Errorf("kubelet %s was told %q for %s, want %q", kubelet.Version(), got, without.Name, want)
 	}
-	if n := p.Count("device health services the DRA driver serves, advertised to kubelet", with.Name); n != 1 {
-		t.Errorf("the health service found logged %d times, want once", n)
+	for _, d := range []driver{with, slow} {
+		if n := p.Count("device health services the DRA driver serves, advertised to kubelet", d.Name); n != 1 {
+			t.Errorf("the health service found for %s logged %d times, want once", d.Name, n)
+		}
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
@@ -28,30 +30,67 @@ func TestHealthServiceNames(t *testing.T) {
 	}
 }
 
-// TestHealthServicesDetected: the services a DRA endpoint serves are told apart from those it
-// does not, whether its stream sends at once or stays quiet.
+// TestHealthServicesDetected: the driver's answer tells the services a DRA endpoint serves
+// from those it does not, whether it comes at once or a second later (within the probe's
+// bound): an Unimplemented is not served however late it comes; a message is served; a stream
+// that stays open without a word is served by silence, and says so.
 func TestHealthServicesDetected(t *testing.T) {
+	v1, v1alpha1 := drahealthv1.DRAResourceHealthService, drahealthv1alpha1.DRAResourceHealthService
 	for _, tt := range []struct {
 		serves []string
-		want   []string
+		delay  time.Duration
+		want   Health
 	}{
-		{nil, nil},
-		{[]string{"v1alpha1"}, []string{"v1alpha1.DRAResourceHealth"}},
-		{[]string{"v1"}, []string{"v1.DRAResourceHealth"}},
-		{[]string{"v1-quiet"}, []string{"v1.DRAResourceHealth"}},
-		{[]string{"v1", "v1alpha1"}, []string{"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}},
+		{nil, 0, Health{{Service: v1}, {Service: v1alpha1}}},
+		{nil, time.Second, Health{{Service: v1}, {Service: v1alpha1}}},
+		{[]string{"v1alpha1"}, 0, Health{{Service: v1}, {Service: v1alpha1, Served: true}}},
+		{[]string{"v1alpha1"}, time.Second, Health{{Service: v1}, {Service: v1alpha1, Served: true}}},
+		{[]string{"v1"}, 0, Health{{Service: v1, Served: true}, {Service: v1alpha1}}},
+		{[]string{"v1"}, time.Second, Health{{Service: v1, Served: true}, {Service: v1alpha1}}},
+		{[]string{"v1-quiet"}, 0, Health{{Service: v1, Served: true, Silent: true}, {Service: v1alpha1}}},
+		{[]string{"v1", "v1alpha1"}, 0, Health{{Service: v1, Served: true}, {Service: v1alpha1, Served: true}}},
 	} {
-		t.Run(strings.Join(append([]string{"serves"}, tt.serves...), "-"), func(t *testing.T) {
+		name := strings.Join(append([]string{"serves"}, tt.serves...), "-")
+		if tt.delay > 0 {
+			name += "-after-" + tt.delay.String()
+		}
+		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(testkit.ShortDir(t), "dra.sock")
-			testkit.HealthEndpoint(t, path, tt.serves...)
+			testkit.HealthEndpointWith(t, path, testkit.HealthOptions{Services: tt.serves, Delay: tt.delay})
 			got, err := HealthServices(context.Background(), path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got, tt.want) {
-				t.Errorf("healthServices = %q, want %q", got, tt.want)
+				t.Errorf("HealthServices = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestHealthServicesAskedTogether: both versions are asked at once, within one bound: an
+// endpoint that answers either only once both calls have come gets an answer for each, rather
+// than the first call's silence.
+func TestHealthServicesAskedTogether(t *testing.T) {
+	path := filepath.Join(testkit.ShortDir(t), "dra.sock")
+	var arrived sync.WaitGroup
+	arrived.Add(len(config.HealthServices))
+	all := make(chan struct{})
+	go func() { arrived.Wait(); close(all) }()
+	testkit.HealthEndpointWith(t, path, testkit.HealthOptions{Services: []string{"v1", "v1alpha1"}, Hold: func(ctx context.Context) {
+		arrived.Done()
+		select {
+		case <-all:
+		case <-ctx.Done():
+		}
+	}})
+	got, err := HealthServices(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Health{{Service: drahealthv1.DRAResourceHealthService, Served: true}, {Service: drahealthv1alpha1.DRAResourceHealthService, Served: true}}
+	if !slices.Equal(got, want) {
+		t.Errorf("HealthServices = %+v, want %+v: each answered, none silent", got, want)
 	}
 }
 
@@ -67,6 +106,6 @@ func TestHealthServicesNoAnswer(t *testing.T) {
 	// The kernel completes the connections; nothing ever answers on them.
 	got, err := HealthServices(context.Background(), path)
 	if err == nil {
-		t.Fatalf("healthServices on a silent endpoint = %q, want an error", got)
+		t.Fatalf("HealthServices on an endpoint that speaks no gRPC = %+v, want an error", got)
 	}
 }

@@ -48,6 +48,12 @@ func StartEndpoint(t testing.TB, path, csiName string) *Endpoint {
 // ServeEndpoint serves, at path, the services that register registers.
 func ServeEndpoint(t testing.TB, path string, register func(*grpc.Server)) *Endpoint {
 	t.Helper()
+	return ServeEndpointWith(t, path, register)
+}
+
+// ServeEndpointWith is ServeEndpoint on a gRPC server built with opts.
+func ServeEndpointWith(t testing.TB, path string, register func(*grpc.Server), opts ...grpc.ServerOption) *Endpoint {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +61,7 @@ func ServeEndpoint(t testing.TB, path string, register func(*grpc.Server)) *Endp
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Endpoint{path: path, srv: grpc.NewServer(), done: make(chan struct{})}
+	e := &Endpoint{path: path, srv: grpc.NewServer(opts...), done: make(chan struct{})}
 	register(e.srv)
 	go func() {
 		defer close(e.done)

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
@@ -31,6 +33,12 @@ type DRAOptions struct {
 	// Health serves v1alpha1.DRAResourceHealth: NodeWatchResources sends Device's health at
 	// once (Healthy) and again after every SetHealth. Without it the service is unimplemented.
 	Health bool
+	// V1HealthUnimplementedAfter, when positive, registers v1.DRAResourceHealth too, whose
+	// NodeWatchResources answers Unimplemented only this late (a stream interceptor holds the
+	// call), as a driver built on the generated Unimplemented server behind a slow interceptor
+	// does: it still serves no v1 health. Zero: v1 is not registered, and the gRPC server
+	// answers Unimplemented at once, before any interceptor or handler.
+	V1HealthUnimplementedAfter time.Duration
 }
 
 // DRA is a DRA kubelet plugin endpoint serving the DRAPlugin service in versions v1 and
@@ -61,13 +69,20 @@ func StartDRA(path string, opts DRAOptions) (*DRA, error) {
 	}
 	d := &DRA{opts: opts, calls: make(map[string]int), healthy: true, changed: make(chan struct{}), quit: make(chan struct{})}
 	v1 := draServer{d: d}
+	srvOpts := []grpc.ServerOption{grpc.StatsHandler(draStats{d: d})}
+	if after := opts.V1HealthUnimplementedAfter; after > 0 {
+		srvOpts = append(srvOpts, grpc.StreamInterceptor(holdV1Health(after)))
+	}
 	srv, err := serve(path, func(s *grpc.Server) {
 		drapbv1.RegisterDRAPluginServer(s, v1)
 		drapbv1beta1.RegisterDRAPluginServer(s, drapbv1beta1.V1ServerWrapper{DRAPluginServer: v1})
 		if opts.Health {
 			drahealth.RegisterDRAResourceHealthServer(s, draHealth{d: d})
 		}
-	}, grpc.StatsHandler(draStats{d: d}))
+		if opts.V1HealthUnimplementedAfter > 0 {
+			s.RegisterService(&draHealthV1Unimplemented, nil)
+		}
+	}, srvOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("dra endpoint %q: %w", opts.DriverName, err)
 	}
@@ -200,5 +215,40 @@ func (h draHealth) NodeWatchResources(_ *drahealth.NodeWatchResourcesRequest, st
 		case <-d.quit:
 			return nil
 		}
+	}
+}
+
+// DRAHealthV1WatchMethod is v1.DRAResourceHealth's NodeWatchResources, as Calls names it.
+const DRAHealthV1WatchMethod = "/v1.DRAResourceHealth/NodeWatchResources"
+
+// draHealthV1Unimplemented is v1.DRAResourceHealth answering Unimplemented, as its generated
+// Unimplemented server does. It is described here because the kubelet API module this module
+// builds with has no v1 of the service.
+var draHealthV1Unimplemented = grpc.ServiceDesc{
+	ServiceName: "v1.DRAResourceHealth",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "NodeWatchResources",
+		ServerStreams: true,
+		Handler: func(any, grpc.ServerStream) error {
+			return status.Error(codes.Unimplemented, "method NodeWatchResources not implemented")
+		},
+	}},
+}
+
+// holdV1Health holds every call of DRAHealthV1WatchMethod for after, or until the call ends,
+// before its handler runs.
+func holdV1Health(after time.Duration) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if info.FullMethod == DRAHealthV1WatchMethod {
+			t := time.NewTimer(after)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ss.Context().Done():
+				return ss.Context().Err()
+			}
+		}
+		return handler(srv, ss)
 	}
 }

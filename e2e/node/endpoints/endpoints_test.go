@@ -333,6 +333,70 @@ func TestDRA(t *testing.T) {
 	}
 }
 
+// TestDRAV1HealthUnimplementedLate: with V1HealthUnimplementedAfter, a DRA endpoint serving
+// v1alpha1 health answers v1.DRAResourceHealth's NodeWatchResources Unimplemented, no sooner
+// than the delay asked for; v1alpha1's stream reports the device as before. Without it, v1 is
+// not registered at all.
+func TestDRAV1HealthUnimplementedLate(t *testing.T) {
+	checkGoroutines(t)
+	const after = 500 * time.Millisecond
+	path := socketPath(t, "dra.sock")
+	ep, err := StartDRA(path, DRAOptions{DriverName: "dra.example.com", Pool: "pool", Device: "dev-0", Health: true, V1HealthUnimplementedAfter: after})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ep.Stop)
+	conn := dial(t, path)
+	ctx := ctxT(t)
+
+	alpha, err := drahealth.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &drahealth.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, err := alpha.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devs := report.GetDevices(); len(devs) != 1 || devs[0].GetDevice().GetDeviceName() != "dev-0" || devs[0].GetHealth() != drahealth.HealthStatus_HEALTHY {
+		t.Errorf("v1alpha1 report = %v, want dev-0 Healthy", report)
+	}
+
+	watchV1 := func(conn *grpc.ClientConn) error {
+		stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, DRAHealthV1WatchMethod)
+		if err != nil {
+			return err
+		}
+		if err := stream.SendMsg(&drahealth.NodeWatchResourcesRequest{}); err != nil {
+			return err
+		}
+		if err := stream.CloseSend(); err != nil {
+			return err
+		}
+		return stream.RecvMsg(&drahealth.NodeWatchResourcesResponse{})
+	}
+	start := time.Now()
+	err = watchV1(conn)
+	took := time.Since(start)
+	wantCode(t, "v1 NodeWatchResources", err, codes.Unimplemented)
+	if took < after {
+		t.Errorf("v1 NodeWatchResources answered Unimplemented after %s, want no sooner than %s", took, after)
+	}
+	if n := ep.Calls(DRAHealthV1WatchMethod); n != 1 {
+		t.Errorf("Calls(%q) = %d, want 1", DRAHealthV1WatchMethod, n)
+	}
+
+	plain, err := StartDRA(socketPath(t, "dra.sock"), DRAOptions{DriverName: "plain.example.com", Health: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plain.Stop)
+	err = watchV1(dial(t, plain.Path()))
+	wantCode(t, "v1 NodeWatchResources without the option", err, codes.Unimplemented)
+	if !strings.Contains(status.Convert(err).Message(), "unknown service") {
+		t.Errorf("v1 NodeWatchResources without the option: %v, want the server's unknown service", err)
+	}
+}
+
 // staleSocket leaves a socket file at path that nobody listens on.
 func staleSocket(t *testing.T, path string) {
 	t.Helper()
