@@ -6,8 +6,8 @@ import "fmt"
 type DeviceMoves string
 
 const (
-	// MovesAuto: beside the old instance while kubelet's pod-resources API shows that
-	// kubelet keeps the resource's devices through a move; after it otherwise.
+	// MovesAuto: beside the old instance while kubelet's pod-resources API answers and no
+	// move since kubelet started has dropped the resource's devices; after it otherwise.
 	MovesAuto DeviceMoves = "auto"
 	// MovesBeside: always beside the old instance (kubelet 1.37 and later). A drop of the
 	// resource's devices seen in kubelet's view is still repaired.

@@ -30,10 +30,11 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 		return end, nil
 	}
 	for {
-		if d.checkVerify() {
+		// Watched before it is read: a reading in between wakes the next select.
+		viewC, verifyC := w.watchVerify()
+		if d.checkVerify(g) {
 			return endDevicesDropped, nil
 		}
-		viewC, verifyC := w.watchVerify()
 		select {
 		case <-viewC:
 			if d.verify != nil && d.verify.until.IsZero() && d.prev != nil && g.registered {

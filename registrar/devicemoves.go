@@ -34,17 +34,24 @@ import (
 // read that shows it comes within another.
 const verifyFor = 2 * podres.Period
 
+// droppedFor is how long kubelet's view must show the resource without devices before a drop
+// is taken for one: two quick reads, so that one odd answer decides nothing.
+const droppedFor = 2 * podres.QuickPeriod
+
 // deviceMoves is what a supervisor's loops know of how kubelet takes a device plugin's move.
 type deviceMoves struct {
 	mode config.DeviceMoves
 	view *podres.View // nil: none
 	log  *slog.Logger
 
-	// guards: onePerResource.
+	// guards: onePerResource, learnedIn.
 	mu sync.Mutex
 	// onePerResource: kubelet was seen to drop a resource's devices when the old instance of
-	// a move went (config.MovesAuto then registers new instances after the old ones).
+	// a move went (MovesAuto then registers new instances after the old ones), in the
+	// learnedIn-th run of kubelet's API the view saw: a kubelet restarted since (maybe
+	// upgraded) is asked again.
 	onePerResource bool
+	learnedIn      int
 }
 
 // beside reports whether a device plugin's new instance is registered beside the old one.
@@ -58,88 +65,105 @@ func (m *deviceMoves) beside() bool {
 	case config.MovesAfter:
 		return false
 	}
+	_, up, run := m.view.State()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return !m.onePerResource && m.view.Available()
+	return up && (!m.onePerResource || m.learnedIn != run)
 }
 
 // dropped records that kubelet dropped resource's devices when the old instance of a move
 // went.
 func (m *deviceMoves) dropped(log *slog.Logger, resource string, had int) {
+	_, _, run := m.view.State()
 	m.mu.Lock()
-	learned := !m.onePerResource && m.mode == config.MovesAuto
-	m.onePerResource = true
+	learned := m.mode == config.MovesAuto && (!m.onePerResource || m.learnedIn != run)
+	m.onePerResource, m.learnedIn = true, run
 	m.mu.Unlock()
 	log.Warn("kubelet dropped the resource's devices when the old instance's registration went: registering the new instance again",
 		"resource", resource, "devicesBefore", had)
 	if learned {
 		m.log.Warn("kubelet's device manager keeps one client per resource (kubelet 1.36 or older, whatever its gRPC release): " +
-			"from now on a device plugin's new instance is registered after its old one is gone")
+			"until kubelet restarts, a device plugin's new instance is registered after its old one is gone")
 	}
 }
 
 // devices is what kubelet's view says of the driver's resource: its allocatable devices,
-// and whether the view has read kubelet.
-func (d *driver) devices() (int, bool) {
+// since when, and whether the view has read kubelet and it answers.
+func (d *driver) devices() (int, time.Time, bool) {
 	if d.moves == nil {
-		return 0, false
+		return 0, time.Time{}, false
 	}
-	r, up := d.moves.view.Last()
-	n, _, ok := r.Count(d.spec.Name)
-	return n, ok && up
+	r, up, _ := d.moves.view.State()
+	n, since, ok := r.Count(d.spec.Name)
+	return n, since, ok && up
 }
 
 // verification is a device plugin's move being checked in kubelet's view, from the moment the
-// new instance is registered beside the old one until verifyFor after the old registration
-// is withdrawn.
+// new instance is registered beside the old one (d.prev) until verifyFor after the old
+// registration is withdrawn.
 type verification struct {
 	had   int       // the most devices kubelet held for the resource during the move
+	gen   uint64    // the generation whose registration is verified, once the old one went
 	until time.Time // zero while the old registration stays
+	seen  bool      // kubelet's view answered after the withdrawal
 }
 
-// startVerify begins watching kubelet's view for a device plugin whose new instance is
-// registered beside the old one.
+// startVerify begins watching kubelet's view for a device plugin whose new instance is being
+// registered beside the old one (d.prev); without a view there is nothing to watch.
 func (d *driver) startVerify() {
-	if d.spec.Type != config.DevicePlugin || d.moves == nil || d.moves.view == nil {
+	d.verify = nil
+	if d.spec.Type != config.DevicePlugin || d.moves == nil || d.moves.view == nil || d.prev == nil {
 		return
 	}
-	n, _ := d.devices()
+	n, _, _ := d.devices()
 	d.verify = &verification{had: n}
 }
 
-// withdrawn notes that the old registration of a verified move was withdrawn: kubelet's view
-// is read quickly for verifyFor.
-func (d *driver) withdrawn() {
+// withdrawn notes that the old registration of a verified move was withdrawn while g is the
+// registration kubelet holds: kubelet's view is read quickly for verifyFor.
+func (d *driver) withdrawn(g *generation) {
 	if d.verify == nil {
 		return
 	}
-	d.verify.until = time.Now().Add(verifyFor)
+	d.verify.gen, d.verify.until = g.gen, time.Now().Add(verifyFor)
 	d.moves.view.Quick(verifyFor)
 }
 
-// checkVerify reads kubelet's view for a move being verified. It reports true when the
-// resource's devices dropped after the old registration was withdrawn: the new instance must
-// be registered again. A verification that saw no drop for verifyFor ends.
-func (d *driver) checkVerify() bool {
+// checkVerify reads kubelet's view for a move being verified while the loop waits on g. It
+// reports true when the resource's devices dropped after the old registration was withdrawn,
+// while kubelet holds g: g must be registered again. A verification that saw no drop for
+// verifyFor ends; one whose move ended otherwise (another generation, no old registration
+// left to withdraw) is dropped.
+func (d *driver) checkVerify(g *generation) bool {
 	v := d.verify
 	if v == nil {
 		return false
 	}
-	n, ok := d.devices()
-	if ok {
-		v.had = max(v.had, n)
-	}
+	n, since, ok := d.devices()
 	if v.until.IsZero() { // the old registration stays: kubelet holds the resource through it
+		if d.prev == nil {
+			d.verify = nil // the move ended without a withdrawal to verify
+		} else if ok {
+			v.had = max(v.had, n)
+		}
 		return false
 	}
-	if ok && n == 0 && v.had > 0 {
+	if g.gen != v.gen {
+		d.verify = nil // another generation since: nothing of the move to verify
+		return false
+	}
+	v.seen = v.seen || ok
+	if ok && n == 0 && v.had > 0 && g.registered && time.Since(since) >= droppedFor {
 		d.verify = nil
 		d.moves.dropped(d.log, d.spec.Name, v.had)
 		return true
 	}
 	if !time.Now().Before(v.until) {
 		d.verify = nil
-		if ok && v.had > 0 {
+		switch {
+		case !v.seen:
+			d.log.Warn("the move was not verified: kubelet's pod-resources API did not answer after the old registration was withdrawn")
+		case v.had > 0:
 			d.log.Info("kubelet kept the resource's devices through the move", "devices", n)
 		}
 	}

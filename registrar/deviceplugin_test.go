@@ -22,7 +22,8 @@ type devicePluginMove struct {
 	d       config.Driver
 	old     *endpoint
 	kubelet *testkit.PodResources // nil: no pod-resources API
-	first   fsid.ID               // dp.1's registration socket
+	view    *podres.View
+	first   fsid.ID // dp.1's registration socket
 }
 
 // startDevicePluginMove registers a device plugin at dp.1 with a supervisor of opts; with
@@ -38,6 +39,7 @@ func startDevicePluginMove(t *testing.T, opts Options, podResources bool) *devic
 		m.kubelet = testkit.StartPodResources(t, sock)
 		m.kubelet.Set(m.d.Name, 2)
 		opts.PodResources = podres.New(sock, testkit.Logger(t))
+		m.view = opts.PodResources
 	}
 	m.old = startInstance(t, m.d, "dp.1")
 	ageFile(t, filepath.Join(filepath.Dir(m.d.LocalEndpoint), "dp.1"), time.Minute)
@@ -144,6 +146,15 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 	cur := mustID(t, m.d.AltSocketPath)
 	startInstance(t, m.d, "dp.3")
 	m.awaitAfter(m.d.AltSocketPath, cur, m.d.SocketPath)
+
+	// Until kubelet restarts (maybe upgraded): its API goes and comes back, and the waiting
+	// new instance is registered beside the running one again.
+	sock := m.kubelet.Path()
+	m.kubelet.Stop()
+	testkit.Eventually(t, 5*time.Second, "kubelet's view down", func() bool { return !m.view.Available() })
+	m.kubelet = testkit.StartPodResources(t, sock)
+	m.kubelet.Set(m.d.Name, 2)
+	m.awaitBeside(m.d.SocketPath, "dp.3")
 }
 
 // TestDevicePluginMoveWithoutKubeletsView: without kubelet's pod-resources API, nothing tells
@@ -285,6 +296,27 @@ func TestKubeletViewOfDevicePlugin(t *testing.T) {
 	}
 	if st := statusOf(s, d.Name); st.Kubelet.Missing || st.Phase != Registered {
 		t.Errorf("status: %+v, want Registered and nothing missing", st)
+	}
+}
+
+// TestKubeletViewPluginWithoutDevices: a device plugin that never had a device in kubelet (it
+// runs on a node without its hardware) is not flagged.
+func TestKubeletViewPluginWithoutDevices(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := testDriver(dir, "example.com/fpga", config.DevicePlugin, filepath.Join(dir, "ep", "fpga.sock"))
+	startEndpoint(t, d.LocalEndpoint, "")
+	sock := filepath.Join(dir, "pr.sock")
+	testkit.StartPodResources(t, sock)
+	s := runSupervisor(t, Options{PodResources: podres.New(sock, nil)})
+	s.Start(d)
+	awaitSocket(t, d)
+	registerAndWait(t, s, d)
+	testkit.Eventually(t, 5*time.Second, "a pass of kubelet's view after the registration", func() bool {
+		st := statusOf(s, d.Name)
+		return st.Kubelet != nil && st.Kubelet.ReadAt.Sub(st.Since) > 2*podres.Period
+	})
+	if kv := statusOf(s, d.Name).Kubelet; kv.Missing || kv.Devices != 0 {
+		t.Errorf("kubelet's view: %+v, want no device and nothing missing", kv)
 	}
 }
 

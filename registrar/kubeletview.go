@@ -16,9 +16,10 @@ type KubeletView struct {
 	ReadAt time.Time
 	// Since is since when kubelet has held that many, as far as multireg has read.
 	Since time.Time
-	// Missing is set when the driver is registered and kubelet has held no device of its
-	// resource for longer than a reconcile pass: kubelet may have dropped the resource, or
-	// the plugin reports none.
+	// Missing is set when the driver is registered and kubelet, which has held devices of its
+	// resource, has held none for longer than a reconcile pass: kubelet dropped the resource,
+	// or the plugin reports no healthy device. A plugin never seen with a device (one that
+	// runs on nodes without its hardware) is not missing anything.
 	Missing bool
 }
 
@@ -33,12 +34,14 @@ func kubeletView(r podres.Reading, st DriverStatus) *KubeletView {
 		from = st.Since
 	}
 	registeredFor := r.At.Sub(from)
-	return &KubeletView{Devices: n, ReadAt: r.At, Since: since, Missing: st.Phase == Registered && n == 0 && registeredFor > podres.Period}
+	missing := st.Phase == Registered && n == 0 && registeredFor > podres.Period && !r.HadAt(st.Name).IsZero()
+	return &KubeletView{Devices: n, ReadAt: r.At, Since: since, Missing: missing}
 }
 
 // watchKubelet logs, once a reconcile pass, each registered device plugin whose resource
 // kubelet holds no device of (KubeletView.Missing), when that begins and when it ends, until
-// ctx ends.
+// ctx ends. It reads only the device plugins' phases, and nothing while kubelet's view does
+// not answer.
 func (s *Supervisor) watchKubelet(ctx context.Context) {
 	if s.moves.view == nil {
 		return
@@ -52,20 +55,33 @@ func (s *Supervisor) watchKubelet(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		seen := map[string]bool{}
-		for _, st := range s.Status() {
-			if st.Type != config.DevicePlugin || st.Kubelet == nil {
-				continue
+		r, up := s.moves.view.Last()
+		if !up {
+			continue
+		}
+		s.mu.Lock()
+		var dps []*driver
+		for _, h := range s.running {
+			if h.d.spec.Type == config.DevicePlugin {
+				dps = append(dps, h.d)
 			}
+		}
+		s.mu.Unlock()
+		seen := make(map[string]bool, len(dps))
+		for _, d := range dps {
+			d.mu.Lock()
+			st := DriverStatus{Name: d.st.Name, Phase: d.st.Phase, Since: d.st.Since}
+			d.mu.Unlock()
+			kv := kubeletView(r, st)
 			seen[st.Name] = true
-			switch m := st.Kubelet.Missing; {
+			switch m := kv.Missing; {
 			case m && !missing[st.Name]:
 				s.log.Warn("kubelet holds no device of the registered device plugin's resource", "driver", st.Name,
-					"for", st.Kubelet.ReadAt.Sub(st.Kubelet.Since).Round(time.Millisecond).String())
+					"for", kv.ReadAt.Sub(kv.Since).Round(time.Millisecond).String())
 			case !m && missing[st.Name]:
-				s.log.Info("kubelet holds the device plugin's devices again", "driver", st.Name, "devices", st.Kubelet.Devices)
+				s.log.Info("kubelet holds the device plugin's devices again", "driver", st.Name, "devices", kv.Devices)
 			}
-			missing[st.Name] = st.Kubelet.Missing
+			missing[st.Name] = kv.Missing
 		}
 		for name := range missing {
 			if !seen[name] {

@@ -46,6 +46,7 @@ func (d *driver) newLoop(ctx context.Context) *loop {
 	if l.a != nil {
 		l.cur = l.a.cur
 	}
+	d.startVerify() // a move handed over under way is verified as one begun here
 	return l
 }
 
@@ -95,6 +96,7 @@ func (l *loop) prepare() bool {
 		}
 		if l.resume && l.cur.at != d.at && d.prev == nil {
 			d.prev, l.cur = l.cur, nil // a newer instance answers: hand over to it
+			d.startVerify()
 		}
 		cur := l.cur
 		kept := cur != nil && cur.at == d.at && (l.resume || l.restarted && d.keepsRegistration(ctx, cur))
@@ -172,6 +174,9 @@ func (l *loop) after(end ending, err error) bool {
 			d.retire(cur)
 			l.cur = d.resume()
 			l.resume = true
+			// The new instance's registration went: an older device manager dropped the
+			// resource's client with it, which kubelet's view shows.
+			d.withdrawn(l.cur)
 		case cur.registered:
 			// kubelet holds cur: the registration stays with it until the new instance's is
 			// made. An older one still kept is no longer needed.

@@ -279,7 +279,7 @@ func (d *driver) settleHandover(ctx context.Context, g *generation) {
 			"socket", d.prev.path, "endpoint", d.prev.at.local)
 		d.retire(d.prev)
 		d.prev = nil
-		d.withdrawn()
+		d.withdrawn(g)
 	}
 }
 
@@ -306,7 +306,9 @@ func (d *driver) socketsGone(ev fswatch.Change, g *generation) bool {
 		d.log.Info("the old instance's registration socket was removed", "socket", d.prev.path)
 		d.prev.stop()
 		d.prev = nil
-		d.withdrawn()
+		if g.registered {
+			d.withdrawn(g)
+		}
 		if !g.registered { // kubelet holds none of ours now
 			d.update(Serving, "", time.Time{})
 		}

@@ -58,7 +58,7 @@ func runCommandFlags(f *runFlags) *command {
 	c.String(&f.podResources, "pod-resources-socket", "PATH", autoPodResources,
 		"kubelet's pod-resources socket, read for what kubelet holds of each device plugin; auto: <kubelet root>/pod-resources/kubelet.sock beside the registration directory; empty: none")
 	c.String((*string)(&f.moves), "device-plugin-moves", "MODE", string(config.MovesAuto),
-		"how a device plugin's new instance (endpoint pattern) is registered: auto (beside the old one while kubelet's pod-resources view shows kubelet keeps the devices, else after it), beside, or after")
+		"how a device plugin's new instance (endpoint pattern) is registered: auto (beside the old one while kubelet's pod-resources API answers and no move since kubelet started dropped the devices, else after it), beside, or after")
 	return c
 }
 

@@ -14,10 +14,14 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"multireg.dev/multireg/internal/sockfile"
@@ -50,7 +54,14 @@ type Reading struct {
 	// since is when each resource's count became what it is, as far as this view has seen:
 	// at the first reading for a resource never seen with devices.
 	since map[string]time.Time
+	// had is the last reading at which each resource had devices.
+	had   map[string]time.Time
 	first time.Time
+}
+
+// HadAt is the last reading at which resource had devices; zero if none did.
+func (r Reading) HadAt(resource string) time.Time {
+	return r.had[resource]
 }
 
 // Count is what the reading says of resource: its allocatable devices, and since when kubelet
@@ -78,6 +89,9 @@ type View struct {
 	last Reading
 	// up: the last read answered. down: a failed read was logged, and not since a success.
 	up, down bool
+	// runs counts the times kubelet's API came up (answered after not answering, or first):
+	// each is another run of kubelet, maybe another kubelet.
+	runs int
 	// changed is closed, and replaced, when a read finds another count or availability.
 	changed chan struct{}
 	// quickUntil: read every QuickPeriod until then.
@@ -105,8 +119,16 @@ func (v *View) Path() string {
 // Run reads kubelet until ctx ends, once a Period, or once a QuickPeriod while a loop asked
 // (Quick). It returns when ctx ends; the caller owns it and waits for it.
 func (v *View) Run(ctx context.Context) {
-	conn, err := sockfile.Client(v.path)
-	if err != nil { // only a malformed target fails here; the socket is dialled per call
+	// gRPC reconnects with a backoff of up to 2 minutes by default: a kubelet back from a
+	// restart is read again within a second.
+	conn, err := grpc.NewClient("passthrough:///localhost",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return sockfile.Dial(ctx, v.path) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: Period},
+			MinConnectTimeout: callTimeout,
+		}))
+	if err != nil { // only a malformed target fails here
 		v.log.Error("kubelet's pod-resources API", "socket", v.path, "err", err)
 		return
 	}
@@ -151,7 +173,7 @@ func (v *View) read(ctx context.Context, client podresourcesv1.PodResourcesListe
 	if err != nil {
 		if v.up || !v.down {
 			v.log.Warn("kubelet's pod-resources API does not answer: kubelet's view of device plugins is not shown, "+
-				"and a device plugin moving to a new endpoint is registered after its old instance is gone",
+				"and a device plugin's move to a new endpoint cannot be verified",
 				"socket", v.path, "err", err)
 			v.down = true
 		}
@@ -164,15 +186,21 @@ func (v *View) read(ctx context.Context, client podresourcesv1.PodResourcesListe
 	if !v.up {
 		v.log.Info("kubelet's pod-resources API answers: device plugins' resources are read from kubelet", "socket", v.path)
 		v.up, v.down = true, false
+		v.runs++
 		v.notify()
 	}
 	devices := map[string]int{}
 	for _, cd := range resp.GetDevices() {
 		devices[cd.GetResourceName()] += len(cd.GetDeviceIds())
 	}
-	r := Reading{At: now, Devices: devices, since: maps.Clone(v.last.since), first: v.last.first}
+	r := Reading{At: now, Devices: devices, since: maps.Clone(v.last.since), had: maps.Clone(v.last.had), first: v.last.first}
 	if r.since == nil {
-		r.since, r.first = map[string]time.Time{}, now
+		r.since, r.had, r.first = map[string]time.Time{}, map[string]time.Time{}, now
+	}
+	for name, n := range devices {
+		if n > 0 {
+			r.had[name] = now
+		}
 	}
 	changed := false
 	for name, n := range devices {
@@ -199,12 +227,19 @@ func (v *View) notify() {
 
 // Last returns the last reading, and whether kubelet answered the last read.
 func (v *View) Last() (Reading, bool) {
+	r, up, _ := v.State()
+	return r, up
+}
+
+// State returns the last reading, whether kubelet answered the last read, and how many times
+// kubelet's API came up: a count that moves when kubelet restarted.
+func (v *View) State() (Reading, bool, int) {
 	if v == nil {
-		return Reading{}, false
+		return Reading{}, false, 0
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.last, v.up
+	return v.last, v.up, v.runs
 }
 
 // Available reports whether kubelet answered the last read.

@@ -47,7 +47,10 @@ func (p *PodResources) Calls() int {
 	return p.calls
 }
 
-// Stop stops serving; the socket file stays.
+// Path is where the API is served.
+func (p *PodResources) Path() string { return p.ep.Path() }
+
+// Stop stops serving and removes the socket, as a kubelet that stops.
 func (p *PodResources) Stop() { p.ep.Stop() }
 
 // GetAllocatableResources implements the API: each resource's devices, one entry per device

@@ -111,6 +111,9 @@ unique"), and an upgrade would merge the two mounts into one without a word.
 */}}
 {{- define "multireg.checkExtraHostPaths" -}}
 {{- $mounted := dict (include "multireg.registrationDir" .) "kubelet's plugins-registry directory" (include "multireg.pluginsDir" .) "kubelet's plugins directory" (include "multireg.configDir" .) "the drivers file's directory" }}
+{{- if .Values.podResources.enabled }}
+{{- $_ := set $mounted (printf "%s/pod-resources" (include "multireg.kubeletDir" .)) "kubelet's pod-resources directory" }}
+{{- end }}
 {{- $seen := dict }}
 {{- range $i, $p := .Values.extraHostPaths }}
 {{- $c := clean $p }}
