@@ -28,8 +28,8 @@ const KubeletDevicePluginDir = "/var/lib/kubelet/device-plugins"
 //   - KubeletDevicePluginDir, whatever registrationDir is;
 //   - <root>/device-plugins, when registrationDir is <root>/plugins_registry of another root.
 //     kubelet does not use it by itself, but a node with another root may link its
-//     /var/lib/kubelet and that root together (a common way to make tools that assume the
-//     default root work), which makes the two one directory; a pod sees no such link. A
+//     /var/lib/kubelet and that root together (so that tools that assume the default root
+//     work), which makes the two one directory; a pod sees no such link. A
 //     plugin registered by multireg never needs to be there: <root>/plugins is its place.
 //     A registrationDir of another name tells no root: only KubeletDevicePluginDir is refused.
 //
