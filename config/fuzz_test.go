@@ -126,6 +126,8 @@ func checkInvariants(t *testing.T, cfg *RegistrarConfig) {
 			t.Fatalf("driver %q: backoff %+v", d.Name, d.Backoff)
 		case d.RegistrationTimeout < 0:
 			t.Fatalf("driver %q: registration timeout %s", d.Name, d.RegistrationTimeout)
+		case d.Type == DevicePlugin && (filepath.Dir(d.Endpoint) == KubeletDevicePluginDir || filepath.Dir(d.LocalEndpoint) == KubeletDevicePluginDir):
+			t.Fatalf("driver %q: endpoint %q (local %q) in kubelet's device-plugin directory", d.Name, d.Endpoint, d.LocalEndpoint)
 		}
 		names[d.Name] = true
 		sockets[d.SocketPath] = true

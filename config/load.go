@@ -10,8 +10,8 @@ import (
 	"syscall"
 )
 
-// Load reads and parses the drivers file at path. See ReadFile and Parse. Every error line
-// starts with the path.
+// Load reads and parses the drivers file at path. See ReadFile and ParseLocal. Every error
+// line starts with the path.
 func Load(path string) (*RegistrarConfig, error) {
 	cfg, _, err := LoadContent(path)
 	return cfg, err
@@ -23,7 +23,7 @@ func LoadContent(path string) (*RegistrarConfig, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg, err := Parse(b)
+	cfg, err := ParseLocal(b)
 	if err != nil {
 		// Every line of the error starts with the path.
 		return nil, nil, errors.New(path + ": " + strings.ReplaceAll(err.Error(), "\n", "\n"+path+": "))
@@ -99,13 +99,27 @@ func notRegular(path string, mode fs.FileMode) error {
 
 // Parse decodes a drivers file strictly, validates it and resolves every default.
 // The error lists every problem found, one per line, each with its field path and value.
+// It reads nothing but b: what only this machine's filesystem shows is ParseLocal's.
 func Parse(b []byte) (*RegistrarConfig, error) {
+	return parse(b, nil)
+}
+
+// ParseLocal is Parse, and also refuses a device plugin whose endpoint's directory is kubelet's
+// device-plugin directory through a symlink or a mount, as far as this machine shows it (see
+// KubeletDevicePluginDir). multireg run (Load, and every reload) and multireg validate parse
+// with it, so that both say the same of the same file on the same machine.
+func ParseLocal(b []byte) (*RegistrarConfig, error) {
+	return parse(b, os.Stat)
+}
+
+// parse is Parse, looking at this machine's paths with look when it is not nil.
+func parse(b []byte, look func(string) (fs.FileInfo, error)) (*RegistrarConfig, error) {
 	if len(b) > MaxFileSize {
 		return nil, fmt.Errorf("config is %d bytes, larger than %d bytes (1 MiB), the most a drivers file may be", len(b), MaxFileSize)
 	}
 	f, failed, errs := decode(b)
 	if f != nil {
-		cfg, verrs := resolve(f)
+		cfg, verrs := resolve(f, look)
 		for _, e := range verrs {
 			if !failed[e.Field] {
 				errs = append(errs, e)

@@ -93,6 +93,11 @@ func TestParseInvalid(t *testing.T) {
 		{"endpoint-url-characters", []string{`drivers[0].endpoint: "/run/csi#1/csi.sock": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
 		{"socketname-url-characters", []string{`drivers[0].socketName: "nfs?reg.sock": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
 		{"registration-dir-url-characters", []string{`registrationDir: "/var/lib/kubelet/plugins%25registry": kubelet cannot dial a path with '#', '?', '%' or a control character: its gRPC client reads the path as a URL`}},
+		{"device-plugin-dir", []string{inDevicePluginDir(`drivers[0].endpoint: "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"`, kubeletsDir, "/var/lib/kubelet/plugins")}},
+		{"device-plugin-dir-pattern", []string{inDevicePluginDir(`drivers[0].endpoint: "/var/lib/kubelet/device-plugins/dp.*"`, kubeletsDir, "/var/lib/kubelet/plugins")}},
+		{"device-plugin-dir-other-root", []string{inDevicePluginDir(`drivers[0].endpoint: "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"`, kubeletsDir, "/var/lib/k0s/kubelet/plugins")}},
+		{"device-plugin-dir-root", []string{inDevicePluginDir(`drivers[0].endpoint: "/var/lib/k0s/kubelet/device-plugins/x.sock"`, underRoot("/var/lib/k0s/kubelet/device-plugins"), "/var/lib/k0s/kubelet/plugins")}},
+		{"device-plugin-dir-local-endpoint", []string{inDevicePluginDir(`drivers[0].localEndpoint: "/host/kubelet/device-plugins/x.sock"`, underRoot("/host/kubelet/device-plugins"), "/host/kubelet/plugins")}},
 		{"endpoint-in-registry", []string{`drivers[0].endpoint: "/var/lib/kubelet/plugins_registry/nfs/csi.sock": is inside registrationDir "/var/lib/kubelet/plugins_registry": kubelet would take the plugin's socket for a registration socket`}},
 		// What YAML 1.2 and the library's decoder would take otherwise: a number or a YAML 1.1
 		// boolean as a string, a quoted "yes" as a boolean, a null key or entry dropped, a bad
@@ -136,6 +141,22 @@ func TestParseInvalid(t *testing.T) {
 	if len(files) < 25 {
 		t.Errorf("%d failure modes in testdata, want at least 25", len(files))
 	}
+}
+
+// kubeletsDir is how a refusal of an endpoint in kubelet's device-plugin directory names it;
+// underRoot names the device-plugins directory under registrationDir's kubelet root.
+const kubeletsDir = "kubelet's device-plugin directory /var/lib/kubelet/device-plugins"
+
+func underRoot(dir string) string {
+	return dir + ", kubelet's device-plugin directory on a node that links it with /var/lib/kubelet/device-plugins (which kubelet uses whatever its root)"
+}
+
+// inDevicePluginDir is the problem of a device plugin's endpoint (field and value) in the
+// directory where, whose socket belongs under plugins.
+func inDevicePluginDir(field, where, plugins string) string {
+	return field + ": is in " + where + ", where device plugins register themselves through kubelet.sock and kubelet removes every socket " +
+		"when it starts: a second registration of a connected plugin makes kubelet 1.37 refuse its endpoint until kubelet restarts. " +
+		"Remove the driver if the plugin registers itself, or move its socket to a directory of its own under " + plugins + " (docs/drivers.md)"
 }
 
 // TestParseReportsEveryError checks that one pass reports every problem of a file, in file

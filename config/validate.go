@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,7 +14,9 @@ import (
 
 // resolve checks a decoded file and fills in what each driver leaves out. It returns the
 // resolved configuration, which is only meaningful when there is no problem, and every problem.
-func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
+// look, when not nil, is how it sees a path of this machine (os.Stat): only the check of
+// device plugins' directories uses it.
+func resolve(f *file, look func(string) (fs.FileInfo, error)) (*RegistrarConfig, field.ErrorList) {
 	errs := checkConst(field.NewPath("apiVersion"), f.APIVersion, APIVersion)
 	errs = append(errs, checkConst(field.NewPath("kind"), f.Kind, Kind)...)
 	dir, dirErrs := registrationDir(field.NewPath("registrationDir"), f.RegistrationDir)
@@ -25,6 +28,7 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 	}
 
 	cfg := &RegistrarConfig{RegistrationDir: dir, Drivers: f.Drivers}
+	dpDirs := devicePluginDirs(dir, look)
 	byName := map[string]int{}
 	bySocket := map[string]int{}
 	for i := range cfg.Drivers {
@@ -35,7 +39,7 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 		if d.SocketName == "" {
 			shown = formatValue(DefaultSocketName(d.Name)) + " (default)"
 		}
-		errs = append(errs, d.resolve(p, dir)...)
+		errs = append(errs, d.resolve(p, dir, dpDirs, look)...)
 		for _, sp := range d.socketPaths() {
 			if n := len(sp); n > MaxSocketPathLen && checkSocket {
 				errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
@@ -62,8 +66,9 @@ func resolve(f *file) (*RegistrarConfig, field.ErrorList) {
 	return cfg, errs
 }
 
-// resolve checks what the driver sets itself, as written, and fills in the rest.
-func (d *Driver) resolve(p *field.Path, dir string) field.ErrorList {
+// resolve checks what the driver sets itself, as written, and fills in the rest. dpDirs and
+// look are for checkDevicePluginDir.
+func (d *Driver) resolve(p *field.Path, dir string, dpDirs []devicePluginDir, look func(string) (fs.FileInfo, error)) field.ErrorList {
 	var errs field.ErrorList
 	typeOK := slices.Contains(Types, d.Type)
 	switch {
@@ -86,6 +91,7 @@ func (d *Driver) resolve(p *field.Path, dir string) field.ErrorList {
 			"must be true when endpoint is a pattern: multireg looks for the matching socket that answers to tell kubelet its path"))
 	}
 	errs = append(errs, d.checkOutsideRegistry(p, dir)...)
+	errs = append(errs, d.checkDevicePluginDir(p, dpDirs, look)...)
 	if d.LocalEndpoint == "" {
 		d.LocalEndpoint = d.Endpoint
 	}

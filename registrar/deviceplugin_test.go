@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
@@ -198,40 +197,6 @@ func TestForeignGetInfoChangesNothing(t *testing.T) {
 	}
 	startInstance(t, m.d, "dp.2")
 	m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
-}
-
-// TestDevicePluginInKubeletDirRefused: a device plugin whose endpoint is in kubelet's
-// device-plugin directory is never registered (a plugin that registers itself there would be
-// refused by kubelet 1.37 until kubelet restarts): its status says why, no socket appears,
-// and removing it from the configuration ends its loop.
-func TestDevicePluginInKubeletDirRefused(t *testing.T) {
-	if want := filepath.Clean(pluginapi.DevicePluginPath); kubeletDevicePluginDir != want {
-		t.Fatalf("kubeletDevicePluginDir %q, kubelet's is %q", kubeletDevicePluginDir, want)
-	}
-	var log testkit.Buffer
-	dir := testkit.ShortDir(t)
-	d := testDriver(dir, "nvidia.com/gpu", config.DevicePlugin, filepath.Join(kubeletDevicePluginDir, "nvidia-gpu.sock"))
-	d.LocalEndpoint = filepath.Join(dir, "ep", "nvidia-gpu.sock") // as multireg would see it, mounted
-	startEndpoint(t, d.LocalEndpoint, "")
-	s := runSupervisor(t, Options{Log: log.Logger()})
-	s.Start(d)
-	testkit.Eventually(t, 5*time.Second, "the refusal in the status", func() bool {
-		st := statusOf(s, d.Name)
-		return st.Phase == BackingOff && strings.Contains(st.LastError, "kubelet's device-plugin directory")
-	})
-	testkit.Never(t, 500*time.Millisecond, "a registration socket", func() bool { return testkit.IsSocket(d.SocketPath) })
-	if !strings.Contains(log.String(), `level=ERROR msg="driver not registered"`) {
-		t.Errorf("no error logged:\n%s", log.String())
-	}
-	if st := statusOf(s, d.Name); st.Absent || st.Attempts != 0 {
-		t.Errorf("status: %+v, want the endpoint present and no attempt", st)
-	}
-	s.Stop(d.Name)
-
-	// Beside it, in a directory of its own, the same plugin is registered.
-	d.Endpoint = filepath.Join("/var/lib/kubelet/plugins/nvidia", "nvidia-gpu.sock")
-	s.Start(d)
-	awaitSocket(t, d)
 }
 
 // TestKubeletViewOfDevicePlugin: a device plugin's status and metrics show what kubelet's

@@ -140,10 +140,6 @@ const (
 // what it holds there. With every step's locals on it, each of 1000 drivers would hold 8 KiB
 // or more instead of 4.
 func (d *driver) run(ctx context.Context) {
-	if err := selfRegistered(d.spec); err != nil {
-		d.stayRefused(ctx, err)
-		return
-	}
 	l := d.newLoop(ctx)
 	defer l.end()
 	if !l.begin() {

@@ -198,7 +198,7 @@ func (r *Reloader) reload() {
 
 	var cfg *config.RegistrarConfig
 	if err == nil {
-		cfg, err = config.Parse(b)
+		cfg, err = config.ParseLocal(b)
 	}
 	moved := func() {}
 	if err == nil && cfg.RegistrationDir != r.applied.RegistrationDir && r.opts.MoveDir != nil {

@@ -294,6 +294,44 @@ func TestBadFileKeepsLastGood(t *testing.T) {
 	})
 }
 
+// TestReloadLooksThroughLinks: a reload parses as multireg run does at start: a device plugin
+// whose endpoint's directory is, through a symlink, the device-plugins directory under
+// registrationDir's root is refused, and the last good file stays.
+func TestReloadLooksThroughLinks(t *testing.T) {
+	top := testkit.ShortDir(t)
+	root := filepath.Join(top, "root")
+	for _, d := range []string{"plugins_registry", "device-plugins", "plugins/x"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(top, "link")
+	if err := os.Symlink(filepath.Join(root, "device-plugins"), link); err != nil {
+		t.Fatal(err)
+	}
+	file := func(dir string) string {
+		return "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: " + filepath.Join(root, "plugins_registry") +
+			"\ndrivers:\n  - {name: example.com/x, type: DevicePlugin, endpoint: " + filepath.Join(dir, "x.sock") + "}\n"
+	}
+	synctest.Test(t, func(t *testing.T) {
+		s := start(t, file(filepath.Join(root, "plugins", "x")), Options{NoWatch: true})
+		defer s.stop()
+		synctest.Wait()
+		s.rec.take()
+		write(t, s.path, file(link))
+		s.r.Kick()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := s.rec.take(); len(got) != 0 {
+			t.Errorf("calls %q, want none", got)
+		}
+		want := `drivers[0].endpoint: "` + link + `/x.sock": is in ` + link + `, the same directory here as ` + filepath.Join(root, "device-plugins")
+		if st := s.r.State(); st.LastReloadSuccessful || !strings.Contains(st.LastReloadError, want) || st.Generation != 1 {
+			t.Errorf("state %+v, want the failure recorded: %s", st, want)
+		}
+	})
+}
+
 // TestStopBeforeStart: every stop of an edit comes before its first start, so a socket path
 // can move from one driver to another.
 func TestStopBeforeStart(t *testing.T) {

@@ -105,6 +105,50 @@ func TestRunRefusesInvalidConfig(t *testing.T) {
 	}
 }
 
+// TestRunAndValidateRefuseDevicePluginDir: a device plugin whose endpoint is in kubelet's
+// device-plugin directory, by name or through a symlink to the device-plugins directory under
+// registrationDir's root, makes the file invalid: multireg validate and multireg run at start
+// say so alike, exit 1.
+func TestRunAndValidateRefuseDevicePluginDir(t *testing.T) {
+	top := testkit.ShortDir(t)
+	reg := filepath.Join(top, "root", "plugins_registry")
+	dp := filepath.Join(top, "root", "device-plugins")
+	for _, d := range []string{reg, dp} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(top, "link")
+	if err := os.Symlink(dp, link); err != nil {
+		t.Fatal(err)
+	}
+	linked := writeConfig(t, t.TempDir(), "apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\nregistrationDir: "+reg+
+		"\ndrivers:\n  - {name: example.com/x, type: DevicePlugin, endpoint: "+link+"/x.sock}\n")
+	for file, want := range map[string]string{
+		filepath.Join("..", "..", "config", "testdata", "invalid-device-plugin-dir.yaml"): `drivers[0].endpoint: "/var/lib/kubelet/device-plugins/nvidia-gpu.sock": is in kubelet's device-plugin directory /var/lib/kubelet/device-plugins, `,
+		linked: `drivers[0].endpoint: "` + link + `/x.sock": is in ` + link + `, the same directory here as ` + dp + `, `,
+	} {
+		var out bytes.Buffer
+		verr := run(context.Background(), []string{"validate", "--config", file}, nil, &out, &bytes.Buffer{})
+		if verr == nil || exitCode(verr) != 1 || !strings.HasPrefix(verr.Error(), file+": "+want) || strings.Contains(verr.Error(), "\n") {
+			t.Errorf("validate %s: %v (exit %d), want exit 1 with one line starting %q", file, verr, exitCode(verr), file+": "+want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("validate %s printed %q", file, out.String())
+		}
+		// Bounded, should it start: refused, it returns at once.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rerr := run(ctx, []string{"run", "--config", file, "--http-endpoint", ""}, nil, &bytes.Buffer{}, &bytes.Buffer{})
+		cancel()
+		if rerr == nil || exitCode(rerr) != 1 || verr == nil || rerr.Error() != verr.Error() {
+			t.Errorf("run %s: %v (exit %d), want exit 1 with what validate says", file, rerr, exitCode(rerr))
+		}
+	}
+	if entries, _ := os.ReadDir(reg); len(entries) != 0 {
+		t.Errorf("run with an invalid file left %d files in the registration directory", len(entries))
+	}
+}
+
 // startRun runs `multireg run` with args in the background until the test ends, and returns
 // its log once it has started.
 func startRun(t *testing.T, args ...string) *testkit.Buffer {

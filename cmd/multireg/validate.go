@@ -59,7 +59,7 @@ func runValidate(_ context.Context, args []string, std stdio, helpOnly bool) err
 		if f.Where != "" {
 			where += ": " + f.Where
 		}
-		cfg, err := config.Parse(f.Content)
+		cfg, err := config.ParseLocal(f.Content)
 		if err != nil {
 			errs = append(errs, prefixed(where, err))
 			continue

@@ -72,6 +72,26 @@ func (m *hostMultireg) status(ctx context.Context) (map[string]driverStatus, err
 	return statusAt(ctx, "http://"+m.addr+"/status")
 }
 
+// reloadState returns whether multireg applied the last drivers file it read, and why not.
+func (m *hostMultireg) reloadState(ctx context.Context) (ok bool, lastErr string, err error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.addr+"/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, "", err
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Config struct {
+			LastReloadSuccessful bool   `json:"lastReloadSuccessful"`
+			LastReloadError      string `json:"lastReloadError"`
+		} `json:"config"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return false, "", err
+	}
+	return doc.Config.LastReloadSuccessful, doc.Config.LastReloadError, nil
+}
+
 // instanceStatus is the "instance" of multireg's /status: its role (starting, serving,
 // standby, idle) and, serving, how many sockets its predecessor handed over.
 type instanceStatus struct {

@@ -2,6 +2,9 @@ package registration
 
 import (
 	"context"
+	"errors"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -183,10 +186,11 @@ func TestDRAHealthAdvertised(t *testing.T) {
 	}
 }
 
-// TestSelfRegisteredDevicePluginRefused: a device plugin whose endpoint is in kubelet's
-// device-plugin directory (where plugins that Register on kubelet.sock keep their sockets) is
-// never registered: kubelet sees nothing of it, multireg's status and /readyz say why, and the
-// other drivers are registered as usual.
+// TestSelfRegisteredDevicePluginRefused: a drivers file that lists a device plugin whose
+// endpoint is in kubelet's device-plugin directory (where plugins that Register on kubelet.sock
+// keep their sockets) is invalid, whatever else it lists: multireg validate and multireg run
+// at start refuse it alike (exit 1), and a reload to it changes nothing: the drivers
+// registered stay, and kubelet sees nothing of the plugin.
 func TestSelfRegisteredDevicePluginRefused(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -200,22 +204,56 @@ func TestSelfRegisteredDevicePluginRefused(t *testing.T) {
 	}
 	t.Cleanup(ep.Stop)
 	e.StartEndpoint(other)
-	p := mrproc.Start(t, e.WriteConfig([]driver{other, self}))
-	wait.For(t, registerTimeout, other.Name+" registered", func() bool { return e.K.Registered(other.Name) })
-	wait.For(t, registerTimeout, "the refusal in /status", func() bool {
-		for _, st := range p.Status(t).Drivers {
-			if st.Name == self.Name {
-				return st.Phase == "BackingOff" && strings.Contains(st.LastError, "kubelet's device-plugin directory")
-			}
-		}
-		return false
+	bad := e.ConfigContent([]driver{other, self})
+	badFile := filepath.Join(e.Dir, "bad.yaml")
+	if err := os.WriteFile(badFile, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := badFile + `: drivers[1].endpoint: "` + self.Endpoint + `": is in kubelet's device-plugin directory /var/lib/kubelet/device-plugins, `
+	vout, code := mrproc.Run(t, "validate", "--config", badFile)
+	line, _, _ := strings.Cut(vout, "\n")
+	if code != 1 || !strings.HasPrefix(line, want) || strings.Count(vout, "\n") != 1 {
+		t.Errorf("multireg validate: exit %d, %q; want exit 1 and one line starting %q", code, vout, want)
+	}
+	// Bounded, should it start: refused, it exits at once.
+	bin, err := mrproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
+	out, err := exec.CommandContext(ctx, bin, "run", "--config", badFile, "--http-endpoint", "").CombinedOutput()
+	cancel()
+	if code := exitCode(err); code != 1 || !strings.Contains(string(out), line+"\n") {
+		t.Errorf("multireg run: exit %d (%v), %q; want exit 1 and validate's line %q", code, err, out, line)
+	}
+
+	p := mrproc.Start(t, e.WriteConfig([]driver{other}))
+	wait.For(t, registerTimeout, other.Name+" registered", func() bool { return e.K.Registered(other.Name) && registeredIn(p, []driver{other}) })
+	events := len(e.K.Events())
+	e.WriteConfigContent(bad)
+	wait.For(t, registerTimeout, "the reload refused in /status", func() bool {
+		c := p.Status(t).Config
+		return !c.LastReloadSuccessful && strings.Contains(c.LastReloadError, strings.TrimPrefix(line, badFile+": "))
 	})
-	wait.Never(t, 2*time.Second, "kubelet to see "+self.Name, func() bool { return len(e.K.EventsFor(self.Name)) > 0 })
-	code, body, err := p.Get(t, "/readyz")
-	if err != nil || code != 503 || !strings.Contains(body, self.Name) {
-		t.Errorf("/readyz: %d %q (%v), want 503 naming %s", code, body, err, self.Name)
+	wait.Never(t, 2*time.Second, "kubelet to see a change", func() bool { return len(e.K.Events()) != events })
+	if _, listed := p.Status(t).Driver(self.Name); listed {
+		t.Errorf("%s is among multireg's drivers", self.Name)
 	}
-	if n := p.Count("driver not registered", self.Name); n != 1 {
-		t.Errorf("the refusal logged %d times, want once", n)
+	if code, body, err := p.Get(t, "/readyz"); err != nil || code != 200 {
+		t.Errorf("/readyz: %d %q (%v), want 200: the last good file's drivers are registered", code, body, err)
 	}
+	if n := p.Count("config not applied; the last good one stays in force", ""); n != 1 {
+		t.Errorf("the refused reload logged %d times, want once", n)
+	}
+}
+
+// exitCode is the exit code of a command that ended with err: -1 when it did not exit.
+func exitCode(err error) int {
+	if exit, ok := errors.AsType[*exec.ExitError](err); ok {
+		return exit.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
 }
