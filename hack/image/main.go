@@ -2,8 +2,9 @@
 // container daemon, and pushes it to a registry. The Makefile's image and image-push targets
 // run it; see CONTRIBUTING.md.
 //
-//	image build -binaries DIR -license FILE -version V -commit C -out LAYOUT
-//	    (SOURCE_DATE_EPOCH: the creation time, the commit's time)
+//	image build -binaries DIR -license FILE -version V [-tag T] -commit C -out LAYOUT
+//	    (SOURCE_DATE_EPOCH: the creation time, the commit's time; the layout's entry is named
+//	    by the tag, default V with + made a dot: a tag may not hold a +)
 //	image push  -layout LAYOUT -image REGISTRY/NAME [-tag T]... [-insecure]
 //	image digest -layout LAYOUT [-platform OS/ARCH[/VARIANT]]
 //
@@ -18,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,7 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.StringVar(&s.binaries, "binaries", "", "directory holding <os>/<arch>[/<variant>]/multireg")
 		fs.StringVar(&s.license, "license", "LICENSE", "the license file, copied into the image")
 		fs.StringVar(&platforms, "platforms", strings.Join(defaultPlatforms, ","), "comma-separated os/arch[/variant]")
-		fs.StringVar(&s.version, "version", "", "the version (the VERSION file)")
+		fs.StringVar(&s.version, "version", "", "the version the binaries say (hack/version.sh), in the labels")
+		tag := fs.String("tag", "", "the tag the layout's entry is named by, pushed under (default: -version with + made a dot)")
 		fs.StringVar(&s.commit, "commit", "", "the commit the binaries were built from")
 		fs.StringVar(&s.source, "source", "", "the repository's URL (label org.opencontainers.image.source)")
 		out := fs.String("out", "", "the OCI image layout to write (replaced)")
@@ -66,6 +69,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return errors.New("build: -binaries, -version, -commit and -out are required")
 		}
 		s.platforms = strings.Split(platforms, ",")
+		if *tag == "" {
+			*tag = tagOf(s.version)
+		}
+		if !validTag.MatchString(*tag) {
+			return fmt.Errorf("build: tag %q: a tag is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", *tag)
+		}
 		created, err := sourceDateEpoch()
 		if err != nil {
 			return err
@@ -75,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := ocilayout.Write(*out, idx, s.version); err != nil {
+		if err := ocilayout.Write(*out, idx, *tag); err != nil {
 			return err
 		}
 		return describe(stdout, idx)
@@ -83,7 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		layoutDir := fs.String("layout", "", "the OCI image layout (make image)")
 		image := fs.String("image", "", "REGISTRY/NAME to push to")
 		var tags stringList
-		fs.Var(&tags, "tag", "a tag to push (repeatable; default: the layout's version)")
+		fs.Var(&tags, "tag", "a tag to push (repeatable; default: the tag the layout names its entry by)")
 		insecure := fs.Bool("insecure", os.Getenv("IMAGE_INSECURE") == "true", "plain HTTP and no TLS verification, for a registry on a test host (default from IMAGE_INSECURE=true); localhost and 127.0.0.1 speak HTTP without it")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
@@ -123,6 +132,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	return fmt.Errorf("unknown command %q: want build, push or digest", args[0])
 }
+
+// validTag is what the OCI distribution spec allows as a tag.
+var validTag = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+
+// tagOf is the tag of the image of version: a semver's build metadata (+9b9233c) joined with a
+// dot instead, v0.2.0-dev+9b9233c → v0.2.0-dev.9b9233c.
+func tagOf(version string) string { return strings.ReplaceAll(version, "+", ".") }
 
 // sourceDateEpoch is the build's creation time: SOURCE_DATE_EPOCH, the reproducible-builds
 // convention (the Makefile sets the commit's time).
