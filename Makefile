@@ -23,6 +23,9 @@ REVISION ?= $(shell hack/version.sh revision)
 # Every time stamp of the image is the commit's time (reproducible-builds.org's convention).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 export SOURCE_DATE_EPOCH
+# The same time in RFC 3339, as the image's label org.opencontainers.image.created says it
+# (GNU date, else BSD's).
+CREATED = $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 # The image's platforms (hack/image builds the same list; its test checks).
 PLATFORMS := linux/amd64 linux/arm64 linux/arm/v7 linux/ppc64le linux/s390x
 # Where the release workflow publishes the image (the chart's default image.repository), and
@@ -53,7 +56,8 @@ MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$
 
 .PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
-	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag
+	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
+	dockerfile-check build-args
 
 all: build
 
@@ -105,6 +109,19 @@ image-reproducible: image
 	echo "image index: $$a"; echo "rebuilt:     $$b"; \
 	if [ "$$a" != "$$b" ]; then echo "the image is not reproducible" >&2; exit 1; fi
 	rm -rf bin/repro/src
+
+## build-args: the Dockerfile's build arguments for this checkout, as docker build and buildah
+## bud take them: `docker build $(make -s build-args) .` builds what make image builds.
+build-args:
+	@echo --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --build-arg REVISION=$(REVISION) \
+		--build-arg SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) --build-arg CREATED=$(CREATED)
+
+## dockerfile-check: the Dockerfile built with buildah for linux/amd64 (no daemon, no registry:
+## hack/dockerfile-check.sh) must give make image's linux/amd64 image, file by file and config
+## field by config field (hack/image compare). Needs root, buildah and busybox-static.
+dockerfile-check: image
+	VERSION=$(VERSION) COMMIT=$(COMMIT) REVISION=$(REVISION) CREATED=$(CREATED) GO=$(GO) \
+		hack/dockerfile-check.sh $(LAYOUT)
 
 ## unit-arm64: the product's unit tests compiled for arm64 and run under qemu user-mode
 ## emulation (no race detector there), so that the arm64 image holds code that ran.
@@ -172,9 +189,10 @@ demo: build
 test: fmt-check vet unit fuzz build cross release-checks e2e manifests e2e-node
 
 ## release-checks: what the release workflow builds, built here without network: every
-## platform's binary, the image twice (equal digests), the arm64 unit tests under emulation,
-## the SBOMs, the chart's package, and the workflows checked by actionlint.
-release-checks: image-tool image-reproducible unit-arm64 sbom chart release-notes actionlint
+## platform's binary, the image twice (equal digests), the Dockerfile's image against it, the
+## arm64 unit tests under emulation, the SBOMs, the chart's package, and the workflows checked
+## by actionlint.
+release-checks: image-tool image-reproducible dockerfile-check unit-arm64 sbom chart release-notes actionlint
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -7,6 +7,9 @@
 //	    by the tag, default V with + made a dot: a tag may not hold a +)
 //	image push  -layout LAYOUT -image REGISTRY/NAME [-tag T]... [-insecure]
 //	image digest -layout LAYOUT [-platform OS/ARCH[/VARIANT]]
+//	image compare -a LAYOUT -b LAYOUT [-platform OS/ARCH[/VARIANT]]
+//	    (the two layouts' images of the platform: their files and config fields, compare.go;
+//	    exit 1 with each difference)
 //
 // It is its own module, so that go-containerregistry stays out of the product's go.mod.
 package main
@@ -46,7 +49,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: image build|push|digest [flags]")
+		return errors.New("usage: image build|push|digest|compare [flags]")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -129,8 +132,39 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout, d)
 		return nil
+	case "compare":
+		a := fs.String("a", "", "an OCI image layout (make image's)")
+		b := fs.String("b", "", "another OCI image layout (the Dockerfile's build)")
+		platform := fs.String("platform", "linux/amd64", "os/arch[/variant]: the image compared, in either layout")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if *a == "" || *b == "" {
+			return errors.New("compare: -a and -b are required")
+		}
+		ia, err := imageIn(*a, *platform)
+		if err != nil {
+			return err
+		}
+		ib, err := imageIn(*b, *platform)
+		if err != nil {
+			return err
+		}
+		diffs, compared, err := compareImages(ia, ib)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "compared %s images: %s\n", *platform, compared)
+		if len(diffs) > 0 {
+			for _, d := range diffs {
+				fmt.Fprintln(stdout, d)
+			}
+			return fmt.Errorf("%s and %s: %d differences (a: %s; b: %s)", *a, *b, len(diffs), *a, *b)
+		}
+		fmt.Fprintln(stdout, "the same")
+		return nil
 	}
-	return fmt.Errorf("unknown command %q: want build, push or digest", args[0])
+	return fmt.Errorf("unknown command %q: want build, push, digest or compare", args[0])
 }
 
 // validTag is what the OCI distribution spec allows as a tag.
