@@ -28,6 +28,9 @@ export SOURCE_DATE_EPOCH
 CREATED = $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 # The image's platforms (hack/image builds the same list; its test checks).
 PLATFORMS := linux/amd64 linux/arm64 linux/arm/v7 linux/ppc64le linux/s390x
+# The platforms of the binaries a release attaches: the image's, and macOS's and Windows's
+# (`multireg validate`, `status` and `version`; `run` is Linux's).
+RELEASE_PLATFORMS := $(PLATFORMS) darwin/amd64 darwin/arm64 windows/amd64
 # Where the release workflow publishes the image (the chart's default image.repository), and
 # the repository the image's labels and the chart point at.
 IMAGE_REPO := ghcr.io/multireg/multireg
@@ -57,7 +60,7 @@ MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$
 .PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
 	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
-	dockerfile-check build-args
+	dockerfile-check build-args release-binaries
 
 all: build
 
@@ -80,6 +83,22 @@ binaries:
 			hack/build-binary.sh $(BINARIES)/$$p/multireg; \
 		echo "built $(BINARIES)/$$p/multireg"; \
 	done
+
+## release-binaries: the binaries a release attaches, bin/release/multireg-TAG-OS-ARCH[-VARIANT]
+## (.exe on Windows; TAG is the image's tag, the version on a release), for RELEASE_PLATFORMS
+## (Linux's are make binaries' own, the image's), and their checksums, bin/release/SHA256SUMS.
+release-binaries: binaries
+	@set -e; rm -rf bin/release; mkdir -p bin/release; \
+	for p in $(RELEASE_PLATFORMS); do \
+		os=$${p%%/*}; rest=$${p#*/}; arch=$${rest%%/*}; variant=$${rest#$$arch}; variant=$${variant#/v}; \
+		out=bin/release/multireg-$(IMAGE_TAG)-$$(echo $$p | tr / -)$$(test $$os != windows || echo .exe); \
+		if [ -f $(BINARIES)/$$p/multireg ]; then cp $(BINARIES)/$$p/multireg $$out; else \
+			GOOS=$$os GOARCH=$$arch GOARM=$${variant:-7} VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) \
+				hack/build-binary.sh $$out; fi; \
+		echo "$$out"; \
+	done; \
+	cd bin/release && { sha256sum multireg-* 2>/dev/null || shasum -a 256 multireg-*; } >SHA256SUMS; \
+	echo bin/release/SHA256SUMS
 
 ## image: the multi-platform image as an OCI image layout in bin/image, built without a daemon
 ## (hack/image, go-containerregistry): one layer per platform, /multireg and /LICENSE.
@@ -190,9 +209,9 @@ test: fmt-check vet unit fuzz build cross release-checks e2e manifests e2e-node
 
 ## release-checks: what the release workflow builds, built here without network: every
 ## platform's binary, the image twice (equal digests), the Dockerfile's image against it, the
-## arm64 unit tests under emulation, the SBOMs, the chart's package, and the workflows checked
-## by actionlint.
-release-checks: image-tool image-reproducible dockerfile-check unit-arm64 sbom chart release-notes actionlint
+## arm64 unit tests under emulation, the SBOMs, the binaries a release attaches and their
+## checksums, the chart's package, and the workflows checked by actionlint.
+release-checks: image-tool image-reproducible dockerfile-check unit-arm64 sbom release-binaries chart release-notes actionlint
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
