@@ -6,8 +6,8 @@
 #   VERSION, COMMIT, REVISION, SOURCE_DATE_EPOCH, CREATED   what LAYOUT was built with (the
 #                      Makefile passes its own); the Dockerfile's build arguments
 #   GO                 the go command whose toolchain builds the binary (default: go)
-#   STORAGE_DRIVER     buildah's storage driver (default overlay; vfs where overlay cannot
-#                      mount, e.g. in some containers)
+#   STORAGE_DRIVER     buildah's storage driver (default overlay, and vfs where overlay
+#                      cannot mount, e.g. in some containers)
 #
 # No registry is reached. The Dockerfile's builder stage runs FROM localhost/go-builder, an
 # image this script makes from scratch: busybox (Debian's busybox-static: the shell and tools
@@ -45,7 +45,8 @@ if ldd "$busybox" >/dev/null 2>&1; then
 fi
 
 work=$(pwd)/bin/dockerfile-check
-b="buildah --root $work/storage --runroot $work/run --storage-driver ${STORAGE_DRIVER:-overlay}"
+driver=${STORAGE_DRIVER:-overlay}
+b="buildah --root $work/storage --runroot $work/run --storage-driver $driver"
 cleanup() {
 	$b rm --all >/dev/null 2>&1 || true
 	$b rmi --all --force >/dev/null 2>&1 || true
@@ -59,7 +60,20 @@ start=$(date +%s)
 # The builder's base: busybox and Go's environment, nothing pulled.
 goroot=$($go env GOROOT)
 ctr=$($b from scratch)
-mnt=$($b mount "$ctr")
+if ! mnt=$($b mount "$ctr" 2>"$work/mount.log"); then
+	if [ -n "${STORAGE_DRIVER:-}" ]; then
+		cat "$work/mount.log" >&2
+		exit 1
+	fi
+	# overlay cannot mount here (in some containers): vfs copies instead, and always mounts.
+	echo "dockerfile-check: overlay does not mount here ($(tail -n 1 "$work/mount.log")); vfs instead" >&2
+	cleanup
+	mkdir -p "$work"
+	driver=vfs
+	b="buildah --root $work/storage --runroot $work/run --storage-driver $driver"
+	ctr=$($b from scratch)
+	mnt=$($b mount "$ctr")
+fi
 mkdir -p "$mnt/bin" "$mnt/tmp" "$mnt/root" "$mnt/go" "$mnt/usr/local/go"
 chmod 1777 "$mnt/tmp"
 cp "$busybox" "$mnt/bin/busybox"
