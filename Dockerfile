@@ -7,7 +7,8 @@
 #
 #   docker build $(make -s build-args) -t REGISTRY/multireg:$(make -s image-tag) .
 #   docker buildx build --platform linux/arm64 $(make -s build-args) -t … .
-#   buildah bud $(make -s build-args) --timestamp "$(git log -1 --format=%ct)" --identity-label=false -t … .
+#   buildah bud $(make -s build-args) --timestamp "$(git log -1 --format=%ct)" \
+#     --identity-label=false --unsetenv PATH -t … .   (exactly make image's linux/amd64 image)
 #
 # Build arguments (`make -s build-args` prints them for the checkout):
 #   VERSION, COMMIT    what the binary says (hack/version.sh: v0.2.0-dev+9b9233c, 9b9233c);
