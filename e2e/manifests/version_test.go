@@ -59,7 +59,9 @@ func (r *versionRepo) git(args ...string) string {
 func (r *versionRepo) run(env []string, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = r.dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1", "RELEASE=")
+	// Not the make that runs these tests (make manifests): its flags and level would print
+	// directories and pass its variables.
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1", "RELEASE=", "MAKEFLAGS=", "MFLAGS=", "MAKELEVEL=")
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
@@ -99,7 +101,7 @@ func TestVersionScript(t *testing.T) {
 	if got := r.says(nil, "revision"); got != full {
 		t.Errorf("hack/version.sh revision %q; want %q", got, full)
 	}
-	if out, err := r.run(nil, "make", "-s", "version", "image-tag"); err != nil || out != "v1.2.0-dev+"+short+"\nv1.2.0-dev."+short {
+	if out, err := r.run(nil, "make", "-s", "--no-print-directory", "version", "image-tag"); err != nil || out != "v1.2.0-dev+"+short+"\nv1.2.0-dev."+short {
 		t.Errorf("make version image-tag: %q (%v); want v1.2.0-dev+%s and the tag v1.2.0-dev.%s", out, err, short, short)
 	}
 	check("RELEASE=1", []string{"RELEASE=1"}, "v1.2.0")
@@ -117,7 +119,7 @@ func TestVersionScript(t *testing.T) {
 	if out, err := r.run([]string{"RELEASE=1"}, "hack/version.sh"); err == nil {
 		t.Errorf("RELEASE=1 with a changed tracked file: %q; want an error", out)
 	}
-	if out, err := r.run(nil, "make", "-s", "version", "RELEASE=1"); err == nil {
+	if out, err := r.run(nil, "make", "-s", "--no-print-directory", "version", "RELEASE=1"); err == nil {
 		t.Errorf("make version RELEASE=1 with a changed tracked file: %q; want an error", out)
 	}
 	r.write("VERSION", "v1.2.0\n")
@@ -126,7 +128,7 @@ func TestVersionScript(t *testing.T) {
 	check("another release's tag", nil, "v1.2.0-dev+"+short)
 	r.git("tag", "-a", "-m", "v1.2.0", "v1.2.0")
 	check("the release's tag", nil, "v1.2.0")
-	if out, err := r.run(nil, "make", "-s", "version", "image-tag"); err != nil || out != "v1.2.0\nv1.2.0" {
+	if out, err := r.run(nil, "make", "-s", "--no-print-directory", "version", "image-tag"); err != nil || out != "v1.2.0\nv1.2.0" {
 		t.Errorf("make version image-tag on the release's tag: %q (%v); want v1.2.0 twice", out, err)
 	}
 	r.write("VERSION", "v1.2.0\n\n")
