@@ -1,20 +1,36 @@
 # multireg — build, test and demo targets. `make test` is what CI runs.
 
 GO       ?= go
-# The one version of multireg, in the VERSION file: stamped into the binary (`multireg version`,
-# multireg_build_info), the image's tag and labels; the chart's version and appVersion must say
-# the same (e2e/manifests checks), and a release's tag too (.github/workflows/release.yaml).
-VERSION  := $(shell cat VERSION)
+# The release this tree is, or leads to: the VERSION file (semver with a leading v). The
+# chart's version and appVersion follow it (e2e/manifests checks): the same on the release's
+# commit, with -dev on the commits that lead to it.
+RELEASE_VERSION := $(shell cat VERSION)
+# What a build says it is (hack/version.sh): the VERSION file's on the release's tag, or with
+# RELEASE=1 (the release workflow); on any other commit a pre-release of it with the commit as
+# build metadata, v0.2.0-dev+9b9233c (-dirty when the tracked files differ from it). Stamped
+# into the binary (`multireg version`, multireg_build_info) and the image's labels.
+VERSION  := $(shell RELEASE=$(RELEASE) hack/version.sh)
+ifeq ($(VERSION),)
+$(error hack/version.sh printed no version)
+endif
+# The image's tag: VERSION with its + made a dot (a tag may not hold a +), v0.2.0-dev.9b9233c;
+# on the release, VERSION.
+IMAGE_TAG := $(subst +,.,$(VERSION))
 # The commit, short in the binary and whole in the image's labels; -dirty when the tracked
 # files differ from it.
-DIRTY    := $(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
-COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(DIRTY)
-REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(DIRTY)
+COMMIT   ?= $(shell hack/version.sh commit)
+REVISION ?= $(shell hack/version.sh revision)
 # Every time stamp of the image is the commit's time (reproducible-builds.org's convention).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 export SOURCE_DATE_EPOCH
+# The same time in RFC 3339, as the image's label org.opencontainers.image.created says it
+# (GNU date, else BSD's).
+CREATED = $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 # The image's platforms (hack/image builds the same list; its test checks).
 PLATFORMS := linux/amd64 linux/arm64 linux/arm/v7 linux/ppc64le linux/s390x
+# The platforms of the binaries a release attaches: the image's, and macOS's and Windows's
+# (`multireg validate`, `status` and `version`; `run` is Linux's).
+RELEASE_PLATFORMS := $(PLATFORMS) darwin/amd64 darwin/arm64 windows/amd64
 # Where the release workflow publishes the image (the chart's default image.repository), and
 # the repository the image's labels and the chart point at.
 IMAGE_REPO := ghcr.io/multireg/multireg
@@ -43,7 +59,8 @@ MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$
 
 .PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
-	actionlint release-notes release-checks image-repo chart-repo platforms
+	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
+	dockerfile-check build-args release-binaries
 
 all: build
 
@@ -67,13 +84,29 @@ binaries:
 		echo "built $(BINARIES)/$$p/multireg"; \
 	done
 
+## release-binaries: the binaries a release attaches, bin/release/multireg-TAG-OS-ARCH[-VARIANT]
+## (.exe on Windows; TAG is the image's tag, the version on a release), for RELEASE_PLATFORMS
+## (Linux's are make binaries' own, the image's), and their checksums, bin/release/SHA256SUMS.
+release-binaries: binaries
+	@set -e; rm -rf bin/release; mkdir -p bin/release; \
+	for p in $(RELEASE_PLATFORMS); do \
+		os=$${p%%/*}; rest=$${p#*/}; arch=$${rest%%/*}; variant=$${rest#$$arch}; variant=$${variant#/v}; \
+		out=bin/release/multireg-$(IMAGE_TAG)-$$(echo $$p | tr / -)$$(test $$os != windows || echo .exe); \
+		if [ -f $(BINARIES)/$$p/multireg ]; then cp $(BINARIES)/$$p/multireg $$out; else \
+			GOOS=$$os GOARCH=$$arch GOARM=$${variant:-7} VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) \
+				hack/build-binary.sh $$out; fi; \
+		echo "$$out"; \
+	done; \
+	cd bin/release && { sha256sum multireg-* 2>/dev/null || shasum -a 256 multireg-*; } >SHA256SUMS; \
+	echo bin/release/SHA256SUMS
+
 ## image: the multi-platform image as an OCI image layout in bin/image, built without a daemon
 ## (hack/image, go-containerregistry): one layer per platform, /multireg and /LICENSE.
 image: binaries
 	cd hack/image && $(GO) run . build -binaries $(abspath $(BINARIES)) -license $(CURDIR)/LICENSE \
-		-version $(VERSION) -commit $(REVISION) -source $(SOURCE_URL) -out $(abspath $(LAYOUT))
+		-version $(VERSION) -tag $(IMAGE_TAG) -commit $(REVISION) -source $(SOURCE_URL) -out $(abspath $(LAYOUT))
 
-## image-push: push bin/image to IMAGE (REGISTRY/NAME) as IMAGE:$(VERSION), with the usual
+## image-push: push bin/image to IMAGE (REGISTRY/NAME) as IMAGE:$(IMAGE_TAG), with the usual
 ## credentials (docker login); prints IMAGE:TAG@DIGEST. IMAGE_INSECURE=true for plain HTTP.
 image-push: image
 	@test -n "$(IMAGE)" || { echo "usage: make image-push IMAGE=REGISTRY/NAME [IMAGE_INSECURE=true]" >&2; exit 2; }
@@ -88,13 +121,26 @@ image-tool:
 image-reproducible: image
 	rm -rf bin/repro && mkdir -p bin/repro/src
 	git ls-files -z | tar --null -T - -cf - | tar -xf - -C bin/repro/src
-	$(MAKE) -C bin/repro/src image COMMIT=$(COMMIT) REVISION=$(REVISION) SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) \
+	$(MAKE) -C bin/repro/src image VERSION=$(VERSION) COMMIT=$(COMMIT) REVISION=$(REVISION) SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) \
 		BINARIES=$(CURDIR)/bin/repro/platforms LAYOUT=$(CURDIR)/bin/repro/image >/dev/null
 	@a=$$(cd hack/image && $(GO) run . digest -layout $(abspath $(LAYOUT))); \
 	b=$$(cd hack/image && $(GO) run . digest -layout $(CURDIR)/bin/repro/image); \
 	echo "image index: $$a"; echo "rebuilt:     $$b"; \
 	if [ "$$a" != "$$b" ]; then echo "the image is not reproducible" >&2; exit 1; fi
 	rm -rf bin/repro/src
+
+## build-args: the Dockerfile's build arguments for this checkout, as docker build and buildah
+## bud take them: `docker build $(make -s build-args) .` builds what make image builds.
+build-args:
+	@echo --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --build-arg REVISION=$(REVISION) \
+		--build-arg SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) --build-arg CREATED=$(CREATED)
+
+## dockerfile-check: the Dockerfile built with buildah for linux/amd64 (no daemon, no registry:
+## hack/dockerfile-check.sh) must give make image's linux/amd64 image, file by file and config
+## field by config field (hack/image compare). Needs root, buildah and busybox-static.
+dockerfile-check: image
+	VERSION=$(VERSION) COMMIT=$(COMMIT) REVISION=$(REVISION) CREATED=$(CREATED) GO=$(GO) \
+		hack/dockerfile-check.sh $(LAYOUT)
 
 ## unit-arm64: the product's unit tests compiled for arm64 and run under qemu user-mode
 ## emulation (no race detector there), so that the arm64 image holds code that ran.
@@ -123,15 +169,22 @@ chart:
 chart-readme:
 	cd e2e/manifests && $(GO) run ./cmd/chart-readme -chart $(CURDIR)/charts/multireg
 
-## release-notes: this release's section of CHANGELOG.md, bin/release-notes.md (the release's
-## notes); fails when CHANGELOG.md has no section for VERSION.
+## release-notes: the CHANGELOG.md section of what is built, bin/release-notes.md (a release's
+## notes): a release's own section (## VERSION), else the "## Unreleased" one; fails when there
+## is none or it is empty.
 release-notes:
 	@mkdir -p bin
-	@awk -v v="$(VERSION)" '/^## /{p = ($$2 == v || $$2 == "[" v "]"); next} p' CHANGELOG.md >bin/release-notes.md
-	@grep -q . bin/release-notes.md || { echo "CHANGELOG.md has no section ## $(VERSION)" >&2; exit 1; }
+	@section=$(if $(filter $(RELEASE_VERSION),$(VERSION)),$(VERSION),Unreleased); \
+	awk -v v="$$section" '/^## /{p = ($$2 == v || $$2 == "[" v "]"); next} p' CHANGELOG.md >bin/release-notes.md; \
+	grep -q '[^[:space:]]' bin/release-notes.md || { echo "CHANGELOG.md has no section ## $$section" >&2; exit 1; }
 	@echo bin/release-notes.md
 
-# What the release workflow asks: where it publishes, and for which platforms.
+# What the release workflow and the docs ask: what a build says it is, the image's tag, where a
+# release publishes, and for which platforms.
+version:
+	@echo $(VERSION)
+image-tag:
+	@echo $(IMAGE_TAG)
 image-repo:
 	@echo $(IMAGE_REPO)
 chart-repo:
@@ -155,9 +208,10 @@ demo: build
 test: fmt-check vet unit fuzz build cross release-checks e2e manifests e2e-node
 
 ## release-checks: what the release workflow builds, built here without network: every
-## platform's binary, the image twice (equal digests), the arm64 unit tests under emulation,
-## the SBOMs, the chart's package, and the workflows checked by actionlint.
-release-checks: image-tool image-reproducible unit-arm64 sbom chart release-notes actionlint
+## platform's binary, the image twice (equal digests), the Dockerfile's image against it, the
+## arm64 unit tests under emulation, the SBOMs, the binaries a release attaches and their
+## checksums, the chart's package, and the workflows checked by actionlint.
+release-checks: image-tool image-reproducible dockerfile-check unit-arm64 sbom release-binaries chart release-notes actionlint
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -3,9 +3,11 @@
 # `make build`, `make binaries` (every platform of the image) and CI run it, so the image's
 # binary is the one CI builds.
 #
-#   VERSION           stamped into `multireg version` and multireg_build_info (default: the
-#                     VERSION file, the project's one version)
-#   COMMIT            the commit, stamped beside it (default: unknown)
+#   VERSION           stamped into `multireg version` and multireg_build_info (default: what
+#                     hack/version.sh says: the VERSION file's on its release tag, else a
+#                     pre-release of it with the commit, v0.2.0-dev+9b9233c)
+#   COMMIT            the commit, stamped beside it (default: hack/version.sh's, the short
+#                     commit, -dirty when the tracked files changed; unknown without git)
 #   GO                the go command (default: go)
 #   GOOS, GOARCH      cross-compile, as for go build; GOARM (arm), GOAMD64, GOARM64, GOPPC64
 #                     default to the baseline of each architecture, so that an environment's
@@ -31,8 +33,9 @@ case $out in
 esac
 
 cd "$(dirname "$0")/.."
-version=${VERSION:-$(cat VERSION)}
+version=${VERSION:-$(hack/version.sh)}
+commit=${COMMIT:-$(hack/version.sh commit)}
 CGO_ENABLED=0 GOFLAGS='' GOAMD64=${GOAMD64:-v1} GOARM=${GOARM:-7} GOARM64=${GOARM64:-v8.0} GOPPC64=${GOPPC64:-power8} \
 	exec "${GO:-go}" build -trimpath -buildvcs=false -tags grpcnotrace \
-	-ldflags "-s -w -X main.version=$version -X main.commit=${COMMIT:-unknown}" \
+	-ldflags "-s -w -X main.version=$version -X main.commit=$commit" \
 	-o "$out" ./cmd/multireg

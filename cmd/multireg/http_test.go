@@ -167,7 +167,7 @@ func TestStatusDocument(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("GET /status: %d", code)
 	}
-	// The exact shape of DESIGN.md: field names, RFC 3339 times, null for no time.
+	// The exact shape the README documents for /status: field names, RFC 3339 times, null for no time.
 	var doc map[string]any
 	if err := json.Unmarshal([]byte(body), &doc); err != nil {
 		t.Fatal(err)

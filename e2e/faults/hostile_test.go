@@ -142,7 +142,7 @@ func writeGarbage(ctx context.Context, sock string, rng *rand.Rand) error {
 // Fault: a verdict meant for an older socket arrives on the current one. kubelet calls GetInfo
 // and NotifyRegistrationStatus on one gRPC client connection; when the socket is recreated in
 // between (deleted by someone, timed out, the driver restarted), gRPC reconnects to the same
-// path for the verdict, and so reaches the newer socket. DESIGN: "A notification that reaches
+// path for the verdict, and so reaches the newer socket. The contract: "A notification that reaches
 // an older socket generation is ignored." Here a client plays kubelet (no kubelet runs):
 // GetInfo on the first socket, the socket is deleted and multireg publishes a new one, then
 // NotifyRegistrationStatus(false) on the same client. The new socket must not be failed for

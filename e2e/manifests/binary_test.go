@@ -96,13 +96,25 @@ func TestImageBinary(t *testing.T) {
 	}
 }
 
-// Without VERSION, the build script stamps the VERSION file's: a binary built by hand says
-// which release it is.
+// Without VERSION and COMMIT, the build script stamps what hack/version.sh says of the
+// checkout: a binary built by hand says which release it leads to and its commit
+// (v0.2.0-dev+9b9233c), or, on the release's tag, the release.
 func TestBuildScriptStampsTheVersionFile(t *testing.T) {
 	root := repoRoot(t)
-	want, err := os.ReadFile(filepath.Join(root, "VERSION"))
-	if err != nil {
-		t.Fatal(err)
+	says := func(what string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(root, "hack", "version.sh"), what)
+		cmd.Env = append(os.Environ(), "RELEASE=")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("hack/version.sh %s: %v", what, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	version, commit := says("version"), says("commit")
+	file := strings.TrimSpace(string(readRepoFile(t, "VERSION")))
+	if version != file && !strings.HasPrefix(version, file+"-dev+") && !strings.HasPrefix(version, file+"+") {
+		t.Errorf("hack/version.sh says %q; want the VERSION file's %s, or a build of it", version, file)
 	}
 	dir, err := buildDir()
 	if err != nil {
@@ -110,7 +122,7 @@ func TestBuildScriptStampsTheVersionFile(t *testing.T) {
 	}
 	bin := filepath.Join(dir, "multireg-version-file")
 	cmd := exec.Command(filepath.Join(root, buildScript), bin)
-	cmd.Env = append(os.Environ(), "VERSION=", "COMMIT=")
+	cmd.Env = append(os.Environ(), "VERSION=", "COMMIT=", "RELEASE=")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", buildScript, err, out)
 	}
@@ -118,7 +130,7 @@ func TestBuildScriptStampsTheVersionFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("multireg version: %v\n%s", err, out)
 	}
-	if v := strings.TrimSpace(string(want)); !strings.Contains(string(out), v) {
-		t.Errorf("multireg version = %q; want the VERSION file's %s", out, v)
+	if want := "multireg " + version + " (commit " + commit + ","; !strings.HasPrefix(string(out), want) {
+		t.Errorf("multireg version = %q; want it to start with %q", out, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,44 +24,60 @@ func makeVar(t *testing.T, name string) string {
 	return m[1]
 }
 
-// TestOneVersion: the VERSION file is the one version; the chart's version and appVersion, its
-// Artifact Hub image, the CHANGELOG's newest section and the examples' image tag say the same,
-// and every default image is the one the release workflow publishes.
+// TestOneVersion: the VERSION file names the release the tree is or leads to. Until its
+// commit the chart is a development chart, VERSION without the v and with -dev, and the
+// CHANGELOG's newest section is "Unreleased" (none for VERSION yet: it is not released); on
+// the release's commit the chart says VERSION and the newest section is VERSION's. appVersion,
+// the chart's Artifact Hub image and the examples' image tag are the chart's version with the
+// v, and every default image is in the repository the release workflow publishes to.
 func TestOneVersion(t *testing.T) {
 	version := strings.TrimSpace(string(readRepoFile(t, "VERSION")))
 	if !regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`).MatchString(version) {
 		t.Fatalf("VERSION %q is not a semantic version with a leading v", version)
 	}
 	c := loadChart(t)
-	if c.Metadata.Version != strings.TrimPrefix(version, "v") {
-		t.Errorf("Chart.yaml version %q; want %q (VERSION without the v)", c.Metadata.Version, strings.TrimPrefix(version, "v"))
+	release := strings.TrimPrefix(version, "v")
+	released := c.Metadata.Version == release
+	if !released && c.Metadata.Version != release+"-dev" {
+		t.Errorf("Chart.yaml version %q; want %q (VERSION without the v; -dev until the release's commit) or %q (on it)", c.Metadata.Version, release+"-dev", release)
 	}
-	if c.Metadata.AppVersion != version {
-		t.Errorf("Chart.yaml appVersion %q; want VERSION's %q", c.Metadata.AppVersion, version)
+	appVersion := "v" + c.Metadata.Version
+	if c.Metadata.AppVersion != appVersion {
+		t.Errorf("Chart.yaml appVersion %q; want the chart's version with the v, %q", c.Metadata.AppVersion, appVersion)
 	}
 	repo := makeVar(t, "IMAGE_REPO")
 	var images []struct{ Name, Image string }
 	if err := yaml.Unmarshal([]byte(c.Metadata.Annotations["artifacthub.io/images"]), &images); err != nil {
 		t.Fatal(err)
 	}
-	if len(images) != 1 || images[0].Image != repo+":"+version {
-		t.Errorf("artifacthub.io/images %+v; want %s:%s", images, repo, version)
+	if len(images) != 1 || images[0].Image != repo+":"+appVersion {
+		t.Errorf("artifacthub.io/images %+v; want %s:%s", images, repo, appVersion)
 	}
 	if got := c.Values["image"].(map[string]any)["repository"]; got != repo {
 		t.Errorf("values.yaml image.repository %q; want the release's %q (the Makefile's IMAGE_REPO)", got, repo)
 	}
 	kust := string(readRepoFile(t, "examples/kustomization.yaml"))
-	if !strings.Contains(kust, "newName: "+repo+"\n") || !strings.Contains(kust, "newTag: "+version+"\n") {
-		t.Errorf("examples/kustomization.yaml: want images newName: %s, newTag: %s", repo, version)
+	if !strings.Contains(kust, "newName: "+repo+"\n") || !strings.Contains(kust, "newTag: "+appVersion+"\n") {
+		t.Errorf("examples/kustomization.yaml: want images newName: %s, newTag: %s", repo, appVersion)
 	}
-	if ds := string(readRepoFile(t, "examples/daemonset.yaml")); !strings.Contains(ds, "image: "+repo+":"+version) {
-		t.Errorf("examples/daemonset.yaml: want image %s:%s", repo, version)
+	if ds := string(readRepoFile(t, "examples/daemonset.yaml")); !strings.Contains(ds, "image: "+repo+":"+appVersion) {
+		t.Errorf("examples/daemonset.yaml: want image %s:%s", repo, appVersion)
 	}
 
 	changelog := string(readRepoFile(t, "CHANGELOG.md"))
-	sections := regexp.MustCompile(`(?m)^## \[?(v[^\]\s]+)\]?`).FindAllStringSubmatch(changelog, -1)
-	if len(sections) == 0 || sections[0][1] != version {
-		t.Errorf("CHANGELOG.md's newest section is %v; want one for %s first", sections, version)
+	var sections []string
+	for _, m := range regexp.MustCompile(`(?m)^## \[?([^\]\s]+)\]?`).FindAllStringSubmatch(changelog, -1) {
+		sections = append(sections, m[1])
+	}
+	switch {
+	case len(sections) == 0:
+		t.Error("CHANGELOG.md has no section")
+	case released && sections[0] != version:
+		t.Errorf("CHANGELOG.md's sections %v; the chart is the release's, %s: want its section first", sections, version)
+	case !released && sections[0] != "Unreleased":
+		t.Errorf("CHANGELOG.md's sections %v; the chart is a development chart: want Unreleased first", sections)
+	case !released && slices.Contains(sections, version):
+		t.Errorf("CHANGELOG.md has a section %s, but the chart is a development chart (%s): a release's section comes with its commit", version, c.Metadata.Version)
 	}
 	var changes []struct{ Kind, Description string }
 	if err := yaml.Unmarshal([]byte(c.Metadata.Annotations["artifacthub.io/changes"]), &changes); err != nil || len(changes) == 0 {
@@ -73,7 +90,7 @@ func TestOneVersion(t *testing.T) {
 	}
 	// The release workflow pushes to the same repository and checks the tag against VERSION.
 	wf := string(readRepoFile(t, ".github/workflows/release.yaml"))
-	for _, want := range []string{"make -s image-repo", "$(cat VERSION)", "make -s image-push", "make image sbom chart release-notes", ".ci/run"} {
+	for _, want := range []string{"make -s image-repo", "$(cat VERSION)", "make -s image-push", "make image sbom chart release-notes", ".ci/run", "RELEASE: \"1\""} {
 		if !strings.Contains(wf, want) {
 			t.Errorf("the release workflow does not run %q", want)
 		}
@@ -165,7 +182,7 @@ func TestChartImage(t *testing.T) {
 	tests := []struct {
 		name, values, want string
 	}{
-		{"default", "", "ghcr.io/multireg/multireg:v0.1.0"},
+		{"default", "", "ghcr.io/multireg/multireg:" + loadChart(t).Metadata.AppVersion},
 		{"tag", "image: {tag: v9.9.9}", "ghcr.io/multireg/multireg:v9.9.9"},
 		{"digest", "image: {repository: registry.test/mr, digest: " + digest + "}", "registry.test/mr@" + digest},
 		{"digest wins over the tag", "image: {tag: v9.9.9, digest: " + digest + "}", "ghcr.io/multireg/multireg@" + digest},

@@ -45,7 +45,7 @@ type spec struct {
 	binaries  string   // directory of <os>/<arch>[/<variant>]/multireg
 	license   string   // the LICENSE file, copied into the image beside the binary
 	platforms []string // os/arch[/variant]
-	version   string   // the release, e.g. v0.1.0
+	version   string   // what the binaries say, e.g. v0.2.0 or v0.2.0-dev+9b9233c
 	commit    string   // the full commit the binaries were built from
 	source    string   // the repository's URL
 	created   time.Time

@@ -452,3 +452,48 @@ func TestMakefilePlatforms(t *testing.T) {
 		t.Errorf("the Makefile's PLATFORMS %q; the image's %q", got, defaultPlatforms)
 	}
 }
+
+// A development build's version (semver build metadata after a +) names the layout's entry,
+// the tag it is pushed under, with a dot instead: a tag may not hold a +. The labels keep the
+// version as the binaries say it. A tag given that no registry takes is refused.
+func TestBuildTagsADevelopmentVersion(t *testing.T) {
+	s := testSpec(t)
+	t.Setenv("SOURCE_DATE_EPOCH", "1795748400")
+	ctx := context.Background()
+	build := func(extra ...string) (string, error) {
+		dir := filepath.Join(t.TempDir(), "layout")
+		args := append([]string{"build", "-binaries", s.binaries, "-license", s.license, "-version", "v0.2.0-dev+9b9233c-dirty", "-commit", s.commit, "-out", dir}, extra...)
+		return dir, run(ctx, args, io.Discard, io.Discard)
+	}
+	dir, err := build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, tag, err := ocilayout.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tag != "v0.2.0-dev.9b9233c-dirty" {
+		t.Errorf("the layout's tag %q; want v0.2.0-dev.9b9233c-dirty", tag)
+	}
+	if _, err := name.NewTag("registry.example/multireg:"+tag, name.StrictValidation); err != nil {
+		t.Errorf("tag %q: %v", tag, err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := m.Annotations["org.opencontainers.image.version"]; v != "v0.2.0-dev+9b9233c-dirty" {
+		t.Errorf("the index's version %q; want the binaries' v0.2.0-dev+9b9233c-dirty", v)
+	}
+
+	if dir, err = build("-tag", "v0.2.0-rc.1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, tag, err := ocilayout.Read(dir); err != nil || tag != "v0.2.0-rc.1" {
+		t.Errorf("with -tag v0.2.0-rc.1: the layout's tag %q (%v)", tag, err)
+	}
+	if _, err := build("-tag", "v0.2.0+build"); err == nil || !strings.Contains(err.Error(), `tag "v0.2.0+build"`) {
+		t.Errorf("with -tag v0.2.0+build: %v; want it refused", err)
+	}
+}

@@ -14,15 +14,15 @@ import (
 )
 
 // push pushes the layout's index to image (REGISTRY/NAME) under each tag (default: the
-// layout's version) and returns what was pushed, each as NAME:TAG@DIGEST. Credentials come from
+// layout's tag) and returns what was pushed, each as NAME:TAG@DIGEST. Credentials come from
 // the usual places (docker's config.json, $DOCKER_CONFIG, credential helpers).
 func push(ctx context.Context, dir, image string, tags []string, insecure bool) ([]string, error) {
-	idx, version, err := ocilayout.Read(dir)
+	idx, tag, err := ocilayout.Read(dir)
 	if err != nil {
 		return nil, err
 	}
 	if len(tags) == 0 {
-		tags = []string{version}
+		tags = []string{tag}
 	}
 	var opts []name.Option
 	if insecure {

@@ -2,10 +2,14 @@
 // container daemon, and pushes it to a registry. The Makefile's image and image-push targets
 // run it; see CONTRIBUTING.md.
 //
-//	image build -binaries DIR -license FILE -version V -commit C -out LAYOUT
-//	    (SOURCE_DATE_EPOCH: the creation time, the commit's time)
+//	image build -binaries DIR -license FILE -version V [-tag T] -commit C -out LAYOUT
+//	    (SOURCE_DATE_EPOCH: the creation time, the commit's time; the layout's entry is named
+//	    by the tag, default V with + made a dot: a tag may not hold a +)
 //	image push  -layout LAYOUT -image REGISTRY/NAME [-tag T]... [-insecure]
 //	image digest -layout LAYOUT [-platform OS/ARCH[/VARIANT]]
+//	image compare -a LAYOUT -b LAYOUT [-platform OS/ARCH[/VARIANT]]
+//	    (the two layouts' images of the platform: their files and config fields, compare.go;
+//	    exit 1 with each difference)
 //
 // It is its own module, so that go-containerregistry stays out of the product's go.mod.
 package main
@@ -18,6 +22,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,7 +49,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: image build|push|digest [flags]")
+		return errors.New("usage: image build|push|digest|compare [flags]")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -55,7 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.StringVar(&s.binaries, "binaries", "", "directory holding <os>/<arch>[/<variant>]/multireg")
 		fs.StringVar(&s.license, "license", "LICENSE", "the license file, copied into the image")
 		fs.StringVar(&platforms, "platforms", strings.Join(defaultPlatforms, ","), "comma-separated os/arch[/variant]")
-		fs.StringVar(&s.version, "version", "", "the version (the VERSION file)")
+		fs.StringVar(&s.version, "version", "", "the version the binaries say (hack/version.sh), in the labels")
+		tag := fs.String("tag", "", "the tag the layout's entry is named by, pushed under (default: -version with + made a dot)")
 		fs.StringVar(&s.commit, "commit", "", "the commit the binaries were built from")
 		fs.StringVar(&s.source, "source", "", "the repository's URL (label org.opencontainers.image.source)")
 		out := fs.String("out", "", "the OCI image layout to write (replaced)")
@@ -66,6 +72,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return errors.New("build: -binaries, -version, -commit and -out are required")
 		}
 		s.platforms = strings.Split(platforms, ",")
+		if *tag == "" {
+			*tag = tagOf(s.version)
+		}
+		if !validTag.MatchString(*tag) {
+			return fmt.Errorf("build: tag %q: a tag is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", *tag)
+		}
 		created, err := sourceDateEpoch()
 		if err != nil {
 			return err
@@ -75,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := ocilayout.Write(*out, idx, s.version); err != nil {
+		if err := ocilayout.Write(*out, idx, *tag); err != nil {
 			return err
 		}
 		return describe(stdout, idx)
@@ -83,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		layoutDir := fs.String("layout", "", "the OCI image layout (make image)")
 		image := fs.String("image", "", "REGISTRY/NAME to push to")
 		var tags stringList
-		fs.Var(&tags, "tag", "a tag to push (repeatable; default: the layout's version)")
+		fs.Var(&tags, "tag", "a tag to push (repeatable; default: the tag the layout names its entry by)")
 		insecure := fs.Bool("insecure", os.Getenv("IMAGE_INSECURE") == "true", "plain HTTP and no TLS verification, for a registry on a test host (default from IMAGE_INSECURE=true); localhost and 127.0.0.1 speak HTTP without it")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
@@ -120,9 +132,47 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout, d)
 		return nil
+	case "compare":
+		a := fs.String("a", "", "an OCI image layout (make image's)")
+		b := fs.String("b", "", "another OCI image layout (the Dockerfile's build)")
+		platform := fs.String("platform", "linux/amd64", "os/arch[/variant]: the image compared, in either layout")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if *a == "" || *b == "" {
+			return errors.New("compare: -a and -b are required")
+		}
+		ia, err := imageIn(*a, *platform)
+		if err != nil {
+			return err
+		}
+		ib, err := imageIn(*b, *platform)
+		if err != nil {
+			return err
+		}
+		diffs, compared, err := compareImages(ia, ib)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "compared %s images: %s\n", *platform, compared)
+		if len(diffs) > 0 {
+			for _, d := range diffs {
+				fmt.Fprintln(stdout, d)
+			}
+			return fmt.Errorf("%s and %s: %d differences (a: %s; b: %s)", *a, *b, len(diffs), *a, *b)
+		}
+		fmt.Fprintln(stdout, "the same")
+		return nil
 	}
-	return fmt.Errorf("unknown command %q: want build, push or digest", args[0])
+	return fmt.Errorf("unknown command %q: want build, push, digest or compare", args[0])
 }
+
+// validTag is what the OCI distribution spec allows as a tag.
+var validTag = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+
+// tagOf is the tag of the image of version: a semver's build metadata (+9b9233c) joined with a
+// dot instead, v0.2.0-dev+9b9233c → v0.2.0-dev.9b9233c.
+func tagOf(version string) string { return strings.ReplaceAll(version, "+", ".") }
 
 // sourceDateEpoch is the build's creation time: SOURCE_DATE_EPOCH, the reproducible-builds
 // convention (the Makefile sets the commit's time).

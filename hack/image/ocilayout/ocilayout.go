@@ -1,5 +1,6 @@
 // Package ocilayout writes and reads the OCI image layout `make image` produces: one entry, the
-// multi-platform image index, named by the release's version (the tag it is pushed under).
+// multi-platform image index, named by its tag (the version the build says, with a + made a dot:
+// the tag it is pushed under).
 // hack/image writes and pushes it; the end-to-end tests of the real node push it to their
 // registry.
 package ocilayout
@@ -13,11 +14,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
 
-// RefName is the annotation of the layout's entry that names it: its version.
+// RefName is the annotation of the layout's entry that names it: its tag.
 const RefName = "org.opencontainers.image.ref.name"
 
-// Write writes idx as the one entry of a fresh OCI image layout at dir, named by version.
-func Write(dir string, idx v1.ImageIndex, version string) error {
+// Write writes idx as the one entry of a fresh OCI image layout at dir, named by tag.
+func Write(dir string, idx v1.ImageIndex, tag string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -25,11 +26,11 @@ func Write(dir string, idx v1.ImageIndex, version string) error {
 	if err != nil {
 		return err
 	}
-	return p.AppendIndex(idx, layout.WithAnnotations(map[string]string{RefName: version}))
+	return p.AppendIndex(idx, layout.WithAnnotations(map[string]string{RefName: tag}))
 }
 
-// Read returns the image index that is the one entry of the layout at dir, and the version
-// its entry is named by.
+// Read returns the image index that is the one entry of the layout at dir, and the tag its
+// entry is named by.
 func Read(dir string) (v1.ImageIndex, string, error) {
 	p, err := layout.FromPath(dir)
 	if err != nil {
@@ -46,13 +47,13 @@ func Read(dir string) (v1.ImageIndex, string, error) {
 	if len(m.Manifests) != 1 || !m.Manifests[0].MediaType.IsIndex() {
 		return nil, "", fmt.Errorf("%s: want one image index, as make image writes, found %d entries", dir, len(m.Manifests))
 	}
-	version := m.Manifests[0].Annotations[RefName]
-	if version == "" {
-		return nil, "", fmt.Errorf("%s: the image index has no %s annotation (its version, the tag to push)", dir, RefName)
+	tag := m.Manifests[0].Annotations[RefName]
+	if tag == "" {
+		return nil, "", fmt.Errorf("%s: the image index has no %s annotation (its tag, to push)", dir, RefName)
 	}
 	idx, err := top.ImageIndex(m.Manifests[0].Digest)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", dir, err)
 	}
-	return idx, version, nil
+	return idx, tag, nil
 }
