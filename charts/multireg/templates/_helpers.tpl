@@ -37,7 +37,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ include "multireg.chart" . }}
 {{- end }}
 
-{{/* The container's image: repository@digest when a digest is set, else repository:tag (the tag defaults to appVersion). */}}
+{{/* The image of the DaemonSet's container and of the helm test pod, the same for both: repository@digest when a digest is set, else repository:tag (the tag defaults to appVersion). */}}
 {{- define "multireg.image" -}}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
