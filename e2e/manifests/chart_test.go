@@ -70,8 +70,14 @@ func renderChart(c *chart.Chart, values map[string]any) (string, error) {
 
 // renderFiles renders the chart as `helm template` does, into its files by name.
 func renderFiles(c *chart.Chart, values map[string]any) (map[string]string, error) {
+	return renderFilesFor(c, values, chartutil.DefaultCapabilities)
+}
+
+// renderFilesFor is renderFiles for a cluster of the given capabilities (its Kubernetes
+// version: helm template's --kube-version).
+func renderFilesFor(c *chart.Chart, values map[string]any, caps *chartutil.Capabilities) (map[string]string, error) {
 	opts := chartutil.ReleaseOptions{Name: releaseName, Namespace: releaseNamespace, Revision: 1, IsInstall: true}
-	vals, err := chartutil.ToRenderValues(c, values, opts, chartutil.DefaultCapabilities)
+	vals, err := chartutil.ToRenderValues(c, values, opts, caps)
 	if err != nil {
 		return nil, err
 	}
