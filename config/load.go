@@ -39,19 +39,50 @@ func ReadFile(path string) ([]byte, error) {
 	return readFile(path, MaxFileSize, "(1 MiB), the most a drivers file may be")
 }
 
-// ReadInput reads what `multireg validate` checks: the file at path, or standard input for
-// "-" (stdin), each up to MaxManifestSize, as it may be a stream of manifests (see Extract).
+// ReadInput reads what `multireg validate` checks: standard input for "-" (stdin), or the
+// file at path, each up to MaxManifestSize, as it may be a stream of manifests (see Extract).
+// Besides a regular file, path may be a named pipe or a character device, read like standard
+// input: `-f <(helm template …)` and `-f /dev/stdin` (opening a named pipe waits for its
+// writer, as cat does). A directory, a socket or a block device is refused, naming the path.
 func ReadInput(path string, stdin io.Reader) ([]byte, error) {
 	const why = "(16 MiB), the most multireg validate reads"
-	if path != "-" {
-		return readFile(path, MaxManifestSize, why)
+	if path == "-" {
+		return readLimited(stdin, "standard input", MaxManifestSize, why)
 	}
-	b, err := io.ReadAll(io.LimitReader(stdin, MaxManifestSize+1))
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOCTTY, 0)
+	if errors.Is(err, syscall.ENXIO) {
+		// A unix socket cannot be opened at all.
+		if fi, serr := os.Stat(path); serr == nil && !fi.Mode().IsRegular() {
+			return nil, notReadable(path, fi.Mode())
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("read standard input: %w", err)
+		return nil, fmt.Errorf("read config: %w", err)
 	}
-	if len(b) > MaxManifestSize {
-		return nil, fmt.Errorf("read standard input: larger than %d bytes %s", MaxManifestSize, why)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read config %s: %w", path, err)
+	}
+	if m := fi.Mode(); !m.IsRegular() && m.Type() != fs.ModeNamedPipe && m.Type() != fs.ModeDevice|fs.ModeCharDevice {
+		return nil, notReadable(path, m)
+	}
+	return readLimited(f, "config "+path, MaxManifestSize, why)
+}
+
+// notReadable is ReadInput's error for a path it does not read.
+func notReadable(path string, mode fs.FileMode) error {
+	return fmt.Errorf("read config %s: is %s: give a file or a pipe holding a drivers file or manifests, or - for standard input", path, fileType(mode))
+}
+
+// readLimited reads r whole, refusing it once it is over limit bytes.
+func readLimited(r io.Reader, name string, limit int, why string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(b) > limit {
+		return nil, fmt.Errorf("read %s: larger than %d bytes %s", name, limit, why)
 	}
 	return b, nil
 }
@@ -87,14 +118,19 @@ func readFile(path string, limit int, why string) ([]byte, error) {
 
 // notRegular is the error for a drivers file that is not a regular file.
 func notRegular(path string, mode fs.FileMode) error {
+	return fmt.Errorf("read config %s: is %s, not a regular file", path, fileType(mode))
+}
+
+// fileType names the type of a file that is not a regular one.
+func fileType(mode fs.FileMode) string {
 	what, ok := map[fs.FileMode]string{
 		fs.ModeNamedPipe: "a named pipe (FIFO)", fs.ModeDevice | fs.ModeCharDevice: "a character device",
 		fs.ModeDevice: "a block device", fs.ModeDir: "a directory", fs.ModeSocket: "a unix socket",
 	}[mode.Type()]
 	if !ok {
-		return fmt.Errorf("read config %s: not a regular file (mode %s)", path, mode)
+		return fmt.Sprintf("of mode %s", mode)
 	}
-	return fmt.Errorf("read config %s: is %s, not a regular file", path, what)
+	return what
 }
 
 // Parse decodes a drivers file strictly, validates it and resolves every default.

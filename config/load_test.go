@@ -528,3 +528,49 @@ func readReturning(t *testing.T, path string) error {
 		return nil
 	}
 }
+
+// TestReadInputPipes: ReadInput reads a named pipe and a character device like standard input,
+// up to MaxManifestSize bytes exactly, and refuses one byte more.
+func TestReadInputPipes(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "in.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{MaxManifestSize, MaxManifestSize + 1} {
+		done := make(chan error, 1)
+		go func() {
+			w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+			if err == nil {
+				_, err = w.Write(make([]byte, n))
+				w.Close()
+			}
+			done <- err
+		}()
+		b, err := ReadInput(fifo, nil)
+		switch {
+		case n <= MaxManifestSize && (err != nil || len(b) != n):
+			t.Errorf("ReadInput(a FIFO of %d bytes): %d bytes, %v; want them all", n, len(b), err)
+		case n > MaxManifestSize && (err == nil || !strings.Contains(err.Error(), "larger than 16777216 bytes")):
+			t.Errorf("ReadInput(a FIFO of %d bytes): %d bytes, %v; want it refused", n, len(b), err)
+		}
+		// A writer left waiting (the FIFO refused, or read in part) is let through by
+		// readers that read nothing, until it returns.
+		for released := false; !released; {
+			r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-done:
+				released = true
+			case <-time.After(10 * time.Millisecond):
+			}
+			r.Close()
+		}
+	}
+	if fi, err := os.Stat("/dev/zero"); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		if _, err := ReadInput("/dev/zero", nil); err == nil || err.Error() != "read config /dev/zero: larger than 16777216 bytes (16 MiB), the most multireg validate reads" {
+			t.Errorf("ReadInput(/dev/zero): %v; want it read up to the bound, and refused", err)
+		}
+	}
+}

@@ -15,6 +15,9 @@ import (
 // manifests (a rendered chart), in bytes. Each drivers file in it stays bounded by MaxFileSize.
 const MaxManifestSize = 16 << 20
 
+// apiGroup is the group of APIVersion: a drivers file's apiVersion is apiGroup/<version>.
+const apiGroup = "multireg.dev"
+
 // Found is a drivers file found in an input: the input itself, or a ConfigMap's data key.
 type Found struct {
 	// Where names the ConfigMap and its key, e.g. `ConfigMap kube-system/multireg (document 3
@@ -24,17 +27,16 @@ type Found struct {
 	Content []byte
 }
 
-// ManifestLabel is the label that marks a ConfigMap as multireg's drivers file, set by the
-// chart and the examples.
-const ManifestLabel = "app.kubernetes.io/name=multireg"
-
 // Extract returns the drivers files an input holds: the input itself when it is a drivers
 // file, or, when it is Kubernetes manifests (a ConfigMap, a List of them, `kubectl get -o
-// yaml` or `helm template` output), the drivers key of every multireg ConfigMap in it. A
-// multireg ConfigMap is labelled app.kubernetes.io/name=multireg or holds a RegistrarConfig.
-// Its drivers key is key when given; otherwise the keys that hold a RegistrarConfig, else
-// config.yaml, else its only key. An input that is neither a drivers file nor manifests is
-// returned whole, for Parse to say what is wrong with it.
+// yaml` or `helm template` output), the drivers key of every multireg ConfigMap in it.
+//
+// A multireg ConfigMap is one that holds a drivers file: a data key whose content is a
+// mapping with apiVersion multireg.dev/… or kind RegistrarConfig (or, when it is not YAML at
+// all, names either). Labels say nothing: other objects of a release carry the same ones (the
+// chart's dashboard ConfigMap does). Its drivers key is key when given, otherwise every key
+// that holds a drivers file. An input that is neither a drivers file nor manifests is returned
+// whole, for Parse to say what is wrong with it.
 func Extract(b []byte, key string) ([]Found, error) {
 	docs, err := documents(b)
 	if err != nil || !slices.ContainsFunc(docs, isManifest) {
@@ -52,7 +54,7 @@ func Extract(b []byte, key string) ([]Found, error) {
 			if d.Kind == "List" {
 				where = fmt.Sprintf("document %d at line %d, items[%d]", i+1, d.line, j)
 			}
-			if o.Kind != "ConfigMap" || !o.isMultireg() {
+			if o.Kind != "ConfigMap" || !o.holdsDriversFile() {
 				continue
 			}
 			name := o.Metadata.Name
@@ -71,7 +73,7 @@ func Extract(b []byte, key string) ([]Found, error) {
 		}
 	}
 	if len(found) == 0 && len(errs) == 0 {
-		return nil, fmt.Errorf("no multireg ConfigMap among the %d documents: none is labelled %s or holds a RegistrarConfig", len(docs), ManifestLabel)
+		return nil, fmt.Errorf("no multireg ConfigMap among the %d documents: none has a data key holding a drivers file (apiVersion: %s, kind: %s)", len(docs), APIVersion, Kind)
 	}
 	return found, errors.Join(errs...)
 }
@@ -81,9 +83,8 @@ type manifest struct {
 	APIVersion string `yaml:"apiVersion"`
 	Kind       string `yaml:"kind"`
 	Metadata   struct {
-		Name      string            `yaml:"name"`
-		Namespace string            `yaml:"namespace"`
-		Labels    map[string]string `yaml:"labels"`
+		Name      string `yaml:"name"`
+		Namespace string `yaml:"namespace"`
 	} `yaml:"metadata"`
 	Data  map[string]string `yaml:"data"`
 	Items []manifest        `yaml:"items"`
@@ -95,25 +96,46 @@ func isManifest(m manifest) bool {
 	return m.APIVersion == "v1" && (m.Kind == "ConfigMap" || m.Kind == "List")
 }
 
-func (m manifest) isMultireg() bool {
-	name, value, _ := strings.Cut(ManifestLabel, "=")
-	if m.Metadata.Labels[name] == value {
-		return true
-	}
+// holdsDriversFile reports whether a data key of the ConfigMap holds a drivers file.
+func (m manifest) holdsDriversFile() bool {
 	for _, v := range m.Data {
-		if holdsDriversFile(v) {
+		if isDriversFile(v) {
 			return true
 		}
 	}
 	return false
 }
 
-// holdsDriversFile reports whether a data value looks like a drivers file, valid or not.
-func holdsDriversFile(v string) bool {
-	return strings.Contains(v, "RegistrarConfig") || strings.Contains(v, "multireg.dev/")
+// isDriversFile reports whether a data value is a drivers file, valid or not: its first
+// document is a mapping whose apiVersion is multireg.dev/… or whose kind is RegistrarConfig
+// (either is enough, so that a file with the other one wrong is still checked; the keys and
+// values in any case, so that one written in the wrong case is too). A value that is not YAML
+// is one when it names either, so that a drivers file broken beyond parsing is checked too.
+func isDriversFile(v string) bool {
+	var n yaml.Node
+	if err := yaml.Unmarshal([]byte(v), &n); err != nil {
+		return strings.Contains(v, Kind) || strings.Contains(v, apiGroup+"/")
+	}
+	if len(n.Content) == 0 || n.Content[0].Kind != yaml.MappingNode {
+		return false
+	}
+	top := n.Content[0].Content
+	for i := 0; i+1 < len(top); i += 2 {
+		k, val := top[i], top[i+1]
+		if k.Kind != yaml.ScalarNode || val.Kind != yaml.ScalarNode {
+			continue
+		}
+		switch {
+		case strings.EqualFold(k.Value, "apiVersion") && strings.HasPrefix(strings.ToLower(val.Value), apiGroup+"/"),
+			strings.EqualFold(k.Value, "kind") && strings.EqualFold(val.Value, Kind):
+			return true
+		}
+	}
+	return false
 }
 
-// driverKeys are the data keys of a multireg ConfigMap to validate, sorted.
+// driverKeys are the data keys of a multireg ConfigMap to validate, sorted: key when given,
+// else those holding a drivers file.
 func (m manifest) driverKeys(key string) ([]string, error) {
 	if key != "" {
 		if _, ok := m.Data[key]; !ok {
@@ -123,21 +145,11 @@ func (m manifest) driverKeys(key string) ([]string, error) {
 	}
 	var keys []string
 	for _, k := range m.keys() {
-		if holdsDriversFile(m.Data[k]) {
+		if isDriversFile(m.Data[k]) {
 			keys = append(keys, k)
 		}
 	}
-	switch {
-	case len(keys) > 0:
-		return keys, nil
-	case m.Data["config.yaml"] != "":
-		return []string{"config.yaml"}, nil
-	case len(m.Data) == 1:
-		return m.keys(), nil
-	case len(m.Data) == 0:
-		return nil, fmt.Errorf("data: empty: no drivers file")
-	}
-	return nil, fmt.Errorf("data: which key is the drivers file? (keys: %s; give --key)", strings.Join(m.keys(), ", "))
+	return keys, nil
 }
 
 func (m manifest) keys() []string {

@@ -32,6 +32,9 @@ func TestExtract(t *testing.T) {
 			"ConfigMap gpu/gpu-multireg (document 4 at line 35) data[drivers.yaml]",
 		}},
 		{give: "manifests/list.yaml", wantWhere: []string{"ConfigMap kube-system/multireg (document 1 at line 2, items[0]) data[config.yaml]"}},
+		// The dashboard's ConfigMap and another one carry the chart's labels: neither holds a
+		// drivers file, and neither is checked.
+		{give: "manifests/dashboard.yaml", wantWhere: []string{"ConfigMap kube-system/multireg (document 1 at line 6) data[config.yaml]"}},
 		{give: "manifests/list.yaml", key: "notes.txt", wantWhere: []string{"ConfigMap kube-system/multireg (document 1 at line 2, items[0]) data[notes.txt]"}},
 		{give: "manifests/list.yaml", key: "drivers.yaml", wantErr: "ConfigMap kube-system/multireg (document 1 at line 2, items[0]): data[drivers.yaml]: no such key (keys: config.yaml, notes.txt)"},
 	} {
@@ -71,15 +74,42 @@ func TestExtractJSON(t *testing.T) {
 }
 
 func TestExtractRefusesManifestsWithoutMultireg(t *testing.T) {
-	in := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\ndata: {a: b}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"
-	_, err := Extract([]byte(in), "")
-	if want := "no multireg ConfigMap among the 2 documents"; err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("err %v, want %q", err, want)
+	for _, in := range []string{
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\ndata: {a: b}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+		// Labelled as the chart labels its objects, holding no drivers file: not multireg's.
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: m, labels: {app.kubernetes.io/name: multireg}}\ndata: {a.yaml: x, b.json: '{\"title\": \"multireg\"}'}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+	} {
+		_, err := Extract([]byte(in), "")
+		if want := "no multireg ConfigMap among the 2 documents: none has a data key holding a drivers file (apiVersion: multireg.dev/v1alpha1, kind: RegistrarConfig)"; err == nil || err.Error() != want {
+			t.Errorf("err %v, want %q", err, want)
+		}
 	}
-	// Labelled, with two keys and no RegistrarConfig in either: which one is meant?
-	in = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: m, labels: {app.kubernetes.io/name: multireg}}\ndata: {a.yaml: x, b.yaml: y}\n"
-	_, err = Extract([]byte(in), "")
-	if want := "which key is the drivers file? (keys: a.yaml, b.yaml; give --key)"; err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("err %v, want %q", err, want)
+}
+
+// TestIsDriversFile: a data value is a drivers file by what it holds, valid or not.
+func TestIsDriversFile(t *testing.T) {
+	for _, tt := range []struct {
+		give string
+		want bool
+	}{
+		{"apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers: []\n", true},
+		{"apiVersion: multireg.dev/v1alpha1\ndrivers: []\n", true},                           // kind missing: Parse says so
+		{"apiVersion: multireg.dev/v1beta9\nkind: RegistrarConfg\n", true},                   // both wrong but the group
+		{"apiVersion: example.com/v1\nkind: RegistrarConfig\n", true},                        // the wrong group
+		{"ApiVersion: Multireg.dev/v1alpha1\nKind: registrarconfig\n", true},                 // the wrong case
+		{"{\"apiVersion\": \"multireg.dev/v1alpha1\", \"kind\": \"RegistrarConfig\"}", true}, // JSON
+		{"apiVersion: multireg.dev/v1alpha1\nkind: RegistrarConfig\ndrivers: [\n", true},     // not YAML: named
+		{"kind: RegistrarConfig\n\tdrivers: []\n", true},                                     // not YAML (a tab): named
+		{"drivers:\n  - name: nfs.csi.k8s.io\n", false},                                      // a values file
+		{"apiVersion: v1\nkind: Config\n", false},
+		{"{\"title\": \"multireg\", \"uid\": \"multireg\", \"panels\": []}", false}, // a dashboard
+		{"not: [a drivers file", false},
+		{"- apiVersion: multireg.dev/v1alpha1\n", false},
+		{"multireg.dev/v1alpha1", false},
+		{"", false},
+	} {
+		if got := isDriversFile(tt.give); got != tt.want {
+			t.Errorf("isDriversFile(%q) = %v, want %v", tt.give, got, tt.want)
+		}
 	}
 }

@@ -203,6 +203,16 @@ func TestStatusDocument(t *testing.T) {
 	}
 }
 
+// printStatus prints a document held whole as multireg status prints it.
+func printStatus(w io.Writer, doc statusDoc, now time.Time) {
+	printStatusTable(w, doc, func(each func(driverStatus)) error {
+		for _, d := range doc.Drivers {
+			each(d)
+		}
+		return nil
+	}, now)
+}
+
 func TestStatusTable(t *testing.T) {
 	var out bytes.Buffer
 	printStatus(&out, newStatusDoc(serving(testState(knownStates, 2)).view()), t0.Add(time.Second))

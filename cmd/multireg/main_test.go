@@ -136,6 +136,13 @@ func TestValidateInputs(t *testing.T) {
 		t.Errorf("rendered manifests: err\n%v\n(exit %d), want\n%s\n(exit 1)", err, exitCode(err), want)
 	}
 
+	// The chart rendered with its dashboard: the dashboard's ConfigMap carries the chart's labels
+	// and holds no drivers file; it is not checked.
+	out, _, err = runStdin(read("manifests/dashboard.yaml"), "validate", "-f", "-")
+	if want := "<stdin>: ConfigMap kube-system/multireg (document 1 at line 6) data[config.yaml]: valid: 0 drivers in /var/lib/kubelet/plugins_registry\n"; err != nil || out != want {
+		t.Errorf("a stream with labelled ConfigMaps that hold no drivers file: %q, %v; want %q", out, err, want)
+	}
+
 	_, _, err = runStdin("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\n", "validate", "-f", "-")
 	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "no multireg ConfigMap") {
 		t.Errorf("manifests without multireg's ConfigMap: %v (exit %d), want exit 1 saying so", err, exitCode(err))

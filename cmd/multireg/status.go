@@ -1,19 +1,21 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
-	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/duration"
 )
 
@@ -111,13 +113,20 @@ type kubeletStatus struct {
 	// ReadAt is when kubelet said so; Since, since when it has held that many.
 	ReadAt *time.Time `json:"readAt"`
 	Since  *time.Time `json:"since"`
-	// Missing: the driver is registered and kubelet has held none of its devices for longer
-	// than a reconcile pass.
+	// Missing: the driver is registered and kubelet, which held devices of its resource, has
+	// held none for longer than a reconcile pass.
 	Missing bool `json:"missing"`
 }
 
 // statusTimeout bounds `multireg status`'s request.
 const statusTimeout = 5 * time.Second
+
+// maxStatusSize bounds the answer `multireg status` reads, so that it stays small inside the
+// daemon's pod (kubectl exec, under the pod's memory limit) whatever answers: the /status of
+// 1000 drivers, each waiting for its endpoint with the probe's error, is 0.62 MiB; 4 MiB holds
+// about 6000 such drivers, or 1000 whose last errors are 3.5 KiB each. The answer is read into
+// memory once, up to this; the document is walked as a stream, never decoded whole.
+const maxStatusSize = 4 << 20
 
 // runStatus is `multireg status`: it asks the running daemon for its state and prints it.
 func runStatus(ctx context.Context, args []string, std stdio, helpOnly bool) error {
@@ -153,15 +162,18 @@ func runStatus(ctx context.Context, args []string, std stdio, helpOnly bool) err
 		return fmt.Errorf("multireg status: no answer from the daemon at %s: %v (is `multireg run` running, with the same --http-endpoint?)", addr, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("multireg status: read the answer from %s: %w", addr, err)
-	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("multireg status: %s answered %s", target, resp.Status)
 	}
-	var doc statusDoc
-	if err := json.Unmarshal(body, &doc); err != nil {
+	body, err := readStatus(resp, maxStatusSize)
+	if errors.Is(err, errTooLarge) {
+		return fmt.Errorf("multireg status: the answer of %s is over %d MiB, the most multireg status reads (the status of some 6000 drivers): is it multireg's --http-endpoint?", target, maxStatusSize>>20)
+	}
+	if err != nil {
+		return fmt.Errorf("multireg status: read the answer from %s: %w", addr, err)
+	}
+	doc, err := decodeStatus(body, func(driverStatus) {})
+	if err != nil {
 		return fmt.Errorf("multireg status: %s did not answer with a status document: %w", target, err)
 	}
 	switch output {
@@ -169,19 +181,305 @@ func runStatus(ctx context.Context, args []string, std stdio, helpOnly bool) err
 		_, err := stdout.Write(body)
 		return err
 	case "yaml":
-		var v any // the daemon's document as it is, fields this version does not know included
-		if err := json.Unmarshal(body, &v); err != nil {
-			return err
+		// The daemon's document as it is, fields this version does not know included.
+		return writeYAML(stdout, body)
+	}
+	return printStatusTable(stdout, doc, func(each func(driverStatus)) error {
+		_, err := decodeStatus(body, each)
+		return err
+	}, time.Now())
+}
+
+// errTooLarge is readStatus's error for an answer over its bound.
+var errTooLarge = errors.New("too large")
+
+// readStatus reads the body of resp, up to limit bytes; past that it returns errTooLarge,
+// without reading more (at once when the answer says its length). Its buffer grows by
+// doubling up to limit+1 bytes at most.
+func readStatus(resp *http.Response, limit int) ([]byte, error) {
+	if resp.ContentLength > int64(limit) {
+		return nil, errTooLarge
+	}
+	size := 64 << 10
+	if resp.ContentLength >= 0 {
+		size = int(resp.ContentLength) + 1 // room to see the end
+	}
+	b := make([]byte, 0, min(size, limit+1))
+	for {
+		if len(b) == cap(b) {
+			if len(b) > limit {
+				return nil, errTooLarge
+			}
+			b = append(make([]byte, 0, min(2*cap(b), limit+1)), b...)
 		}
-		b, err := yaml.Marshal(v)
+		n, err := resp.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF && len(b) <= limit {
+			return b, nil
+		}
+		if err == io.EOF {
+			return nil, errTooLarge
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// decodeStatus decodes a status document, as json.Unmarshal into a statusDoc would but for
+// its drivers: it passes each to each as it decodes it, and returns the document without them.
+// It holds one driver at a time: a document of a million tiny entries costs no more memory
+// than one of ten.
+func decodeStatus(body []byte, each func(driverStatus)) (statusDoc, error) {
+	var doc statusDoc
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := expectDelim(dec, '{', "a JSON object"); err != nil {
+		return doc, err
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return doc, err
+		}
+		var v any
+		switch key, _ := tok.(string); key {
+		case "instance":
+			v = &doc.Instance
+		case "config":
+			v = &doc.Config
+		case "descriptors":
+			v = &doc.Descriptors
+		case "drivers":
+			if err := decodeDrivers(dec, each); err != nil {
+				return doc, fmt.Errorf("drivers: %w", err)
+			}
+			continue
+		default: // a field this version does not know
+			if err := skipValue(dec); err != nil {
+				return doc, fmt.Errorf("%s: %w", key, err)
+			}
+			continue
+		}
+		if err := dec.Decode(v); err != nil {
+			return doc, err
+		}
+	}
+	if err := expectDelim(dec, '}', "the object's end"); err != nil {
+		return doc, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return doc, fmt.Errorf("more after the document")
+	}
+	return doc, nil
+}
+
+// maxStatusDepth is how deep decodeStatus lets the values it does not know nest: the daemon's
+// document is 3 deep, and writeYAML recurses once per level.
+const maxStatusDepth = 32
+
+// skipValue reads the value a decoder is at, a token at a time: it holds none of it.
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		tok, err := dec.Token()
 		if err != nil {
 			return err
 		}
-		_, err = stdout.Write(b)
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if depth++; depth > maxStatusDepth {
+				return fmt.Errorf("nested deeper than %d", maxStatusDepth)
+			}
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+}
+
+// decodeDrivers decodes the drivers array (or null) a decoder is at, one element at a time.
+func decodeDrivers(dec *json.Decoder, each func(driverStatus)) error {
+	tok, err := dec.Token()
+	if err != nil || tok == nil {
 		return err
 	}
-	printStatus(stdout, doc, time.Now())
+	if d, ok := tok.(json.Delim); !ok || d != '[' {
+		return fmt.Errorf("not an array: %v", tok)
+	}
+	for dec.More() {
+		var d driverStatus
+		if err := dec.Decode(&d); err != nil {
+			return err
+		}
+		each(d)
+	}
+	_, err = dec.Token()
+	return err
+}
+
+// expectDelim reads the next token, which must be the delimiter want.
+func expectDelim(dec *json.Decoder, want json.Delim, what string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != want {
+		return fmt.Errorf("want %s, got %v", what, tok)
+	}
 	return nil
+}
+
+// writeYAML writes a JSON document as YAML, in block style, its mappings' keys in the
+// document's order. It holds one token at a time, never the document: the YAML of a
+// document's every value would take many times the document's size.
+func writeYAML(w io.Writer, body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	y := yamlWriter{dec: dec, w: bufio.NewWriter(w)}
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if err := y.value(tok, 0, yamlTop); err != nil {
+		return err
+	}
+	return y.w.Flush()
+}
+
+// yamlWriter writes the tokens of a JSON decoder as YAML.
+type yamlWriter struct {
+	dec *json.Decoder
+	w   *bufio.Writer
+}
+
+// Where a value stands: alone (the document), after "key:", or after a sequence's "-".
+const (
+	yamlTop = iota
+	yamlAfterKey
+	yamlAfterDash
+)
+
+// value writes the value that starts with tok. indent is the column of a collection's entries
+// on their own lines.
+func (y *yamlWriter) value(tok json.Token, indent int, at int) error {
+	open, ok := tok.(json.Delim)
+	if !ok {
+		if at != yamlTop {
+			y.w.WriteByte(' ')
+		}
+		y.w.WriteString(yamlScalar(tok))
+		y.w.WriteByte('\n')
+		return nil
+	}
+	if !y.dec.More() { // empty: {} or []
+		if _, err := y.dec.Token(); err != nil {
+			return err
+		}
+		if at != yamlTop {
+			y.w.WriteByte(' ')
+		}
+		y.w.WriteString(map[json.Delim]string{'{': "{}", '[': "[]"}[open])
+		y.w.WriteByte('\n')
+		return nil
+	}
+	switch at {
+	case yamlAfterKey:
+		y.w.WriteByte('\n')
+	case yamlAfterDash:
+		y.w.WriteByte(' ')
+	}
+	for first := true; y.dec.More(); first = false {
+		if !first || at == yamlAfterKey {
+			y.w.WriteString(strings.Repeat(" ", indent))
+		}
+		tok, err := y.dec.Token()
+		if err != nil {
+			return err
+		}
+		entry := yamlAfterDash
+		if open == '{' {
+			y.w.WriteString(yamlScalar(tok))
+			y.w.WriteByte(':')
+			entry = yamlAfterKey
+			if tok, err = y.dec.Token(); err != nil {
+				return err
+			}
+		} else {
+			y.w.WriteByte('-')
+		}
+		if err := y.value(tok, indent+2, entry); err != nil {
+			return err
+		}
+	}
+	_, err := y.dec.Token() // the closing delimiter
+	return err
+}
+
+// yamlScalar renders a JSON scalar (with json.Number for numbers) as a YAML one that reads
+// back as the same value: a string plain when it is words and paths that YAML reads as a
+// string, double-quoted otherwise.
+func yamlScalar(tok json.Token) string {
+	switch v := tok.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return strconv.FormatBool(v)
+	case json.Number:
+		return v.String()
+	case string:
+		if yamlPlain(v) {
+			return v
+		}
+		return yamlQuoted(v)
+	}
+	return fmt.Sprint(tok)
+}
+
+// yamlPlain reports whether s reads back as the string s when written plain: letters,
+// digits, spaces and . _ / -, starting with a letter or /, not ending with a space, and none
+// of the words YAML 1.1 reads as a boolean or null.
+func yamlPlain(s string) bool {
+	if s == "" || !(s[0] == '/' || 'a' <= s[0]|0x20 && s[0]|0x20 <= 'z') || s[len(s)-1] == ' ' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c|0x20 && c|0x20 <= 'z' || '0' <= c && c <= '9' || strings.IndexByte(" ._/-", c) >= 0) {
+			return false
+		}
+	}
+	switch strings.ToLower(s) {
+	case "y", "n", "yes", "no", "on", "off", "true", "false", "null":
+		return false
+	}
+	return true
+}
+
+// yamlQuoted is s as a YAML double-quoted scalar, on one line: what is not printable in YAML
+// (control characters, DEL, C1 controls, the BOM, non-characters) escaped.
+func yamlQuoted(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || 0x7f <= r && r < 0xa0 || 0xd800 <= r && r < 0xe000 || r == 0xfeff || r == 0xfffe || r == 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // statusURL is the URL of the daemon's /status: from its --http-endpoint (host:port, as run
@@ -222,15 +520,48 @@ func dialAddress(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-// printStatus prints the document as a table a person reads at a glance.
-func printStatus(w io.Writer, doc statusDoc, now time.Time) {
+// statusColumns are the table's columns.
+var statusColumns = [...]string{"DRIVER", "TYPE", "PHASE", "SINCE", "ATTEMPTS", "FAILURES", "NEXT RETRY", "KUBELET", "LAST ERROR"}
+
+// kubeletColumn is KUBELET, what kubelet's pod-resources API says of a device plugin's
+// resource: printed only where it says something of a driver.
+const kubeletColumn = 7
+
+// printStatusTable prints the document as a table a person reads at a glance, its drivers
+// from drivers, which it walks
+// twice: for the counts and the columns' widths, then to print each row. It holds one row at
+// a time.
+func printStatusTable(w io.Writer, doc statusDoc, drivers func(each func(driverStatus)) error, now time.Time) error {
 	if in := doc.Instance; in.Role != "" && in.Role != roleServing {
 		since := ""
 		if in.Since != nil {
 			since = " for " + age(now.Sub(*in.Since))
 		}
 		fmt.Fprintf(w, "instance %s%s: %s\n", in.Role, since, in.Detail)
-		return
+		return nil
+	}
+	var widths [len(statusColumns)]int
+	measure := func(row [len(statusColumns)]string) {
+		for i, cell := range row {
+			widths[i] = max(widths[i], utf8.RuneCountInString(cell))
+		}
+	}
+	measure(statusColumns)
+	total, registered, absent := 0, 0, 0
+	kubeletCol := false
+	err := drivers(func(d driverStatus) {
+		total++
+		kubeletCol = kubeletCol || d.Kubelet != nil
+		switch {
+		case d.Phase == phaseRegistered:
+			registered++
+		case d.Absent:
+			absent++
+		}
+		measure(statusRow(d, now))
+	})
+	if err != nil {
+		return err
 	}
 	if doc.Instance.Inherited > 0 {
 		fmt.Fprintf(w, "instance serving: %s, %d sockets taken over\n", doc.Instance.Detail, doc.Instance.Inherited)
@@ -244,70 +575,68 @@ func printStatus(w io.Writer, doc statusDoc, now time.Time) {
 	if d := doc.Descriptors; d != nil && !d.Fits {
 		fmt.Fprintf(w, "NOT ENOUGH %s\n", d.Problem)
 	}
-	registered, absent := 0, 0
-	for _, d := range doc.Drivers {
-		switch {
-		case d.Phase == phaseRegistered:
-			registered++
-		case d.Absent:
-			absent++
-		}
-	}
-	fmt.Fprintf(w, "%d of %d drivers registered", registered, len(doc.Drivers))
+	fmt.Fprintf(w, "%d of %d drivers registered", registered, total)
 	if absent > 0 {
 		fmt.Fprintf(w, ", %d absent from this node", absent)
 	}
 	fmt.Fprint(w, "\n\n")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	// KUBELET, what kubelet's pod-resources API says of a device plugin's resource, only
-	// where it says something.
-	kubeletCol := slices.ContainsFunc(doc.Drivers, func(d driverStatus) bool { return d.Kubelet != nil })
-	header := "DRIVER\tTYPE\tPHASE\tSINCE\tATTEMPTS\tFAILURES\tNEXT RETRY\t"
-	if kubeletCol {
-		header += "KUBELET\t"
-	}
-	fmt.Fprintln(tw, header+"LAST ERROR")
-	for _, d := range doc.Drivers {
-		since, next := "-", "-"
-		if d.Since != nil {
-			since = age(now.Sub(*d.Since))
-		}
-		if d.NextAttempt != nil {
-			next = "in " + age(d.NextAttempt.Sub(now))
-		}
-		phase, lastErr := d.Phase, d.LastError
-		switch {
-		case !d.EndpointUp && d.Phase == phaseRegistered:
-			lastErr = strings.TrimSuffix("endpoint down; "+lastErr, "; ")
-		case d.Absent && d.Phase == phaseWaitingForEndpoint:
-			// Not on this node: the probe's error would only say so again.
-			phase, lastErr = "Absent", ""
-			if d.Required {
-				lastErr = "required on every node: not ready"
+	bw := bufio.NewWriter(w)
+	line := func(row [len(statusColumns)]string) {
+		for i, cell := range row {
+			if i == kubeletColumn && !kubeletCol {
+				continue
 			}
-		case d.Absent:
-			// Published all the same (waitForEndpoint: false): kubelet's answer is the news,
-			// as in the JSON document.
-			lastErr = strings.TrimSuffix("endpoint absent from this node; "+lastErr, "; ")
-		}
-		kubelet := "-"
-		if k := d.Kubelet; k != nil {
-			kubelet = fmt.Sprintf("%d devices", k.Devices)
-			if k.Missing && k.ReadAt != nil && k.Since != nil {
-				kubelet = fmt.Sprintf("NONE for %s", age(k.ReadAt.Sub(*k.Since)))
-				lastErr = strings.TrimPrefix(lastErr+"; kubelet holds no device of the registered resource", "; ")
+			bw.WriteString(cell)
+			if i < len(row)-1 { // padded as text/tabwriter pads: 2 spaces past the widest cell
+				bw.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell)+2))
 			}
 		}
-		if lastErr == "" {
-			lastErr = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t", d.Name, d.Type, phase, since, d.Attempts, d.Failures, next)
-		if kubeletCol {
-			fmt.Fprintf(tw, "%s\t", kubelet)
-		}
-		fmt.Fprintf(tw, "%s\n", lastErr)
+		bw.WriteByte('\n')
 	}
-	tw.Flush()
+	line(statusColumns)
+	err = drivers(func(d driverStatus) { line(statusRow(d, now)) })
+	if ferr := bw.Flush(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// statusRow is a driver's row of the table.
+func statusRow(d driverStatus, now time.Time) [len(statusColumns)]string {
+	since, next := "-", "-"
+	if d.Since != nil {
+		since = age(now.Sub(*d.Since))
+	}
+	if d.NextAttempt != nil {
+		next = "in " + age(d.NextAttempt.Sub(now))
+	}
+	phase, lastErr := d.Phase, d.LastError
+	switch {
+	case !d.EndpointUp && d.Phase == phaseRegistered:
+		lastErr = strings.TrimSuffix("endpoint down; "+lastErr, "; ")
+	case d.Absent && d.Phase == phaseWaitingForEndpoint:
+		// Not on this node: the probe's error would only say so again.
+		phase, lastErr = "Absent", ""
+		if d.Required {
+			lastErr = "required on every node: not ready"
+		}
+	case d.Absent:
+		// Published all the same (waitForEndpoint: false): kubelet's answer is the news,
+		// as in the JSON document.
+		lastErr = strings.TrimSuffix("endpoint absent from this node; "+lastErr, "; ")
+	}
+	kubelet := "-"
+	if k := d.Kubelet; k != nil {
+		kubelet = fmt.Sprintf("%d devices", k.Devices)
+		if k.Missing && k.ReadAt != nil && k.Since != nil {
+			kubelet = "NONE for " + age(k.ReadAt.Sub(*k.Since))
+			lastErr = strings.TrimPrefix(lastErr+"; kubelet holds no device of the registered resource", "; ")
+		}
+	}
+	if lastErr == "" {
+		lastErr = "-"
+	}
+	return [...]string{d.Name, d.Type, phase, since, strconv.Itoa(d.Attempts), strconv.Itoa(d.Failures), next, kubelet, lastErr}
 }
 
 // age renders a duration as kubectl renders ages (3s, 90s, 4m12s, 2h5m, 3d4h); a moment

@@ -4,10 +4,35 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/chart"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
+
+// renderTestPod renders the chart's `helm test` pod.
+func renderTestPod(t testing.TB, c *chart.Chart, values map[string]any) *corev1.Pod {
+	t.Helper()
+	files, err := renderFiles(c, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod *corev1.Pod
+	for name, f := range files {
+		if strings.Contains(name, "/templates/tests/") && strings.TrimSpace(f) != "" {
+			gvk := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+			obj, _, err := strictSerializer.Decode([]byte(f), &gvk, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			pod = obj.(*corev1.Pod)
+		}
+	}
+	if pod == nil {
+		t.Fatal("no test pod")
+	}
+	return pod
+}
 
 // TestChartHelmTest: the chart's `helm test` pod validates the drivers file of the release's
 // ConfigMap at the path the DaemonSet reads it, with a command line multireg accepts, as a
@@ -18,24 +43,7 @@ func TestChartHelmTest(t *testing.T) {
 	for _, tc := range chartCases {
 		t.Run(tc.name, func(t *testing.T) {
 			values := readValues(t, tc.values)
-			files, err := renderFiles(c, values)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var pod *corev1.Pod
-			for name, f := range files {
-				if strings.Contains(name, "/templates/tests/") && strings.TrimSpace(f) != "" {
-					gvk := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
-					obj, _, err := strictSerializer.Decode([]byte(f), &gvk, nil)
-					if err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					pod = obj.(*corev1.Pod)
-				}
-			}
-			if pod == nil {
-				t.Fatal("no test pod")
-			}
+			pod := renderTestPod(t, c, values)
 			d, _ := renderChartDeployment(t, c, values)
 			if pod.Annotations["helm.sh/hook"] != "test" {
 				t.Errorf("annotations %v: want helm.sh/hook: test", pod.Annotations)

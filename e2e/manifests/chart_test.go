@@ -70,8 +70,14 @@ func renderChart(c *chart.Chart, values map[string]any) (string, error) {
 
 // renderFiles renders the chart as `helm template` does, into its files by name.
 func renderFiles(c *chart.Chart, values map[string]any) (map[string]string, error) {
+	return renderFilesFor(c, values, chartutil.DefaultCapabilities)
+}
+
+// renderFilesFor is renderFiles for a cluster of the given capabilities (its Kubernetes
+// version: helm template's --kube-version).
+func renderFilesFor(c *chart.Chart, values map[string]any, caps *chartutil.Capabilities) (map[string]string, error) {
 	opts := chartutil.ReleaseOptions{Name: releaseName, Namespace: releaseNamespace, Revision: 1, IsInstall: true}
-	vals, err := chartutil.ToRenderValues(c, values, opts, chartutil.DefaultCapabilities)
+	vals, err := chartutil.ToRenderValues(c, values, opts, caps)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +237,17 @@ func TestChartRejects(t *testing.T) {
 			`extraHostPaths[0]: "` + k3sKubeletDir + `/plugins" is mounted by the chart already`},
 		{"extra host path twice", "extraHostPaths: [/run/csi, /opt/dp, /run/csi]\n", `extraHostPaths[2]: "/run/csi" is extraHostPaths[0] again`},
 		{"extra host path twice, once with a trailing slash", "extraHostPaths: [/run/csi, /run/csi/]\n", `extraHostPaths[1]: "/run/csi/" is extraHostPaths[0] again`},
+		{"extra host path with its type", "extraHostPaths: [{path: /run/csi, type: DirectoryOrCreate}, {path: /opt/dp, type: Directory}, {path: /run/x}]\n", ""},
+		{"endpoint under an extra host path with its type", "extraHostPaths: [{path: /run/csi/, type: DirectoryOrCreate}]\n" + strings.Replace(driver(""), "/var/lib/kubelet/plugins/csi-nfsplugin", "/run/csi", 1), ""},
+		{"extra host path of a misspelt type", "extraHostPaths: [{path: /run/csi, type: Directroy}]\n", "at '/extraHostPaths/0'"},
+		{"extra host path of a type not a directory", "extraHostPaths: [{path: /run/csi/csi.sock, type: Socket}]\n", "at '/extraHostPaths/0'"},
+		{"extra host path of an empty type", "extraHostPaths: [{path: /run/csi, type: ''}]\n", "at '/extraHostPaths/0'"},
+		{"extra host path without its path", "extraHostPaths: [{type: Directory}]\n", "at '/extraHostPaths/0'"},
+		{"extra host path relative, with its type", "extraHostPaths: [{path: run/csi, type: Directory}]\n", "at '/extraHostPaths/0'"},
+		{"extra host path with a misspelt field", "extraHostPaths: [{path: /run/csi, typ: Directory}]\n", "at '/extraHostPaths/0'"},
+		{"extra host path with its type, twice", "extraHostPaths: [/run/csi, {path: /run/csi/, type: DirectoryOrCreate}]\n", `extraHostPaths[1]: "/run/csi/" is extraHostPaths[0] again`},
+		{"extra host path with its type: the ConfigMap's directory", "extraHostPaths: [{path: /etc/multireg, type: Directory}]\n",
+			`extraHostPaths[0]: "/etc/multireg" is mounted by the chart already`},
 	}
 	checkRenders(t, c, tests)
 }

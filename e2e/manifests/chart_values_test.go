@@ -162,6 +162,44 @@ func TestChartDriversFileOrder(t *testing.T) {
 	}
 }
 
+// TestChartExtraHostPathTypes: an extraHostPaths entry is mounted as a hostPath of type
+// Directory, so that a mistyped path keeps the pod from starting instead of being created on
+// every node, unless the entry says DirectoryOrCreate.
+func TestChartExtraHostPathTypes(t *testing.T) {
+	c := loadChart(t)
+	for _, tt := range []struct {
+		values string
+		want   []string // path and type of each extra volume
+	}{
+		{"extraHostPaths: [/run/csi, /opt/dp/]", []string{"/run/csi Directory", "/opt/dp Directory"}},
+		{"extraHostPaths: [{path: /run/csi/}, {path: /opt/dp, type: Directory}]", []string{"/run/csi Directory", "/opt/dp Directory"}},
+		{"extraHostPaths: [{path: /run/csi, type: DirectoryOrCreate}, /opt/dp]", []string{"/run/csi DirectoryOrCreate", "/opt/dp Directory"}},
+	} {
+		d, _ := renderChartDeployment(t, c, mustValues(t, tt.values))
+		var got []string
+		for _, v := range d.ds.Spec.Template.Spec.Volumes {
+			if strings.HasPrefix(v.Name, "extra-") {
+				if v.HostPath == nil || v.HostPath.Type == nil {
+					t.Fatalf("%s: volume %s: %+v, want a hostPath with a type", tt.values, v.Name, v.VolumeSource)
+				}
+				got = append(got, v.HostPath.Path+" "+string(*v.HostPath.Type))
+			}
+		}
+		if strings.Join(got, ", ") != strings.Join(tt.want, ", ") {
+			t.Errorf("%s: volumes %q; want %q", tt.values, got, tt.want)
+		}
+		var mounts []string
+		for _, m := range d.container.VolumeMounts {
+			if strings.HasPrefix(m.Name, "extra-") && m.ReadOnly {
+				mounts = append(mounts, m.MountPath)
+			}
+		}
+		if len(mounts) != len(tt.want) || !strings.HasPrefix(tt.want[0], mounts[0]+" ") {
+			t.Errorf("%s: read-only mounts %q; want one per entry at its path", tt.values, mounts)
+		}
+	}
+}
+
 // TestChartNormalisesSlashes renders kubeletDir and extraHostPaths with trailing slashes: the
 // chart renders exactly what it renders without them (a trailing slash is no different
 // directory), instead of refusing them or writing "//" into the paths.

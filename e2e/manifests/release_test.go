@@ -177,6 +177,7 @@ func renderChartDeployment(t testing.TB, c *chart.Chart, values map[string]any) 
 	return d, m
 }
 
+// TestChartImage: the DaemonSet and the helm test pod pull one image, by digest when one is set.
 func TestChartImage(t *testing.T) {
 	digest := "sha256:" + strings.Repeat("0123456789abcdef", 4)
 	tests := []struct {
@@ -192,6 +193,14 @@ func TestChartImage(t *testing.T) {
 			d, _ := renderDeployment(t, tt.values)
 			if d.container.Image != tt.want {
 				t.Errorf("image %q; want %q", d.container.Image, tt.want)
+			}
+			// helm test runs the very image the DaemonSet runs, pulled the same way.
+			var values map[string]any
+			if err := yaml.Unmarshal([]byte(tt.values), &values); err != nil {
+				t.Fatal(err)
+			}
+			if pod := renderTestPod(t, loadChart(t), values); pod.Spec.Containers[0].Image != tt.want {
+				t.Errorf("the helm test pod's image %q; want the DaemonSet's, %q", pod.Spec.Containers[0].Image, tt.want)
 			}
 		})
 	}

@@ -37,7 +37,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ include "multireg.chart" . }}
 {{- end }}
 
-{{/* The container's image: repository@digest when a digest is set, else repository:tag (the tag defaults to appVersion). */}}
+{{/* The image of the DaemonSet's container and of the helm test pod, the same for both: repository@digest when a digest is set, else repository:tag (the tag defaults to appVersion). */}}
 {{- define "multireg.image" -}}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
@@ -75,6 +75,19 @@ helm.sh/chart: {{ include "multireg.chart" . }}
 /etc/multireg
 {{- end }}
 
+{{/* An entry of extraHostPaths as written: the entry itself, or its path. */}}
+{{- define "multireg.extraHostPath" -}}
+{{- if kindIs "map" . }}{{ get . "path" }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+
+{{/*
+An entry's hostPath type: its type, else Directory, so that a mistyped path keeps the pod from
+starting instead of being created on every node.
+*/}}
+{{- define "multireg.extraHostPathType" -}}
+{{- if kindIs "map" . }}{{ get . "type" | default "Directory" }}{{ else }}Directory{{ end }}
+{{- end }}
+
 {{/*
 Fails the render when an endpoint or localEndpoint lies outside every directory mounted into the
 pod: multireg could not reach the driver's socket (with another kubeletDir, the endpoints must
@@ -83,7 +96,7 @@ move too).
 {{- define "multireg.checkEndpoints" -}}
 {{- $dirs := list (include "multireg.pluginsDir" .) }}
 {{- range .Values.extraHostPaths }}
-{{- $dirs = append $dirs (clean .) }}
+{{- $dirs = append $dirs (clean (include "multireg.extraHostPath" .)) }}
 {{- end }}
 {{- range $i, $d := .Values.drivers }}
 {{- range $field := list "endpoint" "localEndpoint" }}
@@ -115,7 +128,8 @@ unique"), and an upgrade would merge the two mounts into one without a word.
 {{- $_ := set $mounted (printf "%s/pod-resources" (include "multireg.kubeletDir" .)) "kubelet's pod-resources directory" }}
 {{- end }}
 {{- $seen := dict }}
-{{- range $i, $p := .Values.extraHostPaths }}
+{{- range $i, $e := .Values.extraHostPaths }}
+{{- $p := include "multireg.extraHostPath" $e }}
 {{- $c := clean $p }}
 {{- if hasKey $mounted $c }}
 {{- fail (printf "extraHostPaths[%d]: %q is mounted by the chart already: %s is %s; remove it from extraHostPaths" $i $p $c (get $mounted $c)) }}
