@@ -278,6 +278,34 @@ other.csi.k8s.io  CSIPlugin  Serving     1s     3         3         -           
 	}
 }
 
+// TestStatusKubeletColumn: a device plugin's view from kubelet's pod-resources API is a
+// KUBELET column, and a registered plugin whose devices kubelet no longer holds says so; the
+// JSON document carries the view.
+func TestStatusKubeletColumn(t *testing.T) {
+	gpu := registrar.DriverStatus{Name: "example.com/gpu", Type: "DevicePlugin", Phase: registrar.Registered, EndpointUp: true, Attempts: 1,
+		Since: t0, Kubelet: &registrar.KubeletView{Devices: 4, ReadAt: t0.Add(time.Second), Since: t0}}
+	nic := gpu
+	nic.Name, nic.Kubelet = "example.com/nic", &registrar.KubeletView{ReadAt: t0.Add(time.Second), Since: t0.Add(-11 * time.Second), Missing: true}
+	csi := registrar.DriverStatus{Name: "nfs.csi.k8s.io", Type: "CSIPlugin", Phase: registrar.Registered, EndpointUp: true, Attempts: 1, Since: t0}
+	var out bytes.Buffer
+	doc := newStatusDoc(serving(testState([]registrar.DriverStatus{gpu, nic, csi}, 2)).view())
+	printStatus(&out, doc, t0.Add(time.Second))
+	want := `config /etc/multireg/config.yaml (generation 3): applied
+3 of 3 drivers registered
+
+DRIVER           TYPE          PHASE       SINCE  ATTEMPTS  FAILURES  NEXT RETRY  KUBELET       LAST ERROR
+example.com/gpu  DevicePlugin  Registered  1s     1         0         -           4 devices     -
+example.com/nic  DevicePlugin  Registered  1s     1         0         -           NONE for 12s  kubelet holds no device of the registered resource
+nfs.csi.k8s.io   CSIPlugin     Registered  1s     1         0         -           -             -
+`
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if k := doc.Drivers[1].Kubelet; k == nil || !k.Missing || k.Devices != 0 || doc.Drivers[2].Kubelet != nil {
+		t.Errorf("JSON: %+v, %+v; want nic's view missing, none for the CSI driver", doc.Drivers[1].Kubelet, doc.Drivers[2].Kubelet)
+	}
+}
+
 func TestAge(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		0: "0s", 59 * time.Second: "59s", 61 * time.Second: "61s", 4*time.Minute + 12*time.Second: "4m12s",
