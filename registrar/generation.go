@@ -50,7 +50,7 @@ func (d *driver) serveSlot(l *net.UnixListener, path string, id fsid.ID, gen uin
 		},
 		Notify: d.notify,
 		OnInfo: func(agent string) {
-			d.log.Debug("GetInfo called", "generation", gen, "userAgent", agent)
+			d.log.Debug("kubelet called GetInfo", "generation", gen, "userAgent", agent)
 		},
 		OnLate: func() {
 			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
