@@ -44,7 +44,7 @@ func (k *Kubelet) servePodResources() error {
 		return fmt.Errorf("pod-resources API: %w", err)
 	}
 	srv := grpc.NewServer()
-	podresourcesv1.RegisterPodResourcesListerServer(srv, podResources{k: k})
+	podresourcesv1.RegisterPodResourcesListerServer(srv, &podResources{k: k})
 	k.podResources = srv
 	k.podResourcesDone = make(chan struct{})
 	go func() {
@@ -80,7 +80,7 @@ func (k *Kubelet) allocatable(resource string) int {
 	return 1
 }
 
-func (p podResources) GetAllocatableResources(context.Context, *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
+func (p *podResources) GetAllocatableResources(context.Context, *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
 	k := p.k
 	k.mu.Lock()
 	defer k.mu.Unlock()
