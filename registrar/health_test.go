@@ -140,13 +140,11 @@ func TestDRARestartSlowOrFastKeepsRegistration(t *testing.T) {
 	}
 }
 
-// TestDRARestartSilenceKeepsHealth: a DRA driver that answered v1alpha1 served and v1 not
-// restarts into one that says nothing within the probe's bound: its earlier answer stands, the
-// registration stays, and kubelet is told the same services. The log says why.
-func TestDRARestartSilenceKeepsHealth(t *testing.T) {
-	var log testkit.Buffer
-	s, d, e, first := registeredDRA(t, &log, testkit.HealthOptions{Services: []string{"v1alpha1"}}, "v1alpha1.DRAResourceHealth")
-	crash(t, s, d, e)
+// restartSilent starts the DRA driver d again, crashed, as one that says nothing within the
+// probe's bound, and checks that its registration socket (first) stays and kubelet is told
+// the v1alpha1 health service it answered before.
+func restartSilent(t *testing.T, d config.Driver, log *testkit.Buffer, first fsid.ID) {
+	t.Helper()
 	testkit.HealthEndpointWith(t, d.LocalEndpoint, testkit.HealthOptions{Services: []string{"v1alpha1"}, Delay: time.Hour})
 	testkit.Eventually(t, 10*time.Second, "the restart kept", func() bool { return strings.Contains(log.String(), kept) })
 	if id := mustID(t, d.SocketPath); id != first {
@@ -156,6 +154,16 @@ func TestDRARestartSilenceKeepsHealth(t *testing.T) {
 	if got := dialKubelet(t, d.SocketPath).GetInfo(t).GetSupportedVersions(); !slices.Equal(got, want) {
 		t.Errorf("GetInfo after the silent restart: %q, want %q", got, want)
 	}
+}
+
+// TestDRARestartSilenceKeepsHealth: a DRA driver that answered v1alpha1 served and v1 not
+// restarts into one that says nothing within the probe's bound: its earlier answer stands, the
+// registration stays, and kubelet is told the same services. The log says why.
+func TestDRARestartSilenceKeepsHealth(t *testing.T) {
+	var log testkit.Buffer
+	s, d, e, first := registeredDRA(t, &log, testkit.HealthOptions{Services: []string{"v1alpha1"}}, "v1alpha1.DRAResourceHealth")
+	crash(t, s, d, e)
+	restartSilent(t, d, &log, first)
 	const keeping = "no answer to NodeWatchResources within the probe's bound; keeping what the driver answered before"
 	if n := strings.Count(log.String(), keeping); n != 2 {
 		t.Errorf("logged %q %d times, want once for each service:\n%s", keeping, n, log.String())
@@ -232,13 +240,5 @@ func TestHandOverSilenceKeepsHealth(t *testing.T) {
 	first := mustID(t, d.SocketPath)
 
 	crash(t, b.sup, d, e)
-	testkit.HealthEndpointWith(t, d.LocalEndpoint, testkit.HealthOptions{Services: []string{"v1alpha1"}, Delay: time.Hour})
-	testkit.Eventually(t, 10*time.Second, "the restart kept", func() bool { return strings.Contains(log.String(), kept) })
-	if id := mustID(t, d.SocketPath); id != first {
-		t.Fatal("the registration socket replaced after a restart that answered nothing")
-	}
-	want := append(slices.Clone(d.SupportedVersions), "v1alpha1.DRAResourceHealth")
-	if got := dialKubelet(t, d.SocketPath).GetInfo(t).GetSupportedVersions(); !slices.Equal(got, want) {
-		t.Errorf("GetInfo after the silent restart: %q, want %q", got, want)
-	}
+	restartSilent(t, d, &log, first)
 }
