@@ -7,12 +7,13 @@ type DeviceMoves string
 
 const (
 	// MovesAuto: beside the old instance while kubelet's pod-resources API answers and no
-	// move since kubelet started has dropped the resource's devices; after it otherwise.
+	// move since kubelet started has dropped the resource's devices; as MovesAfter otherwise.
 	MovesAuto DeviceMoves = "auto"
 	// MovesBeside: always beside the old instance (kubelet 1.37 and later). A drop of the
 	// resource's devices seen in kubelet's view is still repaired.
 	MovesBeside DeviceMoves = "beside"
-	// MovesAfter: always after the old instance is gone.
+	// MovesAfter: always in place of the old instance's registration, withdrawn as the new
+	// one's socket appears (kubelet deregisters it first, in the same reconcile pass).
 	MovesAfter DeviceMoves = "after"
 )
 

@@ -23,10 +23,18 @@ import (
 // multireg does not guess which kubelet it serves. With kubelet's pod-resources API at hand
 // (podres), it registers the new instance beside the old one and then reads what kubelet did:
 // if the resource's devices dropped once the old instance went, it registers the new instance
-// again at once, and from then on registers a moving plugin's new instance only after its old
-// one is gone. Without the API it does the latter from the start: it costs about a reconcile
-// pass without the resource on a kubelet that would have kept it, and never strands a resource
-// on one that would not.
+// again at once, and from then on registers a moving plugin's new instance in place of the old
+// one's registration, as soon as the new instance answers. Without the API it does the latter
+// from the start: it costs kubelet's device manager a moment without the resource on a kubelet
+// that would have kept it, and never strands a resource on one that would not.
+//
+// In place of the old registration, and registering again, both mean: the new socket in the
+// path kubelet does not hold, the socket it holds removed right after (swapsPaths). kubelet
+// deregisters the old socket and registers the new one in the same reconcile pass,
+// deregistering first, so the device manager's client for the resource is replaced within the
+// pass; the old instance, deregistered while it runs, leaves nothing behind to disconnect the
+// new client when it exits. Re-registered in the same path, the resource would wait a second
+// pass.
 
 // verifyFor is how long a loop reads kubelet's view after withdrawing the old registration of
 // a device plugin registered beside it: kubelet deregisters the old socket within one
@@ -83,7 +91,7 @@ func (m *deviceMoves) dropped(log *slog.Logger, resource string, had int) {
 		"resource", resource, "devicesBefore", had)
 	if learned {
 		m.log.Warn("kubelet's device manager keeps one client per resource (kubelet 1.36 or older, whatever its gRPC release): " +
-			"until kubelet restarts, a device plugin's new instance is registered after its old one is gone")
+			"until kubelet restarts, a device plugin's new instance is registered in place of the old one's registration")
 	}
 }
 
@@ -117,6 +125,20 @@ func (d *driver) startVerify() {
 	}
 	n, _, _ := d.devices()
 	d.verify = &verification{had: n}
+}
+
+// verifySwap begins verifying a device plugin's move registered in the other path while its
+// old registration's socket went (swapsPaths): kubelet's view is read quickly for verifyFor,
+// and a drop registers the new instance again, once (the registration that repairs a drop is
+// not verified in turn).
+func (d *driver) verifySwap(g *generation) {
+	d.verify = nil
+	if d.moves == nil || d.moves.view == nil {
+		return
+	}
+	n, _, _ := d.devices()
+	d.verify = &verification{had: n}
+	d.withdrawn(g)
 }
 
 // withdrawn notes that the old registration of a verified move was withdrawn while g is the
@@ -153,6 +175,9 @@ func (d *driver) checkVerify(g *generation) bool {
 		return false
 	}
 	v.seen = v.seen || ok
+	if ok {
+		v.had = max(v.had, n) // a view read before the move may not have shown them yet
+	}
 	if ok && n == 0 && v.had > 0 && g.registered && time.Since(since) >= droppedFor {
 		d.verify = nil
 		d.moves.dropped(d.log, d.spec.Name, v.had)

@@ -69,10 +69,28 @@ func (m *devicePluginMove) awaitBeside(newSock, newInstance string) {
 	}
 }
 
-// awaitAfter checks that nothing moves while the registered instance answers.
-func (m *devicePluginMove) awaitAfter(sock string, id fsid.ID, other string) {
-	testkit.Never(m.t, time.Second, "a move while the registered instance answers", func() bool {
-		return testkit.IsSocket(other) || mustID(m.t, sock) != id
+// awaitSwap waits for the registration of instance in path to, the socket in path from (the
+// one kubelet holds) removed, and registers it as kubelet would: kubelet deregisters the one
+// and registers the other in the same reconcile pass.
+func (m *devicePluginMove) awaitSwap(from, to, instance string) {
+	t := m.t
+	testkit.Eventually(t, 5*time.Second, "a registration socket in "+filepath.Base(to)+", none left in "+filepath.Base(from), func() bool {
+		return testkit.IsSocket(to) && !testkit.IsSocket(from)
+	})
+	if info := register(t, to, true, ""); info.Endpoint != m.instance(instance) {
+		t.Errorf("GetInfo's endpoint %q, want %q", info.Endpoint, m.instance(instance))
+	}
+}
+
+// awaitAfter waits for a move registered after the old registration (awaitSwap) while the old
+// instance runs, then stops the old instance: its exit changes nothing.
+func (m *devicePluginMove) awaitAfter(from, to, instance string, old *endpoint) {
+	m.awaitSwap(from, to, instance)
+	id := mustID(m.t, to)
+	old.Stop()
+	testkit.Never(m.t, time.Second, "a registration again once the old instance exited", func() bool {
+		nid, _, err := fsid.Stat(to)
+		return err != nil || nid != id || testkit.IsSocket(from)
 	})
 }
 
@@ -116,21 +134,20 @@ func TestDevicePluginMoveKept(t *testing.T) {
 func TestDevicePluginMoveDropped(t *testing.T) {
 	var log testkit.Buffer
 	m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
-	startInstance(t, m.d, "dp.2")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("multireg's log:\n%s", log.String())
+		}
+	})
+	dp2 := startInstance(t, m.d, "dp.2")
 	m.awaitBeside(m.d.AltSocketPath, "dp.2")
-	alt := mustID(t, m.d.AltSocketPath)
 	m.old.Stop()
 	testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
 		return !testkit.IsSocket(m.d.SocketPath)
 	})
 	m.kubelet.Set(m.d.Name, 0) // kubelet deregistered dp.1's socket, and with it the resource's client
-	testkit.Eventually(t, 5*time.Second, "dp.2's registration socket recreated", func() bool {
-		id, _, err := fsid.Stat(m.d.AltSocketPath)
-		return err == nil && id != alt
-	})
-	if info := register(t, m.d.AltSocketPath, true, ""); info.Endpoint != m.instance("dp.2") {
-		t.Errorf("the recreated socket's endpoint %q, want %q", info.Endpoint, m.instance("dp.2"))
-	}
+	// dp.2 is registered again in the path kubelet does not hold, in one reconcile pass.
+	m.awaitSwap(m.d.AltSocketPath, m.d.SocketPath, "dp.2")
 	m.kubelet.Set(m.d.Name, 2)
 	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(m.s, m.d.Name).Phase == Registered })
 	if st := statusOf(m.s, m.d.Name); st.Recreations[ReasonDevicesDropped] != 1 {
@@ -141,10 +158,24 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 			t.Errorf("log without %q:\n%s", want, log.String())
 		}
 	}
-	// From now on the new instance is registered after the old one is gone.
-	cur := mustID(t, m.d.AltSocketPath)
+	// From now on the new instance is registered in place of the old registration, in the
+	// other path, as soon as it answers.
 	startInstance(t, m.d, "dp.3")
-	m.awaitAfter(m.d.AltSocketPath, cur, m.d.SocketPath)
+	m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.3", dp2)
+	testkit.Eventually(t, 5*time.Second, "Registered at dp.3, kubelet's view showing its devices", func() bool {
+		st := statusOf(m.s, m.d.Name)
+		return st.Phase == Registered && st.Endpoint == m.instance("dp.3") && st.Kubelet != nil && st.Kubelet.Devices == 2
+	})
+	// That move is verified too: a drop registers dp.3 again, once.
+	m.kubelet.Set(m.d.Name, 0)
+	m.awaitSwap(m.d.AltSocketPath, m.d.SocketPath, "dp.3")
+	testkit.Never(t, verifyFor+500*time.Millisecond, "the repair of a drop registered again", func() bool {
+		return !testkit.IsSocket(m.d.SocketPath) || testkit.IsSocket(m.d.AltSocketPath)
+	})
+	if st := statusOf(m.s, m.d.Name); st.Recreations[ReasonDevicesDropped] != 2 {
+		t.Errorf("recreations: %v, want two for %s", st.Recreations, ReasonDevicesDropped)
+	}
+	m.kubelet.Set(m.d.Name, 2)
 
 	// Until kubelet restarts (maybe upgraded): its API goes and comes back, and the waiting
 	// new instance is registered beside the running one again.
@@ -153,24 +184,17 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "kubelet's view down", func() bool { return !m.view.Available() })
 	m.kubelet = testkit.StartPodResources(t, sock)
 	m.kubelet.Set(m.d.Name, 2)
-	m.awaitBeside(m.d.SocketPath, "dp.3")
+	startInstance(t, m.d, "dp.4")
+	m.awaitBeside(m.d.AltSocketPath, "dp.4")
 }
 
 // TestDevicePluginMoveWithoutKubeletsView: without kubelet's pod-resources API, nothing tells
-// what kubelet does with a move: the new instance is registered after the old one is gone,
-// which every kubelet accepts.
+// what kubelet does with a move: the new instance is registered in place of the old one's
+// registration, which every kubelet accepts.
 func TestDevicePluginMoveWithoutKubeletsView(t *testing.T) {
 	m := startDevicePluginMove(t, Options{}, false)
 	startInstance(t, m.d, "dp.2")
-	m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
-	m.old.Stop()
-	testkit.Eventually(t, 5*time.Second, "a new registration socket for dp.2", func() bool {
-		id, _, err := fsid.Stat(m.d.SocketPath)
-		return err == nil && id != m.first
-	})
-	if info := register(t, m.d.SocketPath, true, ""); info.Endpoint != m.instance("dp.2") {
-		t.Errorf("GetInfo's endpoint %q, want %q", info.Endpoint, m.instance("dp.2"))
-	}
+	m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.2", m.old)
 }
 
 // TestDevicePluginMovesForced: --device-plugin-moves forces either way, whatever kubelet's
@@ -184,7 +208,7 @@ func TestDevicePluginMovesForced(t *testing.T) {
 	t.Run("after", func(t *testing.T) {
 		m := startDevicePluginMove(t, Options{DeviceMoves: config.MovesAfter}, true)
 		startInstance(t, m.d, "dp.2")
-		m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
+		m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.2", m.old)
 	})
 }
 
@@ -196,7 +220,7 @@ func TestForeignGetInfoChangesNothing(t *testing.T) {
 		testkit.DialKubelet(t, m.d.SocketPath, agent).GetInfo(t)
 	}
 	startInstance(t, m.d, "dp.2")
-	m.awaitAfter(m.d.SocketPath, m.first, m.d.AltSocketPath)
+	m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.2", m.old)
 }
 
 // TestKubeletViewOfDevicePlugin: a device plugin's status and metrics show what kubelet's

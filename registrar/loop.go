@@ -38,6 +38,9 @@ type loop struct {
 	pending bool
 	// kept: cur is registered already (kept rather than published); await gives it no timeout.
 	kept bool
+	// verifySwap: the next socket registers a device plugin's new instance in the other path
+	// (swapsPaths): kubelet's view is read to verify the move (devicemoves.go).
+	verifySwap bool
 }
 
 func (d *driver) newLoop(ctx context.Context) *loop {
@@ -120,9 +123,17 @@ func (l *loop) prepare() bool {
 				}
 				continue
 			}
-			if cur != nil {
+			switch {
+			case cur == nil:
+			case cur.path == g.path:
 				cur.stop() // its file was just replaced by g's
+			default:
+				d.retire(cur) // kubelet deregisters it in the pass that registers g (swapsPaths)
+				if l.verifySwap {
+					d.verifySwap(g)
+				}
 			}
+			l.verifySwap = false
 			l.cur = g
 		}
 		l.kept = kept
@@ -167,6 +178,7 @@ func (l *loop) after(end ending, err error) bool {
 		switch {
 		case !d.handover():
 			d.reregister("why", "the endpoint moved")
+			l.verifySwap = d.swapsPaths()
 		case d.prev != nil && (!cur.registered || d.gone(ctx, cur.at)):
 			// The instance being registered went, or a newer one came, before kubelet
 			// registered it; or the new instance went while the old one runs: go back to the

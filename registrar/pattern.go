@@ -109,7 +109,7 @@ func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
 	if len(ms) == 0 {
 		return fsid.ID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
 	}
-	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.handover() {
+	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.spec.Handover() {
 		// Stay with the target while it answers: a move costs a re-registration.
 		ms[0], ms[i] = ms[i], ms[0]
 	}
@@ -180,12 +180,16 @@ func (d *driver) moved(ctx context.Context) (to string, others bool) {
 	if !others {
 		return "", false // the target alone, or its restart (endpointRestarted sees that)
 	}
-	handover := d.handover()
+	// A driver with two registration sockets takes a newer instance as soon as it answers: it
+	// is registered beside the old one (handover), or in the other path as the old one's
+	// registration goes (swapsPaths), which costs kubelet no reconcile pass.
+	handover := d.spec.Handover()
 	if cur >= 0 && !handover && d.probeAt(ctx, ms[cur].target) == nil {
 		return "", true // stay with the target while it answers: a move costs a re-registration
 	}
-	// Newest first: a handover takes a newer instance as soon as it answers; otherwise the
-	// target is gone or does not answer, and the newest match that answers takes over.
+	// Newest first: a driver with two sockets takes a newer instance as soon as it answers;
+	// otherwise the target is gone or does not answer, and the newest match that answers
+	// takes over.
 	for _, m := range ms {
 		if m.local == d.at.local {
 			if handover && d.probeAt(ctx, m.target) == nil {
@@ -216,13 +220,15 @@ func errIfEmpty(n int) error {
 }
 
 // slot is where the next socket is published: over the current generation's socket, which it
-// replaces; for a handover, in the path the previous generation does not hold, so that kubelet
+// replaces, or for a device plugin with two sockets in the other one (swapsPaths); for a handover, in the path the previous generation does not hold, so that kubelet
 // keeps a registration until the new one is made. Otherwise a handover driver publishes over a
 // socket an earlier run of multireg left (kubelet may hold it, for the very endpoint to register,
 // and refuses a second registration of one endpoint), keeping one of two: the second path's is
 // removed when both are there (kubelet still holds the first's meanwhile).
 func (d *driver) slot(cur *generation) string {
 	switch {
+	case cur != nil && d.swapsPaths():
+		return d.other(cur.path)
 	case cur != nil:
 		return cur.path
 	case !d.handover():
@@ -239,6 +245,16 @@ func (d *driver) slot(cur *generation) string {
 		d.removeStale(d.spec.AltSocketPath)
 	}
 	return d.spec.SocketPath
+}
+
+// swapsPaths reports whether a device plugin with two registration sockets registers again in
+// the path kubelet does not hold, the one it holds being removed right after (prepare): kubelet
+// deregisters the one and registers the other in the same reconcile pass, deregistering first.
+// Registered again in the same path, kubelet would deregister the old socket in one pass and
+// register the new one only in the next (both are operations on one path, and one waits for
+// the other), and its device manager holds no client for the resource meanwhile.
+func (d *driver) swapsPaths() bool {
+	return d.spec.Type == config.DevicePlugin && d.spec.AltSocketPath != "" && d.prev == nil
 }
 
 // resume makes the previous generation of a handover the current one again, and returns it:

@@ -103,15 +103,15 @@ func TestPatternDevicePluginFollowsRestart(t *testing.T) {
 	s.Start(d)
 	awaitSocket(t, d)
 	registerAndWait(t, s, d)
-	first := mustID(t, d.SocketPath)
 
 	old.Stop()
 	startInstance(t, d, "dp.2")
-	testkit.Eventually(t, 5*time.Second, "a new registration socket", func() bool {
-		id, _, err := fsid.Stat(d.SocketPath)
-		return err == nil && id != first
+	// Registered in the second path, the first one removed: kubelet deregisters the one and
+	// registers the other in one reconcile pass.
+	testkit.Eventually(t, 5*time.Second, "a new registration socket in the second path, the first removed", func() bool {
+		return testkit.IsSocket(d.AltSocketPath) && !testkit.IsSocket(d.SocketPath)
 	})
-	if info := register(t, d.SocketPath, true, ""); info.Endpoint != filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.2") {
+	if info := register(t, d.AltSocketPath, true, ""); info.Endpoint != filepath.Join(filepath.Dir(d.LocalEndpoint), "dp.2") {
 		t.Errorf("GetInfo's endpoint after the restart %q, want dp.2", info.Endpoint)
 	}
 	testkit.Eventually(t, 5*time.Second, "Registered again", func() bool { return statusOf(s, d.Name).Phase == Registered })

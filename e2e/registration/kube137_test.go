@@ -29,9 +29,9 @@ import (
 // dp.1's registration once it is gone, and reads kubelet's pod-resources API to see what
 // kubelet did. A 1.37 kubelet's device manager keeps the resource's devices throughout. An
 // older one (one client per resource name) drops them when dp.1's registration goes: multireg
-// registers dp.2 again at once, and the next move (dp.3) is registered only after dp.2 is
-// gone. A bystander's GetInfo on another driver's socket, with a newer or an older gRPC in its
-// user agent, changes none of it.
+// registers dp.2 again at once, and the next move (dp.3) is registered in place of dp.2's
+// registration as soon as dp.3 answers. A bystander's GetInfo on another driver's socket, with
+// a newer or an older gRPC in its user agent, changes none of it.
 func TestDevicePluginRollingUpdate(t *testing.T) {
 	for _, bystander := range []string{"", "grpc-go/1.85.0", "grpc-go/1.60.0"} {
 		name := "alone"
@@ -107,15 +107,17 @@ func devicePluginRollingUpdate(t *testing.T, bystander string) {
 	}
 	t.Logf("kubelet %s: the first move, registered beside: no registration of %s for %s", kubelet.Version(), d.Name, gap)
 
-	// Learned: the next new instance is registered after the old one is gone.
-	e.startInstance(d, "dp.3")
-	wait.Never(t, 2*time.Second, "a move while dp.2 runs", func() bool {
-		return !slices.Equal(e.K.RegisteredEndpoints(d.Name), []string{dp2})
-	})
+	// Learned: the next new instance is registered in place of dp.2's registration as soon as
+	// it answers, in the other path: kubelet deregisters dp.2 and registers dp.3 in one pass.
 	before := len(e.K.EventsFor(d.Name))
-	second.Stop()
+	e.startInstance(d, "dp.3")
 	e.registeredAt(d, dp3)
-	t.Logf("kubelet %s: the second move, registered after: no registration of %s for %s", kubelet.Version(), d.Name,
+	wait.For(t, registerTimeout, "kubelet holds the resource's devices", func() bool { return e.K.AllocatableDevices(d.Name) > 0 })
+	second.Stop()
+	wait.Never(t, 2*time.Second, "a registration again once dp.2 exited", func() bool {
+		return !slices.Equal(e.K.RegisteredEndpoints(d.Name), []string{dp3}) || e.K.AllocatableDevices(d.Name) == 0
+	})
+	t.Logf("kubelet %s: the second move, in place of the old registration: no registration of %s for %s", kubelet.Version(), d.Name,
 		longestAbsence(e.K.EventsFor(d.Name)[before:]))
 	if n := p.Count("driver endpoint moved; registering the new instance beside the old one", d.Name); n != 1 {
 		t.Errorf("the move beside the old instance logged %d times, want once: the second move goes after", n)
