@@ -31,10 +31,11 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 	}
 	for {
 		// Watched before it is read: a reading in between wakes the next select.
-		viewC, verifyC := w.watchVerify()
+		viewC := w.watchView()
 		if d.checkVerify(g) {
 			return endDevicesDropped, nil
 		}
+		verifyC := w.verifyTimer()
 		select {
 		case <-viewC:
 			if d.verify != nil && d.verify.until.IsZero() && d.prev != nil && g.registered {
@@ -122,24 +123,34 @@ func (w *waiting) stop() {
 	}
 }
 
-// watchVerify returns what a wait watches while a device plugin's move is verified
-// (devicemoves.go): kubelet's view changing, and the end of the verification; nil channels
-// otherwise.
-func (w *waiting) watchVerify() (<-chan struct{}, <-chan time.Time) {
+// watchView returns what wakes a wait while a device plugin's move is verified
+// (devicemoves.go): kubelet's view changing; nil otherwise. It is taken before the view is
+// read, so that a reading in between wakes the next select.
+func (w *waiting) watchView() <-chan struct{} {
+	if w.d.verify == nil {
+		return nil
+	}
+	return w.d.moves.view.Changed()
+}
+
+// verifyTimer returns what fires when a verified move needs a look though the view reads the
+// same: the end of the verification, or the moment a drop seen too recently can be decided;
+// nil when no move is verified, or while the old registration stays.
+func (w *waiting) verifyTimer() <-chan time.Time {
 	v := w.d.verify
-	if v == nil {
-		return nil, nil
+	if v == nil || v.until.IsZero() {
+		return nil
 	}
-	var end <-chan time.Time
-	if !v.until.IsZero() {
-		if w.verifyEnd == nil {
-			w.verifyEnd = time.NewTimer(time.Until(v.until))
-		} else {
-			w.verifyEnd.Reset(time.Until(v.until))
-		}
-		end = w.verifyEnd.C
+	at := v.until
+	if !v.decideAt.IsZero() && v.decideAt.Before(at) {
+		at = v.decideAt
 	}
-	return w.d.moves.view.Changed(), end
+	if w.verifyEnd == nil {
+		w.verifyEnd = time.NewTimer(time.Until(at))
+	} else {
+		w.verifyEnd.Reset(time.Until(at))
+	}
+	return w.verifyEnd.C
 }
 
 // look looks at the endpoint after a wake-up (ev; 0: none) and says whether it ends the wait

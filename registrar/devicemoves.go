@@ -114,6 +114,9 @@ type verification struct {
 	gen   uint64    // the generation whose registration is verified, once the old one went
 	until time.Time // zero while the old registration stays
 	seen  bool      // kubelet's view answered after the withdrawal
+	// decideAt: the view shows the resource without devices since a moment too recent to
+	// decide (droppedFor); the wait looks again then, even if the view reads the same.
+	decideAt time.Time
 }
 
 // startVerify begins watching kubelet's view for a device plugin whose new instance is being
@@ -178,10 +181,14 @@ func (d *driver) checkVerify(g *generation) bool {
 	if ok {
 		v.had = max(v.had, n) // a view read before the move may not have shown them yet
 	}
-	if ok && n == 0 && v.had > 0 && g.registered && time.Since(since) >= droppedFor {
-		d.verify = nil
-		d.moves.dropped(d.log, d.spec.Name, v.had)
-		return true
+	v.decideAt = time.Time{}
+	if ok && n == 0 && v.had > 0 && g.registered {
+		if time.Since(since) >= droppedFor {
+			d.verify = nil
+			d.moves.dropped(d.log, d.spec.Name, v.had)
+			return true
+		}
+		v.decideAt = since.Add(droppedFor)
 	}
 	if !time.Now().Before(v.until) {
 		d.verify = nil

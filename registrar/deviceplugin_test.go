@@ -326,3 +326,24 @@ func TestKubeletViewNotForOtherTypes(t *testing.T) {
 		t.Errorf("a CSI driver's kubelet view: %+v, want none", kv)
 	}
 }
+
+// TestVerifyTimerDecidesARecentDrop: a drop seen too recently to decide is looked at again
+// when it can be, though kubelet's view reads the same meanwhile (and no change wakes the
+// wait), not only at the end of the verification.
+func TestVerifyTimerDecidesARecentDrop(t *testing.T) {
+	now := time.Now()
+	w := &waiting{d: &driver{verify: &verification{had: 2, until: now.Add(time.Hour), decideAt: now.Add(20 * time.Millisecond)}}}
+	defer func() { w.verifyEnd.Stop() }()
+	select {
+	case <-w.verifyTimer():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait looks again only at the end of the verification, an hour away")
+	}
+	w.d.verify.decideAt = time.Time{}
+	w.d.verify.until = time.Now().Add(20 * time.Millisecond)
+	select {
+	case <-w.verifyTimer():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the end of the verification does not wake the wait")
+	}
+}
