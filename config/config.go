@@ -122,6 +122,11 @@ type Driver struct {
 	// AltSocketPath is the second registration socket of a driver that hands its
 	// registration from one endpoint instance to the next (Handover); "" for the others.
 	AltSocketPath string
+	// SparePath is the third registration socket of a device plugin whose endpoint is a
+	// pattern (SpareSocketName; "" for the others): where its instance is registered when
+	// kubelet may still hold both others (a move's drop repaired while kubelet deregisters the
+	// old instance), so that kubelet registers it in the next reconcile pass.
+	SparePath string
 	// Backoff paces retries after a failure.
 	Backoff Backoff
 	// RegistrationTimeout is how long to wait for kubelet's verdict after the socket
@@ -153,6 +158,7 @@ func (d Driver) Equal(o Driver) bool {
 // registering anew.
 func (d Driver) SameRegistration(o Driver) bool {
 	d.Required, o.Required = false, false
+	d.SparePath, o.SparePath = "", "" // derived from what is compared; an older instance's hand-over has none
 	if !slices.Equal(d.SupportedVersions, o.SupportedVersions) {
 		return false
 	}
@@ -183,17 +189,40 @@ func (c *RegistrarConfig) Summary() string {
 	return s + " in " + c.RegistrationDir
 }
 
-// socketPaths are the driver's registration socket paths: SocketPath, and AltSocketPath when
-// it has one.
+// socketPaths is SocketPaths.
 func (d Driver) socketPaths() []string {
-	if d.AltSocketPath == "" {
-		return []string{d.SocketPath}
+	return d.SocketPaths()
+}
+
+// SetSocketPaths sets the driver's registration socket paths in the registration directory
+// dir from its SocketName, type and endpoint: SocketPath; AltSocketPath for a driver that
+// hands its registration from one endpoint instance to the next (Handover); SparePath for a
+// device plugin among those.
+func (d *Driver) SetSocketPaths(dir string) {
+	d.SocketPath = filepath.Join(dir, d.SocketName)
+	d.AltSocketPath, d.SparePath = "", ""
+	if d.Handover() {
+		d.AltSocketPath = filepath.Join(dir, AltSocketName(d.SocketName))
+		if d.Type == DevicePlugin {
+			d.SparePath = filepath.Join(dir, SpareSocketName(d.SocketName))
+		}
 	}
-	return []string{d.SocketPath, d.AltSocketPath}
+}
+
+// SocketPaths are the driver's registration socket paths: SocketPath, then AltSocketPath and
+// SparePath when it has them.
+func (d Driver) SocketPaths() []string {
+	paths := []string{d.SocketPath}
+	for _, p := range []string{d.AltSocketPath, d.SparePath} {
+		if p != "" {
+			paths = append(paths, p)
+		}
+	}
+	return paths
 }
 
 // SocketNames are the file names of the driver's registration sockets in the registration
-// directory: SocketName, and the second one of a driver that hands its registration over.
+// directory: SocketName, and the second and third ones of a driver that has them.
 func (d Driver) SocketNames() []string {
 	paths := d.socketPaths()
 	for i, p := range paths {

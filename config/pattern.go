@@ -55,6 +55,16 @@ func (d Driver) Handover() bool {
 // driver whose endpoint is a pattern.
 func (d Driver) HandsOverAlways() bool { return d.Type == DRAPlugin && d.EndpointIsPattern() }
 
+// SpareSocketName is the third registration socket's name of a device plugin whose endpoint is
+// a pattern: socketName with ".2" before ".sock", or after the name when it does not end in
+// ".sock".
+func SpareSocketName(socketName string) string {
+	if stem, ok := strings.CutSuffix(socketName, ".sock"); ok {
+		return stem + ".2.sock"
+	}
+	return socketName + ".2"
+}
+
 // AltSocketName is the second registration socket's name of a driver that hands its
 // registration over: socketName with ".1" before ".sock" ("gpu.example.com-reg.1.sock"), or
 // after the name when it does not end in ".sock".

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -47,6 +48,12 @@ func TestEndpointPatternResolves(t *testing.T) {
 	}
 	if d := cfg.Drivers[0]; !d.Handover() || d.HandsOverAlways() || d.AltSocketPath != "/var/lib/kubelet/plugins_registry/example.com_widget-reg.1.sock" {
 		t.Errorf("device plugin: Handover %v, HandsOverAlways %v, AltSocketPath %q", d.Handover(), d.HandsOverAlways(), d.AltSocketPath)
+	}
+	// A device plugin has a third registration socket: kubelet may hold both others for a
+	// reconcile pass when a move's drop is repaired.
+	if d := cfg.Drivers[0]; d.SparePath != "/var/lib/kubelet/plugins_registry/example.com_widget-reg.2.sock" ||
+		!slices.Equal(d.SocketNames(), []string{"example.com_widget-reg.sock", "example.com_widget-reg.1.sock", "example.com_widget-reg.2.sock"}) {
+		t.Errorf("device plugin: SparePath %q, SocketNames %q", d.SparePath, d.SocketNames())
 	}
 	// A CSI driver with a pattern never hands over: kubelet keeps one registration per name.
 	cfg, err = parseDriver(`    name: nfs.csi.k8s.io

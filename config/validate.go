@@ -108,10 +108,7 @@ func (d *Driver) resolve(p *field.Path, dir string, dpDirs []devicePluginDir, lo
 	} else {
 		errs = append(errs, checkSocketName(p.Child("socketName"), d.SocketName)...)
 	}
-	d.SocketPath = filepath.Join(dir, d.SocketName)
-	if d.Handover() {
-		d.AltSocketPath = filepath.Join(dir, AltSocketName(d.SocketName))
-	}
+	d.SetSocketPaths(dir)
 	return errs
 }
 

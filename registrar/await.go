@@ -22,9 +22,12 @@ import (
 func (d *driver) await(ctx context.Context, g *generation, registered bool, ws watches) (ending, error) {
 	w := d.newWaiting(ctx, g, registered)
 	defer w.stop()
-	var altC <-chan struct{}
+	var altC, spareC <-chan struct{}
 	if ws.alt != nil {
 		altC = ws.alt.C()
+	}
+	if ws.spare != nil {
+		spareC = ws.spare.C()
 	}
 	if end := w.look(0); end != endStopped { // a first look: is the endpoint up?
 		return end, nil
@@ -66,6 +69,10 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 			}
 		case <-altC:
 			if d.socketsGone(ws.alt.Take(), g) {
+				return endSocketRemoved, nil
+			}
+		case <-spareC:
+			if d.socketsGone(ws.spare.Take(), g) {
 				return endSocketRemoved, nil
 			}
 		case <-w.recheck.C:

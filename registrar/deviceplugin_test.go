@@ -69,29 +69,50 @@ func (m *devicePluginMove) awaitBeside(newSock, newInstance string) {
 	}
 }
 
-// awaitSwap waits for the registration of instance in path to, the socket in path from (the
-// one kubelet holds) removed, and registers it as kubelet would: kubelet deregisters the one
-// and registers the other in the same reconcile pass.
-func (m *devicePluginMove) awaitSwap(from, to, instance string) {
+// awaitSwap waits for the registration of instance in another of the driver's paths than from,
+// the socket in from (the one kubelet holds) removed, registers it as kubelet would, and
+// returns its path: kubelet deregisters the one and registers the other in the same reconcile
+// pass.
+func (m *devicePluginMove) awaitSwap(from, instance string) string {
 	t := m.t
-	testkit.Eventually(t, 5*time.Second, "a registration socket in "+filepath.Base(to)+", none left in "+filepath.Base(from), func() bool {
-		return testkit.IsSocket(to) && !testkit.IsSocket(from)
+	var to string
+	testkit.Eventually(t, 5*time.Second, "a registration socket in another path than "+filepath.Base(from)+", none left there", func() bool {
+		to = m.onlySocket()
+		return to != "" && to != from
 	})
 	if info := register(t, to, true, ""); info.Endpoint != m.instance(instance) {
 		t.Errorf("GetInfo's endpoint %q, want %q", info.Endpoint, m.instance(instance))
 	}
+	return to
 }
 
-// awaitAfter waits for a move registered after the old registration (awaitSwap) while the old
-// instance runs, then stops the old instance: its exit changes nothing.
-func (m *devicePluginMove) awaitAfter(from, to, instance string, old *endpoint) {
-	m.awaitSwap(from, to, instance)
+// onlySocket is the one of the driver's registration paths where a socket is, "" when there
+// is none or more than one.
+func (m *devicePluginMove) onlySocket() string {
+	var at []string
+	for _, p := range m.d.SocketPaths() {
+		if testkit.IsSocket(p) {
+			at = append(at, p)
+		}
+	}
+	if len(at) != 1 {
+		return ""
+	}
+	return at[0]
+}
+
+// awaitAfter waits for a move registered in place of the old registration (awaitSwap) while
+// the old instance runs, then stops the old instance: its exit changes nothing. It returns the
+// registration's path.
+func (m *devicePluginMove) awaitAfter(from, instance string, old *endpoint) string {
+	to := m.awaitSwap(from, instance)
 	id := mustID(m.t, to)
 	old.Stop()
 	testkit.Never(m.t, time.Second, "a registration again once the old instance exited", func() bool {
 		nid, _, err := fsid.Stat(to)
-		return err != nil || nid != id || testkit.IsSocket(from)
+		return err != nil || nid != id || m.onlySocket() != to
 	})
+	return to
 }
 
 // TestDevicePluginMoveKept: with kubelet's pod-resources API at hand, a device plugin's new
@@ -146,8 +167,12 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 		return !testkit.IsSocket(m.d.SocketPath)
 	})
 	m.kubelet.Set(m.d.Name, 0) // kubelet deregistered dp.1's socket, and with it the resource's client
-	// dp.2 is registered again in the path kubelet does not hold, in one reconcile pass.
-	m.awaitSwap(m.d.AltSocketPath, m.d.SocketPath, "dp.2")
+	// dp.2 is registered again in the path kubelet does not hold: not dp.1's, withdrawn a
+	// moment ago (kubelet may deregister it only in its next pass), but the third one.
+	at := m.awaitSwap(m.d.AltSocketPath, "dp.2")
+	if at != m.d.SparePath {
+		t.Errorf("dp.2 registered again in %s, want the third path %s", at, m.d.SparePath)
+	}
 	m.kubelet.Set(m.d.Name, 2)
 	testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(m.s, m.d.Name).Phase == Registered })
 	if st := statusOf(m.s, m.d.Name); st.Recreations[ReasonDevicesDropped] != 1 {
@@ -158,19 +183,19 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 			t.Errorf("log without %q:\n%s", want, log.String())
 		}
 	}
-	// From now on the new instance is registered in place of the old registration, in the
-	// other path, as soon as it answers.
+	// From now on the new instance is registered in place of the old registration, in another
+	// path, as soon as it answers.
 	startInstance(t, m.d, "dp.3")
-	m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.3", dp2)
+	at = m.awaitAfter(at, "dp.3", dp2)
 	testkit.Eventually(t, 5*time.Second, "Registered at dp.3, kubelet's view showing its devices", func() bool {
 		st := statusOf(m.s, m.d.Name)
 		return st.Phase == Registered && st.Endpoint == m.instance("dp.3") && st.Kubelet != nil && st.Kubelet.Devices == 2
 	})
 	// That move is verified too: a drop registers dp.3 again, once.
 	m.kubelet.Set(m.d.Name, 0)
-	m.awaitSwap(m.d.AltSocketPath, m.d.SocketPath, "dp.3")
+	at = m.awaitSwap(at, "dp.3")
 	testkit.Never(t, verifyFor+500*time.Millisecond, "the repair of a drop registered again", func() bool {
-		return !testkit.IsSocket(m.d.SocketPath) || testkit.IsSocket(m.d.AltSocketPath)
+		return m.onlySocket() != at
 	})
 	if st := statusOf(m.s, m.d.Name); st.Recreations[ReasonDevicesDropped] != 2 {
 		t.Errorf("recreations: %v, want two for %s", st.Recreations, ReasonDevicesDropped)
@@ -184,8 +209,19 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "kubelet's view down", func() bool { return !m.view.Available() })
 	m.kubelet = testkit.StartPodResources(t, sock)
 	m.kubelet.Set(m.d.Name, 2)
+	testkit.Eventually(t, 5*time.Second, "kubelet's view back", m.view.Available)
 	startInstance(t, m.d, "dp.4")
-	m.awaitBeside(m.d.AltSocketPath, "dp.4")
+	var beside string
+	testkit.Eventually(t, 5*time.Second, "a second registration socket beside "+filepath.Base(at), func() bool {
+		for _, p := range m.d.SocketPaths() {
+			if p != at && testkit.IsSocket(p) {
+				beside = p
+				return testkit.IsSocket(at)
+			}
+		}
+		return false
+	})
+	m.awaitBeside(beside, "dp.4")
 }
 
 // TestDevicePluginMoveWithoutKubeletsView: without kubelet's pod-resources API, nothing tells
@@ -194,7 +230,7 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 func TestDevicePluginMoveWithoutKubeletsView(t *testing.T) {
 	m := startDevicePluginMove(t, Options{}, false)
 	startInstance(t, m.d, "dp.2")
-	m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.2", m.old)
+	m.awaitAfter(m.d.SocketPath, "dp.2", m.old)
 }
 
 // TestDevicePluginMovesForced: --device-plugin-moves forces either way, whatever kubelet's
@@ -208,7 +244,7 @@ func TestDevicePluginMovesForced(t *testing.T) {
 	t.Run("after", func(t *testing.T) {
 		m := startDevicePluginMove(t, Options{DeviceMoves: config.MovesAfter}, true)
 		startInstance(t, m.d, "dp.2")
-		m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.2", m.old)
+		m.awaitAfter(m.d.SocketPath, "dp.2", m.old)
 	})
 }
 
@@ -220,7 +256,7 @@ func TestForeignGetInfoChangesNothing(t *testing.T) {
 		testkit.DialKubelet(t, m.d.SocketPath, agent).GetInfo(t)
 	}
 	startInstance(t, m.d, "dp.2")
-	m.awaitAfter(m.d.SocketPath, m.d.AltSocketPath, "dp.2", m.old)
+	m.awaitAfter(m.d.SocketPath, "dp.2", m.old)
 }
 
 // TestKubeletViewOfDevicePlugin: a device plugin's status and metrics show what kubelet's

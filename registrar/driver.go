@@ -69,6 +69,9 @@ type driver struct {
 	prev *generation
 	// verify is a device plugin's move being checked in kubelet's view (devicemoves.go).
 	verify *verification
+	// withdrawnAt is when the loop last removed a socket of its own from each registration
+	// path: kubelet may hold it until its next reconcile pass (freePath).
+	withdrawnAt map[string]time.Time
 	// p paces registration attempts.
 	p *pacing
 	// probed is the endpoint's socket as last probed ready; zero when it was not there.
@@ -94,6 +97,8 @@ func newDriver(spec config.Driver, log *slog.Logger, w *fswatch.Watcher, cleanup
 		cleanup:  cleanup,
 		verdictC: make(chan struct{}, 1),
 		p:        newPacing(spec),
+
+		withdrawnAt: map[string]time.Time{},
 	}
 	if !spec.EndpointIsPattern() {
 		d.at = fixedTarget(spec)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -222,7 +223,7 @@ func (d *driver) adoptSocket(hs *handover.Socket) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	if hs.Path != d.spec.SocketPath && hs.Path != d.spec.AltSocketPath {
+	if !slices.Contains(d.spec.SocketPaths(), hs.Path) {
 		return nil, fmt.Errorf("not a registration socket path of this configuration")
 	}
 	id := hs.ID.ID()

@@ -13,6 +13,7 @@ import (
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/probe"
 )
 
@@ -220,35 +221,59 @@ func errIfEmpty(n int) error {
 }
 
 // slot is where the next socket is published: over the current generation's socket, which it
-// replaces, or for a device plugin with two sockets in the other one (swapsPaths); for a handover, in the path the previous generation does not hold, so that kubelet
-// keeps a registration until the new one is made. Otherwise a handover driver publishes over a
-// socket an earlier run of multireg left (kubelet may hold it, for the very endpoint to register,
-// and refuses a second registration of one endpoint), keeping one of two: the second path's is
-// removed when both are there (kubelet still holds the first's meanwhile).
+// replaces, or for a device plugin with several sockets in another one (swapsPaths); for a
+// handover, in a path the previous generation does not hold, so that kubelet keeps a
+// registration until the new one is made. Otherwise a handover driver publishes over a socket
+// an earlier run of multireg left (kubelet may hold it, for the very endpoint to register, and
+// refuses a second registration of one endpoint), keeping one: the first of the paths where a
+// socket is, the others' removed (kubelet still holds the first's meanwhile).
 func (d *driver) slot(cur *generation) string {
 	switch {
 	case cur != nil && d.swapsPaths():
-		return d.other(cur.path)
+		return d.freePath(cur.path)
 	case cur != nil:
 		return cur.path
 	case !d.handover():
 		return d.spec.SocketPath
 	case d.prev != nil:
-		return d.other(d.prev.path)
+		return d.freePath(d.prev.path)
 	}
-	_, _, primary := fsid.Stat(d.spec.SocketPath)
-	_, _, alt := fsid.Stat(d.spec.AltSocketPath)
-	switch {
-	case primary != nil && alt == nil:
-		return d.spec.AltSocketPath
-	case primary == nil && alt == nil:
-		d.removeStale(d.spec.AltSocketPath)
+	paths := d.spec.SocketPaths()
+	keep := slices.IndexFunc(paths, func(p string) bool {
+		_, _, err := fsid.Stat(p)
+		return err == nil
+	})
+	if keep < 0 {
+		return d.spec.SocketPath
 	}
-	return d.spec.SocketPath
+	for _, p := range paths[keep+1:] {
+		if _, _, err := fsid.Stat(p); err == nil {
+			d.removeStale(p)
+		}
+	}
+	return paths[keep]
 }
 
-// swapsPaths reports whether a device plugin with two registration sockets registers again in
-// the path kubelet does not hold, the one it holds being removed right after (prepare): kubelet
+// settling is how long kubelet may still hold a registration socket after multireg removed
+// it: it deregisters the socket in its next reconcile pass (every second), and registers
+// nothing in that path within the same pass.
+const settling = 2 * podres.Period
+
+// freePath is the path to register in beside, or in place of, the registration at held: the
+// first of the driver's other paths that kubelet does not hold, as far as multireg knows (no
+// socket of its own withdrawn from there within settling). A device plugin's third path is
+// there for when kubelet may hold both others; with none free, the other of two.
+func (d *driver) freePath(held string) string {
+	for _, p := range d.spec.SocketPaths() {
+		if p != held && time.Since(d.withdrawnAt[p]) >= settling {
+			return p
+		}
+	}
+	return d.other(held)
+}
+
+// swapsPaths reports whether a device plugin with several registration sockets registers again
+// in a path kubelet does not hold (freePath), the one it holds being removed right after (prepare): kubelet
 // deregisters the one and registers the other in the same reconcile pass, deregistering first.
 // Registered again in the same path, kubelet would deregister the old socket in one pass and
 // register the new one only in the next (both are operations on one path, and one waits for
@@ -285,8 +310,10 @@ func (d *driver) settleHandover(ctx context.Context, g *generation) {
 		return // no look can tell whether the old instance is gone
 	}
 	if d.prev == nil {
-		if d.spec.AltSocketPath != "" {
-			d.removeStale(d.other(g.path))
+		for _, p := range d.spec.SocketPaths() {
+			if p != g.path && d.spec.AltSocketPath != "" {
+				d.removeStale(p)
+			}
 		}
 		return
 	}
@@ -333,15 +360,19 @@ func (d *driver) socketsGone(ev fswatch.Change, g *generation) bool {
 }
 
 // watches are a loop's subscriptions: its registration socket's, the second one's of a
-// handover driver (nil for others), and its endpoint's (every match of a pattern).
+// handover driver and the third one's of a device plugin that has it (nil for others), and its
+// endpoint's (every match of a pattern).
 type watches struct {
-	sock, alt, ep *fswatch.Subscription
+	sock, alt, spare, ep *fswatch.Subscription
 }
 
 func (d *driver) subscribe() watches {
 	ws := watches{sock: d.w.Subscribe(d.spec.SocketPath)}
 	if d.spec.AltSocketPath != "" {
 		ws.alt = d.w.Subscribe(d.spec.AltSocketPath)
+	}
+	if d.spec.SparePath != "" {
+		ws.spare = d.w.Subscribe(d.spec.SparePath)
 	}
 	if d.spec.EndpointIsPattern() {
 		ws.ep = d.w.SubscribeMatching(d.spec.LocalEndpoint)
@@ -356,11 +387,14 @@ func (ws watches) of(path string) *fswatch.Subscription {
 	if ws.alt != nil && ws.alt.Path() == path {
 		return ws.alt
 	}
+	if ws.spare != nil && ws.spare.Path() == path {
+		return ws.spare
+	}
 	return ws.sock
 }
 
 func (ws watches) close() {
-	for _, s := range []*fswatch.Subscription{ws.sock, ws.alt, ws.ep} {
+	for _, s := range []*fswatch.Subscription{ws.sock, ws.alt, ws.spare, ws.ep} {
 		if s != nil {
 			s.Close()
 		}

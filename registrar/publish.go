@@ -39,10 +39,7 @@ func (d *driver) shutdown(cause error, cur *generation) {
 		return
 	}
 	// A socket left by an earlier run of multireg that this run never replaced.
-	for _, path := range []string{d.spec.SocketPath, d.spec.AltSocketPath} {
-		if path == "" {
-			continue
-		}
+	for _, path := range d.spec.SocketPaths() {
 		d.removeStale(path)
 	}
 	d.log.Info("registration socket removed; kubelet deregisters the plugin", "socket", d.spec.SocketPath)
@@ -59,8 +56,12 @@ func (d *driver) removeStale(path string) {
 // retire stops a generation and removes its socket, so that kubelet deregisters it.
 func (d *driver) retire(g *generation) {
 	g.stop()
-	if _, err := sockfile.RemoveIfOurs(g.path, g.id); err != nil {
+	removed, err := sockfile.RemoveIfOurs(g.path, g.id)
+	if err != nil {
 		d.log.Warn("remove registration socket", "socket", g.path, "err", err)
+	}
+	if removed {
+		d.withdrawnAt[g.path] = time.Now() // kubelet may hold it for a moment (freePath)
 	}
 }
 

@@ -198,6 +198,7 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 	withEntry(t, mr, config, res, driverEntry(res, "DevicePlugin", filepath.Join(dir, "dp.*")))
 	first := registeredAt(old).Socket
 	second := strings.TrimSuffix(first, ".sock") + ".1.sock"
+	third := strings.TrimSuffix(first, ".sock") + ".2.sock" // a drop's repair while kubelet holds both others
 	// The watch starts once node status has the new resource too: kubelet writes it a moment
 	// after the registration, and that first moment is no shortfall of the update.
 	waitUntil(t, time.Minute, "node status shows "+res, func(ctx context.Context) (bool, string) {
@@ -221,7 +222,7 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 			registeredAt(nw)
 			waitUntil(t, time.Minute, "kubelet holds both instances' registrations", func(ctx context.Context) (bool, string) {
 				reg, err := kubeletRegistered(ctx)
-				return err == nil && reg[first] && reg[second], fmt.Sprint(reg, err)
+				return err == nil && len(held(reg, first, second, third)) == 2, fmt.Sprint(reg, err)
 			})
 		} else {
 			// In place of the old registration: the new instance's socket in the other path,
@@ -229,7 +230,7 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 			s := registeredAt(nw)
 			waitUntil(t, time.Minute, "kubelet holds the new instance's registration alone", func(ctx context.Context) (bool, string) {
 				reg, err := kubeletRegistered(ctx)
-				return err == nil && len(held(reg, first, second)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
+				return err == nil && len(held(reg, first, second, third)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
 			})
 		}
 		exited := time.Now()
@@ -237,7 +238,7 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 		s := registeredAt(nw)
 		waitUntil(t, time.Minute, "one registration socket of "+res+" left in kubelet", func(ctx context.Context) (bool, string) {
 			reg, err := kubeletRegistered(ctx)
-			return err == nil && len(held(reg, first, second)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
+			return err == nil && len(held(reg, first, second, third)) == 1 && reg[s.Socket], fmt.Sprint(reg, err)
 		})
 		waitUntil(t, time.Minute, "node status shows every device allocatable", func(ctx context.Context) (bool, string) {
 			_, a, err := capacity(ctx, res)
