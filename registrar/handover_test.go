@@ -335,9 +335,6 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 // never comes, a version nobody speaks, a connection that goes at once — change nothing: the
 // holder serves every driver, its sockets untouched, and a real hand-over still works after.
 func TestHandOverHostileRequests(t *testing.T) {
-	step := handover.StepTimeout
-	handover.StepTimeout = time.Second // the silent request's wait
-	t.Cleanup(func() { handover.StepTimeout = step })
 	reg, ds, a, before := registeredMultireg(t)
 	for _, req := range []struct {
 		name string
@@ -357,6 +354,7 @@ func TestHandOverHostileRequests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		hc = hc.WithStep(time.Second) // the wait for the answer to silence
 		if err := req.send(hc); err != nil {
 			t.Fatalf("%s: %v", req.name, err)
 		}

@@ -9,7 +9,7 @@ import (
 	"multireg.dev/multireg/config"
 )
 
-// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and handoverBatch drivers,
+// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and batchDrivers drivers,
 // whatever the sizes of the drivers' statuses (their owner cuts a last error to 4 KiB), so
 // that each fits one SOCK_SEQPACKET message.
 func TestBatchesFitAMessage(t *testing.T) {
@@ -29,7 +29,7 @@ func TestBatchesFitAMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(b) == 0 || len(b) > handoverBatch || len(raw) > maxBatchBytes+1024 {
+		if len(b) == 0 || len(b) > batchDrivers || len(raw) > maxBatchBytes+1024 {
 			t.Errorf("a batch of %d drivers, %d bytes", len(b), len(raw))
 		}
 		n += len(b)
