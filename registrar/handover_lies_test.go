@@ -1,7 +1,6 @@
 package registrar
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,7 +16,7 @@ import (
 func TestInheritBoundsTheHandedRetry(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	d := handoverDrivers(t, dir)[1] // the device plugin; backoff up to 200 ms
-	st, _ := json.Marshal(DriverStatus{Phase: BackingOff, Failures: 9, NextAttempt: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)})
+	st := handedStatus(DriverStatus{Phase: BackingOff, Failures: 9, NextAttempt: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)})
 	snap := &handover.Snapshot{}
 	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st, Failures: 9})
 	s := runSupervisor(t, Options{})

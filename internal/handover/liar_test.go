@@ -168,7 +168,7 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 	for _, hs := range sockets {
 		files = append(files, hs.File)
 	}
-	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Status: []byte("{}"), Sockets: sockets}
+	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Sockets: sockets}
 	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
 	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
 	if err != nil {

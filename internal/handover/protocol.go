@@ -1,51 +1,3 @@
-// Package handover passes the registration directory from the instance that holds it to a
-// new one (a DaemonSet's next pod, during a rolling update) without kubelet seeing any change: the
-// registration sockets stay the same files, listening all along, and only the process that
-// accepts on them changes — what Envoy, HAProxy and nginx do for binary upgrades, across pods
-// instead of fork and exec.
-//
-// The holder listens on Name in the directory (0600; a leading dot, which kubelet
-// ignores). A new instance that finds the lock held connects there; the exchange is a few
-// messages on a SOCK_SEQPACKET connection, each one JSON document with its descriptors
-// (SCM_RIGHTS):
-//
-//	new → holder   hello     {version range}
-//	holder → new   refuse    {reason}                    (the new instance waits for the lock)
-//	holder → new   welcome   {version}                   (version 2 on)
-//	new → holder   take                                  (version 2 on)
-//	holder → new   batch …   {drivers}, their listening sockets; the last batch also carries
-//	                         the lock file's descriptor
-//	new → holder   ack       (or abort {reason})
-//	holder → new   released  the holder has closed its lock descriptor and serves nothing
-//
-// In version 1 the batches follow the hello at once; version 2 adds welcome and take, so that a
-// hello alone pauses nothing: the holder stops its loops only once the new instance has read
-// the version picked and said take, within Timeouts.Hello of the welcome.
-// A flock belongs to the open file, not to a process: once the lock's descriptor is passed,
-// both hold the directory until the holder closes its copy, so that it is never free for a
-// third instance in between. The new instance locks the descriptor it received before it
-// acknowledges (a copy of the holder's open file succeeds; another open of the lock file
-// fails), and serves only once told released. Between take (version 1: hello) and released
-// the holder's loops are stopped, for Timeouts.Pause at most (the kernel queues kubelet's
-// connections on the sockets meanwhile), and its reloader waits; nothing stops before.
-//
-// When anything goes wrong before the ack, the holder keeps the directory — it never let go
-// of its open file of the lock — and resumes its loops from what it would have handed over;
-// the new instance lets go of its copy of the lock and waits for the lock as a standby,
-// keeping the sockets it received, which it serves if it gets the lock while they are still
-// the files at their paths (the holder died). A new instance that acknowledged and gets no
-// release does the same: the holder let go only if it got the ack, and then the lock is free
-// once the new instance closed its copy.
-//
-// The new instance trusts nothing it can check: a socket is served only if the descriptor
-// is the socket bound at its path (Socket.Check), only registration sockets of the directory
-// are kept (and ever removed), and the lock's descriptor must hold the lock.
-//
-// Built with the tag multireg_faults (the end-to-end tests' build; never a release), a process
-// reads two variables of its environment: MULTIREG_TEST_HANDOVER_PROTOCOL pins the versions it
-// speaks to one (0: none, as a build without hand-overs: it neither listens nor asks), and
-// MULTIREG_TEST_HANDOVER_HALT ("<side>:<step>", side holder or new) blocks the hand-over at a
-// named step until the process is killed. Without the tag neither is read (nofaults.go).
 package handover
 
 import (
@@ -55,18 +7,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
-	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
 // Name is the socket a holder listens on for a new instance, in the registration directory.
 const Name = ".multireg.handover"
 
-// The hand-over protocol versions this build speaks (doc.go: Versions).
+// The hand-over protocol versions this build speaks (the package comment: Versions).
 const (
 	minVersion = 1
 	maxVersion = 2
@@ -119,7 +69,7 @@ const (
 	batchDrivers = 64
 	// maxBatchBytes bounds a batch's JSON, far below the default send buffer of a unix socket
 	// (net.core.wmem_default, 208 KiB), which a SOCK_SEQPACKET message must fit whole. A
-	// driver's part is a few KiB at most (its status's last error is cut short by its owner).
+	// driver's part is a few KiB at most (its last error is cut short: maxLastError).
 	maxBatchBytes = 64 << 10
 	// maxMessage bounds what a reader accepts.
 	maxMessage = 1 << 20
@@ -133,32 +83,14 @@ type Msg struct {
 	MinVersion int    `json:"minVersion,omitempty"`
 	Version    int    `json:"version,omitempty"`
 	Reason     string `json:"reason,omitempty"` // refuse, abort
-	// Drivers are the batch's drivers; the descriptors of their sockets come with the
-	// message, in order, then the lock's when Lock is set (the last batch).
+	// Drivers are the batch's drivers (on the wire as wire.go says); the descriptors of their
+	// sockets come with the message, in order, then the lock's when Lock is set (the last
+	// batch).
 	Drivers []*Driver `json:"drivers,omitempty"`
 	Lock    bool      `json:"lock,omitempty"`
 	Last    bool      `json:"last,omitempty"`
 	// Sockets: how many socket descriptors the message carries besides the lock's.
 	Sockets int `json:"sockets,omitempty"`
-}
-
-// WireID is a fsid.ID in a message.
-type WireID struct {
-	Dev   uint64 `json:"dev"`
-	Ino   uint64 `json:"ino"`
-	CSec  int64  `json:"ctimeSec"`
-	CNsec int64  `json:"ctimeNsec"`
-}
-
-// ToWire and ID convert the change time through int64 seconds and nanoseconds: a
-// Timespec's fields are 32-bit on 32-bit platforms (linux/arm).
-func ToWire(id fsid.ID) WireID {
-	sec, nsec := id.Ctime.Unix()
-	return WireID{Dev: id.Dev, Ino: id.Ino, CSec: sec, CNsec: nsec}
-}
-
-func (w WireID) ID() fsid.ID {
-	return fsid.ID{Dev: w.Dev, Ino: w.Ino, Ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
 }
 
 // Conn is one end of a hand-over connection.
