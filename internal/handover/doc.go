@@ -64,12 +64,14 @@
 // # Errors
 //
 // When anything goes wrong before the ack, the holder keeps the directory — it never let go
-// of its open file of the lock — and resumes its loops from what it would have handed over;
-// the new instance lets go of its copy of the lock and waits for the lock as a standby,
-// keeping the sockets it received, which it serves if it gets the lock while they are still
-// the files at their paths (the holder died). A new instance that acknowledged and gets no
-// release does the same: the holder let go only if it got the ack, and then the lock is free
-// once the new instance closed its copy.
+// of its open file of the lock — and resumes its loops from what it would have handed over.
+// The new instance says abort when it can, lets go of its copy of the lock and waits for the
+// lock as a standby, keeping the sockets of every batch it received whole before the error (a
+// protocol error in one message costs that message's drivers, not the others'): it serves those
+// that are still the files at their paths once it gets the lock (the holder ended), and
+// registers the others anew. A new instance that acknowledged and gets no release does the
+// same: the holder let go only if it got the ack, and then the lock is free once the new
+// instance closed its copy.
 //
 // The new instance trusts nothing it can check: a socket is served only if the descriptor
 // is the socket bound at its path (Socket.Check), only registration sockets of the directory
