@@ -60,7 +60,7 @@ MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$
 .PHONY: all build cross demo test unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
 	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
-	dockerfile-check build-args release-binaries
+	dockerfile-check build-args release-binaries faults-check
 
 all: build
 
@@ -68,6 +68,19 @@ all: build
 ## (the command that builds every binary of the image too: hack/build-binary.sh)
 build:
 	VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) hack/build-binary.sh bin/multireg
+
+## faults-check: the release's binary (make build) injects no fault: it holds no MULTIREG_TEST_
+## variable and no multireg_faults tag (go version -m); the end-to-end tests' build of it
+## (-tags multireg_faults, e2e/mrproc) holds both variables, so that the check is not vacuous.
+faults-check: build
+	@if grep -a -q MULTIREG_TEST_ bin/multireg; then \
+		echo "bin/multireg holds MULTIREG_TEST_ variables: fault injection in a release build" >&2; exit 1; fi
+	@if $(GO) version -m bin/multireg | grep -q multireg_faults; then \
+		echo "bin/multireg is built with the tag multireg_faults" >&2; exit 1; fi
+	@CGO_ENABLED=0 $(GO) build -tags grpcnotrace,multireg_faults -o bin/multireg-faults ./cmd/multireg
+	@n=$$(grep -a -o 'MULTIREG_TEST_HANDOVER_[A-Z]*' bin/multireg-faults | sort -u | wc -l); rm -f bin/multireg-faults; \
+	if [ "$$n" -ne 2 ]; then echo "the fault-injecting build holds $$n of its 2 variables: faults-check proves nothing" >&2; exit 1; fi
+	@echo "bin/multireg: no fault injection"
 
 ## cross: `multireg validate`, `status` and `version` build for macOS and Windows (laptops, CI
 ## images); `run` is Linux's, and says so there.
@@ -210,8 +223,9 @@ test: fmt-check vet unit fuzz build cross release-checks e2e manifests e2e-node
 ## release-checks: what the release workflow builds, built here without network: every
 ## platform's binary, the image twice (equal digests), the Dockerfile's image against it, the
 ## arm64 unit tests under emulation, the SBOMs, the binaries a release attaches and their
-## checksums, the chart's package, and the workflows checked by actionlint.
-release-checks: image-tool image-reproducible dockerfile-check unit-arm64 sbom release-binaries chart release-notes actionlint
+## checksums, the chart's package, the workflows checked by actionlint, and no fault
+## injection in the release's binary.
+release-checks: image-tool image-reproducible dockerfile-check unit-arm64 sbom release-binaries chart release-notes actionlint faults-check
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -17,7 +20,7 @@ import (
 func TestInheritBoundsTheHandedRetry(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	d := handoverDrivers(t, dir)[1] // the device plugin; backoff up to 200 ms
-	st, _ := json.Marshal(DriverStatus{Phase: BackingOff, Failures: 9, NextAttempt: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)})
+	st := handedStatus(DriverStatus{Phase: BackingOff, Failures: 9, NextAttempt: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)})
 	snap := &handover.Snapshot{}
 	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st, Failures: 9})
 	s := runSupervisor(t, Options{})
@@ -67,4 +70,135 @@ func TestInheritRefusesADescriptorBoundElsewhere(t *testing.T) {
 		return err == nil && now != id
 	})
 	registerAndWait(t, s, d)
+}
+
+// TestHandOverProtocolErrorKeepsTheFirstBatch: a holder whose last batch breaks the protocol
+// (version 1 after a welcome in version 2) after a valid first batch costs only the drivers of
+// the broken batch and those never sent. The new instance waits for the directory; once the
+// holder has ended, it serves the first batch's socket as it was (the same file, Registered,
+// no new registration), and registers the others anew on sockets of its own.
+func TestHandOverProtocolErrorKeepsTheFirstBatch(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir) // the CSI driver in the first batch, the device plugin in the broken one
+	if err := os.MkdirAll(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	handed := func(d config.Driver) (*handover.Driver, *os.File) {
+		l, err := testkit.ListenUnlinked(d.SocketPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := l.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close() // the file keeps it listening
+		t.Cleanup(func() { f.Close() })
+		return handedRegistered(d, mustID(t, d.SocketPath), f).Take(d.Name), f
+	}
+	first, firstFile := handed(ds[0])
+	second, secondFile := handed(ds[1])
+	kept, other := mustID(t, ds[0].SocketPath), mustID(t, ds[1].SocketPath)
+	lock, err := os.OpenFile(filepath.Join(reg, regdir.LockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	answers := fakeHolderSays(t, reg, lock,
+		rawMsg{m: &handover.Msg{Type: handover.MsgWelcome, Version: 2}, answer: true},
+		rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: []*handover.Driver{first}, Sockets: 1}, files: []*os.File{firstFile}},
+		rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 1, Drivers: []*handover.Driver{second}, Sockets: 1, Last: true, Lock: true}, files: []*os.File{secondFile, lock}, answer: true},
+	)
+	// The holder ends once it has the answer: its sockets and its lock are closed.
+	go func() {
+		<-answers
+		firstFile.Close()
+		secondFile.Close()
+		lock.Close()
+	}()
+	in := startMultireg(t, reg, ds)
+	if in.handed != 1 || in.sup.Adopted() != 1 {
+		t.Fatalf("%d drivers kept, %d sockets served; want the first batch's: 1 and 1", in.handed, in.sup.Adopted())
+	}
+	if st := statusOf(in.sup, ds[0].Name); st.Phase != Registered || mustID(t, ds[0].SocketPath) != kept {
+		t.Errorf("%s: %s, want Registered on the socket handed over", ds[0].Name, st.Phase)
+	}
+	testkit.Eventually(t, 5*time.Second, "a socket of the loop's own in place of the broken batch's", func() bool {
+		now, _, err := fsid.Stat(ds[1].SocketPath)
+		return err == nil && now != other
+	})
+	for _, d := range ds[1:] {
+		awaitSocket(t, d)
+		registerAndWait(t, in.sup, d)
+	}
+	if mustID(t, ds[0].SocketPath) != kept || statusOf(in.sup, ds[0].Name).Attempts != 0 {
+		t.Errorf("%s: registered again", ds[0].Name)
+	}
+}
+
+// rawMsg is a message a fake holder sends, with its descriptors; answer: it reads the new
+// instance's answer before it goes on.
+type rawMsg struct {
+	m      *handover.Msg
+	files  []*os.File
+	answer bool
+}
+
+// fakeHolderSays makes a holder of reg that reads one request's hello and sends msgs, in order.
+// The channel gives the types of the new instance's answers once the last one is read.
+func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-chan []string {
+	t.Helper()
+	l, err := handover.Listen(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan []string, 1)
+	done := make(chan struct{})
+	t.Cleanup(func() { l.Close(); <-done })
+	go func() {
+		defer close(done)
+		var got []string
+		defer func() { answers <- got }()
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 4096)
+		if _, _, _, _, err := c.ReadMsgUnix(buf, nil); err != nil { // the hello
+			return
+		}
+		for _, r := range msgs {
+			b, err := json.Marshal(r.m)
+			if err != nil {
+				return
+			}
+			var fds []int
+			for _, f := range r.files {
+				fds = append(fds, int(f.Fd()))
+			}
+			var oob []byte
+			if len(fds) > 0 {
+				oob = syscall.UnixRights(fds...)
+			}
+			if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
+				return
+			}
+			if !r.answer {
+				continue
+			}
+			n, _, _, _, err := c.ReadMsgUnix(buf, nil)
+			if err != nil {
+				return
+			}
+			var m handover.Msg
+			json.Unmarshal(buf[:n], &m)
+			got = append(got, m.Type)
+		}
+	}()
+	return answers
 }

@@ -84,7 +84,7 @@ func servingAll(in *multiregInstance, ds []string) bool {
 
 // TestHandOverUnackedKeepsServing (issue 28, 8): a successor that takes every socket and the
 // lock's descriptor and never acknowledges does not keep the directory: the holder never let
-// go of its lock, serves every socket again within PauseTimeout, and a real hand-over works
+// go of its lock, serves every socket again within the pause timeout, and a real hand-over works
 // after.
 func TestHandOverUnackedKeepsServing(t *testing.T) {
 	for _, v := range []int{1, 2} {
@@ -102,7 +102,7 @@ func unackedKeepsServing(t *testing.T, v int) {
 	if len(kept) != len(ds)+1 {
 		t.Fatalf("%d descriptors taken, want %d sockets and the lock", len(kept), len(ds))
 	}
-	testkit.Eventually(t, handover.PauseTimeout+2*time.Second, "the holder to serve every driver again", func() bool {
+	testkit.Eventually(t, handover.DefaultPauseTimeout+2*time.Second, "the holder to serve every driver again", func() bool {
 		return servingAll(a, names)
 	})
 	t.Logf("the holder serves again %s after the hello", time.Since(hello).Round(time.Millisecond))
@@ -168,7 +168,7 @@ func isFile(path string) bool {
 }
 
 // TestHandOverHelloAlonePausesNothing (issue 28, 10): a successor that says hello and then
-// nothing pauses nothing: the holder welcomes it, waits HelloTimeout for its take with every
+// nothing pauses nothing: the holder welcomes it, waits the hello timeout for its take with every
 // loop running, and gives up.
 func TestHandOverHelloAlonePausesNothing(t *testing.T) {
 	var logs testkit.Buffer
@@ -177,7 +177,7 @@ func TestHandOverHelloAlonePausesNothing(t *testing.T) {
 	if m, _, err := hc.Recv(); err != nil || m.Type != handover.MsgWelcome || m.Version != 2 {
 		t.Fatalf("the holder's answer to a hello: %+v, %v; want a welcome in version 2", m, err)
 	}
-	testkit.Eventually(t, handover.HelloTimeout+5*time.Second, "the holder to give up on the silent successor", func() bool {
+	testkit.Eventually(t, handover.DefaultHelloTimeout+5*time.Second, "the holder to give up on the silent successor", func() bool {
 		return strings.Contains(logs.String(), "hand-over request abandoned before it paused anything")
 	})
 	if out := logs.String(); strings.Contains(out, "handing over the registration directory") {
@@ -198,7 +198,7 @@ func TestHandOverHelloAlonePausesNothing(t *testing.T) {
 
 // TestHandOverVersion1HelloPausesLittle (issue 28, 10): in version 1 (v0.1.0's), which has no
 // take, a successor that says hello and then nothing pauses the holder's sockets for
-// PauseTimeout at most: a connection kubelet makes meanwhile is accepted within it.
+// the pause timeout at most: a connection kubelet makes meanwhile is accepted within it.
 func TestHandOverVersion1HelloPausesLittle(t *testing.T) {
 	var logs testkit.Buffer
 	reg, ds, a, _ := registeredMultiregLog(t, logs.Logger())
@@ -219,8 +219,8 @@ func TestHandOverVersion1HelloPausesLittle(t *testing.T) {
 	}
 	waited := time.Since(connected)
 	t.Logf("a connection made during the pause accepted after %s; the pause ended %s after the hello", waited.Round(time.Millisecond), time.Since(hello).Round(time.Millisecond))
-	if waited > handover.PauseTimeout+time.Second {
-		t.Errorf("a connection waited %s to be accepted, want at most PauseTimeout (%s)", waited, handover.PauseTimeout)
+	if waited > handover.DefaultPauseTimeout+time.Second {
+		t.Errorf("a connection waited %s to be accepted, want at most the pause timeout (%s)", waited, handover.DefaultPauseTimeout)
 	}
 	var names []string
 	for _, d := range ds {
@@ -257,7 +257,7 @@ func TestHandOverRequestMessages(t *testing.T) {
 		hc.Recv() // the holder closes the connection
 		hc.Close()
 	}
-	silent, err := handover.Dial(reg) // says nothing: the holder gives up on it after HelloTimeout
+	silent, err := handover.Dial(reg) // says nothing: the holder gives up on it after the hello timeout
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,17 +2,14 @@ package registrar
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
@@ -335,9 +332,6 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 // never comes, a version nobody speaks, a connection that goes at once — change nothing: the
 // holder serves every driver, its sockets untouched, and a real hand-over still works after.
 func TestHandOverHostileRequests(t *testing.T) {
-	step := handover.StepTimeout
-	handover.StepTimeout = time.Second // the silent request's wait
-	t.Cleanup(func() { handover.StepTimeout = step })
 	reg, ds, a, before := registeredMultireg(t)
 	for _, req := range []struct {
 		name string
@@ -357,6 +351,7 @@ func TestHandOverHostileRequests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		hc = hc.WithStep(time.Second) // the wait for the answer to silence
 		if err := req.send(hc); err != nil {
 			t.Fatalf("%s: %v", req.name, err)
 		}
@@ -404,12 +399,9 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 			d.notify(regserver.Verdict{Gen: g.gen, Registered: registered, Msg: "no"})
 			h := d.detach(g)
 			defer h.Close()
-			var st DriverStatus
-			if err := json.Unmarshal(h.Status, &st); err != nil {
-				t.Fatal(err)
-			}
+			st := h.Status
 			if registered {
-				if len(h.Sockets) != 1 || !h.Sockets[0].Registered || st.Phase != Registered || st.Results[ResultRegistered] != 1 {
+				if len(h.Sockets) != 1 || !h.Sockets[0].Registered || st.Phase != string(Registered) || st.Results[ResultRegistered] != 1 {
 					t.Errorf("handed %+v with %+v, want the socket registered", st, h.Sockets)
 				}
 				return
@@ -417,31 +409,18 @@ func TestDetachTakesALateVerdict(t *testing.T) {
 			if len(h.Sockets) != 0 || testkit.IsSocket(spec.SocketPath) {
 				t.Errorf("the rejected socket is handed over or still there: %+v", h.Sockets)
 			}
-			if st.Phase != BackingOff || st.Failures != 1 || st.NextAttempt.IsZero() || h.Failures != 1 {
+			if st.Phase != string(BackingOff) || st.Failures != 1 || st.NextAttempt.IsZero() || h.Failures != 1 {
 				t.Errorf("handed %+v (backoff failures %d), want BackingOff after one failure", st, h.Failures)
 			}
 		})
 	}
 }
 
-// TestHandedStatusFitsABatch: a driver's last error is cut to maxHandedError bytes of valid
-// UTF-8 when it is handed over, so that any number of drivers fit the hand-over's batches.
-func TestHandedStatusFitsABatch(t *testing.T) {
-	long := strings.Repeat("kubelet rejected the registration: é ", 2000) // 76 KB
-	if got := handedStatus(DriverStatus{LastError: long}).LastError; len(got) > maxHandedError+len("…") || !utf8.ValidString(got) {
-		t.Errorf("a last error of %d bytes handed over as %d bytes (valid UTF-8: %v)", len(long), len(got), utf8.ValidString(got))
-	}
-	if got := handedStatus(DriverStatus{LastError: "short"}).LastError; got != "short" {
-		t.Errorf("a short last error handed over as %q", got)
-	}
-}
-
 // handedRegistered is the snapshot a predecessor hands over for d registered on its socket,
 // claimed to be the one of identity id, with f as its descriptor.
 func handedRegistered(d config.Driver, id fsid.ID, f *os.File) *handover.Snapshot {
-	st, _ := json.Marshal(DriverStatus{Phase: Registered})
 	snap := &handover.Snapshot{}
-	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st,
-		Sockets: []*handover.Socket{{Path: d.SocketPath, ID: handover.ToWire(id), Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, File: f}}})
+	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: handedStatus(DriverStatus{Phase: Registered}),
+		Sockets: []*handover.Socket{{Path: d.SocketPath, ID: id, Generation: 1, Registered: true, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, File: f}}})
 	return snap
 }

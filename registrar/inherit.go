@@ -2,13 +2,11 @@ package registrar
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
@@ -61,11 +59,11 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 		Spec:          d.spec,
 		Endpoint:      d.at.endpoint,
 		LocalEndpoint: d.at.local,
-		EndpointID:    handover.ToWire(d.probed),
+		EndpointID:    d.probed,
+		Status:        handedStatus(d.status()),
 		Timeout:       d.p.timeout,
 		Failures:      d.p.failures,
 	}
-	h.Status, _ = json.Marshal(handedStatus(d.status()))
 	if d.nodeInfo != nil {
 		h.NodeInfo, _ = proto.Marshal(d.nodeInfo)
 	}
@@ -77,7 +75,7 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 		h.Sockets = append(h.Sockets, &handover.Socket{
 			Prev:          g == d.prev,
 			Path:          g.path,
-			ID:            handover.ToWire(g.id),
+			ID:            g.id,
 			Generation:    g.gen,
 			Registered:    g.registered,
 			AwaitsVerdict: !g.registered && g.awaiting(),
@@ -92,14 +90,60 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 	return h
 }
 
-// maxHandedError bounds the last error a driver's status carries over: a hand-over's batch
-// must fit one message.
-const maxHandedError = 4 << 10
+// handedStatus is st as a hand-over carries it: what the next loop goes on from. Its name,
+// type, endpoint and required are the receiver's configuration's, and kubelet's view is read
+// anew.
+func handedStatus(st DriverStatus) handover.Status {
+	return handover.Status{
+		Phase:            string(st.Phase),
+		Socket:           st.Socket,
+		EndpointUp:       st.EndpointUp,
+		Absent:           st.Absent,
+		Attempts:         st.Attempts,
+		Failures:         st.Failures,
+		Results:          st.Results,
+		Recreations:      st.Recreations,
+		EndpointRestarts: st.EndpointRestarts,
+		HeldByOther:      st.HeldByOther,
+		LastError:        st.LastError,
+		Since:            st.Since,
+		NextAttempt:      st.NextAttempt,
+	}
+}
 
-// handedStatus is st as a hand-over carries it: its last error cut to maxHandedError bytes.
-func handedStatus(st DriverStatus) DriverStatus {
-	if len(st.LastError) > maxHandedError {
-		st.LastError = strings.ToValidUTF8(st.LastError[:maxHandedError], "") + "…"
+// inheritedStatus is the status of d's loop going on from hs, as handedStatus carried it:
+// what hs does not say is d's own (its name, type, endpoint and required), or a fresh loop's.
+func (d *driver) inheritedStatus(hs handover.Status) DriverStatus {
+	st := DriverStatus{
+		Name:             d.spec.Name,
+		Type:             d.spec.Type,
+		Endpoint:         d.spec.Endpoint,
+		Required:         d.spec.Required,
+		Phase:            Phase(hs.Phase),
+		Socket:           hs.Socket,
+		EndpointUp:       hs.EndpointUp,
+		Absent:           hs.Absent,
+		Attempts:         hs.Attempts,
+		Failures:         hs.Failures,
+		Results:          hs.Results,
+		Recreations:      hs.Recreations,
+		EndpointRestarts: hs.EndpointRestarts,
+		HeldByOther:      hs.HeldByOther,
+		LastError:        hs.LastError,
+		Since:            hs.Since,
+		NextAttempt:      hs.NextAttempt,
+	}
+	if st.Socket == "" {
+		st.Socket = d.spec.SocketPath
+	}
+	if st.Results == nil {
+		st.Results = map[string]int{}
+	}
+	if st.Recreations == nil {
+		st.Recreations = map[string]int{}
+	}
+	if st.Since.IsZero() {
+		st.Since = time.Now()
 	}
 	return st
 }
@@ -125,7 +169,7 @@ func (d *driver) lateVerdict(g *generation, v *regserver.Verdict) *generation {
 // It returns how many sockets it serves.
 func (d *driver) inherit(h *handover.Driver) int {
 	n := 0
-	a := &adoption{epID: h.EndpointID.ID()}
+	a := &adoption{epID: h.EndpointID}
 	if d.spec.EndpointIsPattern() {
 		d.at = target{endpoint: h.Endpoint, local: h.LocalEndpoint}
 	}
@@ -133,19 +177,7 @@ func (d *driver) inherit(h *handover.Driver) int {
 	d.probed = a.epID
 	d.p.resume(h.Timeout, h.Failures)
 
-	var st DriverStatus
-	if err := json.Unmarshal(h.Status, &st); err != nil {
-		d.log.Warn("the status handed over cannot be read; starting from none", "err", err)
-		st = DriverStatus{Phase: WaitingForEndpoint, Since: time.Now()}
-	}
-	st.Name, st.Type, st.Required = d.spec.Name, d.spec.Type, d.spec.Required
-	st.Endpoint = d.spec.Endpoint
-	if st.Results == nil {
-		st.Results = map[string]int{}
-	}
-	if st.Recreations == nil {
-		st.Recreations = map[string]int{}
-	}
+	st := d.inheritedStatus(h.Status)
 	// The newest handed generation is current before any socket is served: a verdict queued on
 	// one during the hand-over is read as soon as it is, and must not be taken for an older
 	// socket's.
@@ -175,6 +207,11 @@ func (d *driver) inherit(h *handover.Driver) int {
 	case a.cur == nil && st.Phase == BackingOff && st.NextAttempt.After(time.Now()):
 		st.NextAttempt = d.boundedAttempt(st.NextAttempt)
 		a.resumeAt = st.NextAttempt
+	case !slices.Contains(Phases, st.Phase): // the predecessor did not say: the sockets do
+		st.Phase, st.Since = Serving, time.Now()
+		if a.cur != nil && a.cur.registered {
+			st.Phase = Registered
+		}
 	}
 	d.mu.Lock()
 	d.st = st
@@ -226,7 +263,7 @@ func (d *driver) adoptSocket(hs *handover.Socket) (*generation, error) {
 	if !slices.Contains(d.spec.SocketPaths(), hs.Path) {
 		return nil, fmt.Errorf("not a registration socket path of this configuration")
 	}
-	id := hs.ID.ID()
+	id := hs.ID
 	ln, err := net.FileListener(f)
 	if err != nil {
 		return nil, err

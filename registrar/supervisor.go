@@ -140,7 +140,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	s.checkDescriptors()
 	switch {
 	case hd == nil:
-	case hd.Spec.SameRegistration(d):
+	case hd.RegistersAs(d):
 		s.adopted.Add(int64(h.d.inherit(hd)))
 	default:
 		h.d.log.Info("the driver registers differently than in the instance that handed it over; registering anew")

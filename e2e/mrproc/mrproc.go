@@ -4,6 +4,7 @@ package mrproc
 
 import (
 	"bufio"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,7 +50,10 @@ func Run(t testing.TB, args ...string) (string, int) {
 }
 
 // Binary returns the path of a multireg binary: $MULTIREG_BIN if set, else one built once from
-// the product module (the parent of this module) into a temporary directory.
+// the product module (the parent of this module) into a temporary directory, with the race
+// detector and the build tag multireg_faults: the fault injection the tests use
+// (MULTIREG_TEST_HANDOVER_PROTOCOL and MULTIREG_TEST_HANDOVER_HALT, internal/handover), which a
+// release build leaves out.
 func Binary() (string, error) {
 	buildOnce.Do(func() {
 		if p := os.Getenv("MULTIREG_BIN"); p != "" {
@@ -63,14 +68,40 @@ func Binary() (string, error) {
 			return
 		}
 		buildPath = filepath.Join(dir, "multireg")
-		// the shipped binary's tags (hack/build-binary.sh)
-		cmd := exec.Command("go", "build", "-race", "-tags", "grpcnotrace", "-o", buildPath, "./cmd/multireg")
+		// the shipped binary's tags (hack/build-binary.sh), and the fault injection
+		cmd := exec.Command("go", "build", "-race", "-tags", FaultTags, "-o", buildPath, "./cmd/multireg")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("build multireg: %v\n%s", err, out)
 		}
 	})
 	return buildPath, buildErr
+}
+
+// FaultTags are the build tags of the binary Binary builds: the shipped binary's
+// (hack/build-binary.sh) and multireg_faults. A binary of $MULTIREG_BIN given to the tests that
+// inject faults must be built with them.
+const FaultTags = "grpcnotrace,multireg_faults"
+
+// checkFaults fails when env asks this build's binary bin (Binary's) for a fault
+// (MULTIREG_TEST_…) that it is built without: it would ignore the variable, and the test would
+// fail far from the cause. Earlier releases read the variables whatever their build.
+func checkFaults(bin string, env []string) error {
+	if own, err := Binary(); err != nil || bin != own || !slices.ContainsFunc(env, func(kv string) bool {
+		return strings.HasPrefix(kv, "MULTIREG_TEST_")
+	}) {
+		return nil
+	}
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), "multireg_faults") {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is built without the tag multireg_faults (MULTIREG_BIN?): it ignores %v", bin, env)
 }
 
 var (
@@ -152,6 +183,9 @@ func StartWith(t testing.TB, opts Options, cfg string, args ...string) *Process 
 		if bin, err = Binary(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := checkFaults(bin, opts.Env); err != nil {
+		t.Fatal(err)
 	}
 	// Port 0: tests run several multireg at once; HTTPAddr reads the port from the log.
 	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1", "--http-endpoint", "127.0.0.1:0"}, args...)

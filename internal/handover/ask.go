@@ -12,10 +12,11 @@ import (
 
 // Ask asks the holder of dir for a hand-over. On success it returns what the holder handed
 // over and the directory's lock, an open file that checkLock accepted (before the new
-// instance acknowledges). Otherwise it returns an error and the sockets it
-// received, if any: the caller waits for the lock, and serves those that are still the files
-// at their paths if it gets it (the holder died). Refused, or with nothing received, snap is
-// nil.
+// instance acknowledges). Otherwise it returns an error and what it received, if anything:
+// the drivers of every batch received whole before the error (a protocol error in one
+// message costs that message's drivers only), or every batch once it acknowledged. The caller
+// waits for the lock, and serves the sockets that are still the files at their paths if it
+// gets it (the holder ended). With nothing received, snap is nil.
 func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Snapshot, lock *os.File, err error) {
 	hc, err := Dial(dir)
 	if err != nil {
@@ -28,18 +29,32 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 	}
 	halt(log, "new", "hello")
 	snap = &Snapshot{}
+	// kept is what the caller keeps after an error: snap, if it holds anything.
+	kept := func() *Snapshot {
+		if snap.Len() == 0 {
+			return nil
+		}
+		return snap
+	}
+	// abort ends the hand-over on the holder's message that breaks the protocol: the
+	// message's descriptors are closed, the holder is told why (it serves again at once), and
+	// the batches received before are kept.
+	abort := func(files []*os.File, err error) (*Snapshot, *os.File, error) {
+		CloseAll(files)
+		hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
+		return kept(), nil, fmt.Errorf("hand-over: %w", err)
+	}
 	var lockF *os.File
 	v := 0 // the version the holder picked
 	for lockF == nil {
 		m, files, err := hc.Recv()
 		if err != nil {
-			return snap, nil, fmt.Errorf("hand-over interrupted: %w", err)
+			return kept(), nil, fmt.Errorf("hand-over interrupted: %w", err)
 		}
 		switch {
 		case m.Type == MsgRefuse:
 			CloseAll(files)
-			snap.Close()
-			return nil, nil, fmt.Errorf("hand-over refused: %s", m.Reason)
+			return kept(), nil, fmt.Errorf("hand-over refused: %s", m.Reason)
 		case m.Type == MsgWelcome && v == 0 && m.Version >= takeVersion && m.Version >= lo && m.Version <= hi:
 			// Version 2 on: the holder stops its loops once told to take.
 			CloseAll(files)
@@ -52,23 +67,17 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		case m.Type == MsgBatch && v == 0 && m.Version >= lo && m.Version < takeVersion:
 			// Version 1: the batches follow the hello.
 		case m.Type == MsgBatch && v != 0 && m.Version == v:
+		case v == 0:
+			return abort(files, fmt.Errorf("unexpected %q in version %d (this instance speaks %d to %d)", m.Type, m.Version, lo, hi))
 		default:
-			CloseAll(files)
-			snap.Close()
-			return nil, nil, fmt.Errorf("hand-over: unexpected %q (version %d)", m.Type, m.Version)
+			return abort(files, fmt.Errorf("unexpected %q in version %d after version %d", m.Type, m.Version, v))
 		}
 		v = m.Version
 		if m.Last != m.Lock {
-			CloseAll(files)
-			err := fmt.Errorf("hand-over batch: the lock comes with the last batch, and only then")
-			hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
-			snap.Close()
-			return nil, nil, err
+			return abort(files, errors.New("batch: the lock comes with the last batch, and only then"))
 		}
 		if err := fill(m, files); err != nil {
-			hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
-			snap.Close()
-			return nil, nil, err
+			return abort(nil, err) // fill closed them
 		}
 		for _, hd := range m.Drivers {
 			keepInside(hd, dir, log)
@@ -81,10 +90,7 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		lockF = files[len(files)-1]
 	}
 	if err := holdsLock(lockF, dir, checkLock); err != nil {
-		hc.Send(&Msg{Type: MsgAbort, Reason: err.Error()})
-		lockF.Close()
-		snap.Close()
-		return nil, nil, fmt.Errorf("hand-over: %w", err)
+		return abort([]*os.File{lockF}, err)
 	}
 	halt(log, "new", "received")
 	// From here, a failure leaves both sides unsure whether the other holds the lock: each
@@ -116,13 +122,13 @@ func fill(m *Msg, files []*os.File) error {
 	for _, hd := range m.Drivers {
 		if hd == nil || slices.Contains(hd.Sockets, nil) {
 			CloseAll(files)
-			return errors.New("hand-over batch: an empty driver or socket")
+			return errors.New("batch: an empty driver or socket")
 		}
 		n += len(hd.Sockets)
 	}
 	if len(files) != want || n != m.Sockets {
 		CloseAll(files)
-		return fmt.Errorf("hand-over batch: %d descriptors for %d sockets", len(files), n)
+		return fmt.Errorf("batch: %d descriptors for %d sockets", len(files), n)
 	}
 	i := 0
 	for _, hd := range m.Drivers {

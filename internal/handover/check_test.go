@@ -26,7 +26,7 @@ func handedSocket(t *testing.T, l *net.UnixListener, path string) *Socket {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Socket{Path: path, ID: ToWire(id), File: f}
+	return &Socket{Path: path, ID: id, File: f}
 }
 
 // TestCheckNeedsTheSocketBoundAtThePath (issue 28, 4): a handed descriptor is served only if

@@ -59,17 +59,6 @@ const (
 	MsgReleased = "released"
 )
 
-// Bounds of the holder's side (variables, so that tests can change them).
-var (
-	// HelloTimeout bounds the wait for a request's hello, and for its take after the
-	// welcome: a connection that says nothing costs no more, and pauses nothing.
-	HelloTimeout = time.Second
-	// PauseTimeout bounds what a hand-over pauses: from the moment the loops stop until the
-	// new instance acknowledges, every batch sent and the ack received. A new instance
-	// acknowledges as soon as it has the batches and has locked the lock's descriptor.
-	PauseTimeout = time.Second
-)
-
 // helloBytes bounds the read of a hello, a message of a few dozen bytes: requests are read
 // concurrently, and a longer one is refused.
 const helloBytes = 4 << 10
@@ -81,6 +70,7 @@ type Server struct {
 	h    Holder
 	lock Lock
 	log  *slog.Logger
+	t    Timeouts
 	// busy is held by a hand-over from Detach until Resume or the release; done once the
 	// directory went to a new instance.
 	busy sync.Mutex
@@ -103,28 +93,28 @@ func (s *Server) warn(msg string, args ...any) {
 	s.log.Warn(msg, args...)
 }
 
-// NewServer returns the server of the holder's drivers h and its lock.
-func NewServer(h Holder, lock Lock, log *slog.Logger) *Server {
-	return &Server{h: h, lock: lock, log: log, noise: throttle.Warning{Every: throttle.Interval}}
+// NewServer returns the server of the holder's drivers h and its lock, its steps bounded by t.
+func NewServer(h Holder, lock Lock, log *slog.Logger, t Timeouts) *Server {
+	return &Server{h: h, lock: lock, log: log, t: t.orDefaults(), noise: throttle.Warning{Every: throttle.Interval}}
 }
 
 // Serve serves one hand-over request on c and closes it. It returns a *HandedOver when the
 // directory went to the new instance, and nil when this process keeps it: its loops run
 // again from where they stopped.
 //
-// Nothing stops before the new instance's hello, read within HelloTimeout, and (version 2 on)
-// its take, read within HelloTimeout of the welcome; from then on the loops stop for
-// PauseTimeout at most. This process keeps its hold of the lock until the new
-// instance acknowledges: one that does not, within PauseTimeout, cannot serve with the lock's
+// Nothing stops before the new instance's hello, read within Timeouts.Hello, and (version 2
+// on) its take, read within Timeouts.Hello of the welcome; from then on the loops stop for
+// Timeouts.Pause at most. This process keeps its hold of the lock until the new
+// instance acknowledges: one that does not, within Timeouts.Pause, cannot serve with the lock's
 // descriptor it received (it serves only once told released), and this one serves again.
 func (s *Server) Serve(c *net.UnixConn) error {
 	defer c.Close()
-	hc := Conn{c: c}
+	hc := Conn{c: c, step: s.t.Step}
 	if err := sameUser(c); err != nil {
 		s.warn("hand-over request refused", "err", err)
 		return nil
 	}
-	m, err := hc.recvShort(MsgHello)
+	m, err := hc.recvShort(MsgHello, s.t.Hello)
 	if err != nil {
 		s.warn("hand-over request not understood; ignored", "err", err)
 		return nil
@@ -141,7 +131,7 @@ func (s *Server) Serve(c *net.UnixConn) error {
 			s.warn("hand-over request abandoned before it paused anything", "err", err)
 			return nil
 		}
-		take, err := hc.recvShort(MsgTake)
+		take, err := hc.recvShort(MsgTake, s.t.Hello)
 		if err == nil && take.Version != v {
 			err = fmt.Errorf("a take in version %d after a welcome in version %d", take.Version, v)
 		}
@@ -179,7 +169,7 @@ func (s *Server) refuse(hc Conn, why string) {
 func (s *Server) handOver(hc Conn, v int) *HandedOver {
 	start := time.Now()
 	snap := s.h.Detach()
-	hc.until = time.Now().Add(PauseTimeout)
+	hc.until = time.Now().Add(s.t.Pause)
 	s.log.Info("handing over the registration directory to a new instance", "drivers", snap.Len(), "sockets", snap.Sockets(), "version", v)
 	halt(s.log, "holder", "detached")
 	lockF, err := s.lock.File()
@@ -252,7 +242,7 @@ func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logg
 	return nil
 }
 
-// batches cuts drivers into the batches of a hand-over: at most handoverBatch drivers and about
+// batches cuts drivers into the batches of a hand-over: at most batchDrivers drivers and about
 // maxBatchBytes of JSON each (a message on a SOCK_SEQPACKET socket must fit the socket's send
 // buffer whole), and at least one batch, which may be empty.
 func batches(drivers []*Driver) [][]*Driver {
@@ -261,7 +251,7 @@ func batches(drivers []*Driver) [][]*Driver {
 	size := 0
 	for _, hd := range drivers {
 		b, _ := json.Marshal(hd)
-		if len(cur) > 0 && (len(cur) == handoverBatch || size+len(b) > maxBatchBytes) {
+		if len(cur) > 0 && (len(cur) == batchDrivers || size+len(b) > maxBatchBytes) {
 			out = append(out, cur)
 			cur, size = nil, 0
 		}

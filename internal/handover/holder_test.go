@@ -9,18 +9,15 @@ import (
 	"multireg.dev/multireg/config"
 )
 
-// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and handoverBatch drivers,
-// whatever the sizes of the drivers' statuses (their owner cuts a last error to 4 KiB), so
-// that each fits one SOCK_SEQPACKET message.
+// TestBatchesFitAMessage: batches stay under maxBatchBytes of JSON and batchDrivers drivers,
+// whatever the sizes of the drivers' statuses (a last error is cut to maxLastError on the
+// wire), so that each fits one SOCK_SEQPACKET message.
 func TestBatchesFitAMessage(t *testing.T) {
 	long := strings.Repeat("kubelet rejected the registration: é ", 200)
 	var ds []*Driver
 	for i := range 300 {
 		name := fmt.Sprintf("d%d.example.com", i)
-		st, err := json.Marshal(map[string]string{"name": name, "lastError": long[:min(i*25, 4<<10)]})
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := Status{LastError: long[:min(i*25, len(long))]}
 		ds = append(ds, &Driver{Spec: config.Driver{Name: name, Type: config.CSIPlugin}, Status: st})
 	}
 	n := 0
@@ -29,7 +26,7 @@ func TestBatchesFitAMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(b) == 0 || len(b) > handoverBatch || len(raw) > maxBatchBytes+1024 {
+		if len(b) == 0 || len(b) > batchDrivers || len(raw) > maxBatchBytes+1024 {
 			t.Errorf("a batch of %d drivers, %d bytes", len(b), len(raw))
 		}
 		n += len(b)

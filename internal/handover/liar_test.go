@@ -168,7 +168,7 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 	for _, hs := range sockets {
 		files = append(files, hs.File)
 	}
-	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Status: []byte("{}"), Sockets: sockets}
+	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Sockets: sockets}
 	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
 	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
 	if err != nil {
@@ -231,7 +231,7 @@ func holderSays(t *testing.T, dir string, lock *os.File, msgs ...*Msg) <-chan []
 // does not speak, or below the one that has a welcome, welcomes twice, or sends batches in
 // another version than it welcomed in (or in version 2 without a welcome), hands nothing
 // over: the new instance never acknowledges, never says take after a welcome it cannot
-// accept, and holds no lock.
+// accept, says abort, and holds no lock.
 func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
 	last := func(v int) *Msg { return &Msg{Type: MsgBatch, Version: v, Last: true, Lock: true} }
 	welcome := func(v int) *Msg { return &Msg{Type: MsgWelcome, Version: v} }
@@ -240,11 +240,11 @@ func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
 		msgs []*Msg
 		want string // what the new instance answers
 	}{
-		{"a welcome in version 3", []*Msg{welcome(3), last(3)}, "[]"},
-		{"a welcome in version 1", []*Msg{welcome(1), last(1)}, "[]"},
-		{"two welcomes", []*Msg{welcome(2), welcome(2), last(2)}, "[take]"},
-		{"a batch in version 1 after a welcome in 2", []*Msg{welcome(2), last(1)}, "[take]"},
-		{"a batch in version 2 without a welcome", []*Msg{last(2)}, "[]"},
+		{"a welcome in version 3", []*Msg{welcome(3), last(3)}, "[abort]"},
+		{"a welcome in version 1", []*Msg{welcome(1), last(1)}, "[abort]"},
+		{"two welcomes", []*Msg{welcome(2), welcome(2), last(2)}, "[take abort]"},
+		{"a batch in version 1 after a welcome in 2", []*Msg{welcome(2), last(1)}, "[take abort]"},
+		{"a batch in version 2 without a welcome", []*Msg{last(2)}, "[abort]"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := testkit.ShortDir(t)
@@ -259,5 +259,69 @@ func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
 				t.Errorf("the new instance answered %s, want %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestAskKeepsWhatCameBeforeAProtocolError: a holder whose last batch breaks the protocol
+// (another version than the one it welcomed in, after a valid first batch) hands nothing
+// over, and costs only that batch's drivers: the new instance says abort, and keeps the
+// sockets of the first batch, each still the socket bound at its path, to serve once it holds
+// the directory.
+func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	lock := lockedFile(t, dir)
+	socket := func(name string) (*Driver, *os.File) {
+		path := filepath.Join(dir, name+"-reg.sock")
+		l, err := testkit.ListenUnlinked(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		hs := handedSocket(t, l, path)
+		return &Driver{Spec: config.Driver{Name: name}, Sockets: []*Socket{hs}}, hs.File
+	}
+	first, firstFile := socket("first.example.com")
+	second, secondFile := socket("second.example.com")
+	answers := make(chan []string, 1)
+	fakeHolder(t, dir, func(hc Conn) {
+		var got []string
+		defer func() { answers <- got }()
+		if hc.Send(&Msg{Type: MsgWelcome, Version: 2}) != nil {
+			return
+		}
+		for {
+			m, fs, err := hc.Recv()
+			CloseAll(fs)
+			if err != nil {
+				return
+			}
+			got = append(got, m.Type)
+			if m.Type != MsgTake {
+				continue
+			}
+			hc.Send(&Msg{Type: MsgBatch, Version: 2, Drivers: []*Driver{first}, Sockets: 1}, firstFile)
+			hc.Send(&Msg{Type: MsgBatch, Version: 1, Drivers: []*Driver{second}, Sockets: 1, Last: true, Lock: true}, secondFile, lock)
+		}
+	})
+	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	if err == nil || got != nil {
+		got.Close()
+		t.Fatalf("Ask took a hand-over whose last batch is in another version: err %v", err)
+	}
+	t.Logf("Ask: %v", err)
+	defer snap.Close()
+	if a := fmt.Sprint(<-answers); a != "[take abort]" {
+		t.Errorf("the new instance answered %s, want [take abort]", a)
+	}
+	if snap.Len() != 1 || snap.Sockets() != 1 {
+		t.Fatalf("kept %d drivers and %d sockets, want the first batch's: 1 and 1", snap.Len(), snap.Sockets())
+	}
+	hd := snap.Take("first.example.com")
+	if hd == nil {
+		t.Fatal("the first batch's driver is not kept")
+	}
+	defer hd.Close()
+	if err := hd.Sockets[0].Check(); err != nil {
+		t.Errorf("the first batch's socket, kept: %v", err)
 	}
 }

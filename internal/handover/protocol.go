@@ -1,100 +1,81 @@
-// Package handover passes the registration directory from the instance that holds it to a
-// new one (a DaemonSet's next pod, during a rolling update) without kubelet seeing any change: the
-// registration sockets stay the same files, listening all along, and only the process that
-// accepts on them changes — what Envoy, HAProxy and nginx do for binary upgrades, across pods
-// instead of fork and exec.
-//
-// The holder listens on Name in the directory (0600; a leading dot, which kubelet
-// ignores). A new instance that finds the lock held connects there; the exchange is a few
-// messages on a SOCK_SEQPACKET connection, each one JSON document with its descriptors
-// (SCM_RIGHTS):
-//
-//	new → holder   hello     {version range}
-//	holder → new   refuse    {reason}                    (the new instance waits for the lock)
-//	holder → new   welcome   {version}                   (version 2 on)
-//	new → holder   take                                  (version 2 on)
-//	holder → new   batch …   {drivers}, their listening sockets; the last batch also carries
-//	                         the lock file's descriptor
-//	new → holder   ack       (or abort {reason})
-//	holder → new   released  the holder has closed its lock descriptor and serves nothing
-//
-// In version 1 the batches follow the hello at once; version 2 adds welcome and take, so that a
-// hello alone pauses nothing: the holder stops its loops only once the new instance has read
-// the version picked and said take, within HelloTimeout of the welcome.
-// A flock belongs to the open file, not to a process: once the lock's descriptor is passed,
-// both hold the directory until the holder closes its copy, so that it is never free for a
-// third instance in between. The new instance locks the descriptor it received before it
-// acknowledges (a copy of the holder's open file succeeds; another open of the lock file
-// fails), and serves only once told released. Between take (version 1: hello) and released
-// the holder's loops are stopped, for PauseTimeout at most (the kernel queues kubelet's
-// connections on the sockets meanwhile), and its reloader waits; nothing stops before.
-//
-// When anything goes wrong before the ack, the holder keeps the directory — it never let go
-// of its open file of the lock — and resumes its loops from what it would have handed over;
-// the new instance lets go of its copy of the lock and waits for the lock as a standby,
-// keeping the sockets it received, which it serves if it gets the lock while they are still
-// the files at their paths (the holder died). A new instance that acknowledged and gets no
-// release does the same: the holder let go only if it got the ack, and then the lock is free
-// once the new instance closed its copy.
-//
-// The new instance trusts nothing it can check: a socket is served only if the descriptor
-// is the socket bound at its path (Socket.Check), only registration sockets of the directory
-// are kept (and ever removed), and the lock's descriptor must hold the lock.
 package handover
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
-	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
-// HandoverName is the socket a holder listens on for a new instance, in the registration
-// directory.
+// Name is the socket a holder listens on for a new instance, in the registration directory.
 const Name = ".multireg.handover"
 
-// The hand-over protocol versions this build speaks. A new version is added when the message
-// changes in a way an older peer would misread; each side says the range it speaks, and the
-// holder picks the highest both speak or refuses.
+// The hand-over protocol versions this build speaks (the package comment: Versions).
 const (
-	handoverMinVersion = 1
-	handoverMaxVersion = 2
+	minVersion = 1
+	maxVersion = 2
 )
 
 // takeVersion is the first version in which the new instance says take before the holder
 // stops its loops.
 const takeVersion = 2
 
-// Bounds of a hand-over.
-var (
-	// handoverStep bounds each read of a hand-over: a peer that does not answer within it has
-	// failed (variable, so that tests can shorten it).
-	StepTimeout = 5 * time.Second
-	// handoverBatch is how many drivers one batch carries at most: two descriptors each, well
-	// under the kernel's 253 per message.
-	handoverBatch = 64
+// Timeouts bound a hand-over's steps. A zero field takes its default.
+type Timeouts struct {
+	// Step bounds each read of a hand-over, on either side, and each write: a peer that does
+	// not answer within it has failed. Default DefaultStepTimeout.
+	Step time.Duration
+	// Hello bounds the holder's wait for a request's hello, and for its take after the
+	// welcome: a connection that says nothing costs no more, and pauses nothing. Default
+	// DefaultHelloTimeout.
+	Hello time.Duration
+	// Pause bounds what a hand-over pauses: from the moment the holder's loops stop until the
+	// new instance acknowledges, every batch sent and the ack received. A new instance
+	// acknowledges as soon as it has the batches and has locked the lock's descriptor.
+	// Default DefaultPauseTimeout.
+	Pause time.Duration
+}
+
+// The default Timeouts.
+const (
+	DefaultStepTimeout  = 5 * time.Second
+	DefaultHelloTimeout = time.Second
+	DefaultPauseTimeout = time.Second
 )
+
+// orDefaults is t with its zero fields at their defaults.
+func (t Timeouts) orDefaults() Timeouts {
+	if t.Step <= 0 {
+		t.Step = DefaultStepTimeout
+	}
+	if t.Hello <= 0 {
+		t.Hello = DefaultHelloTimeout
+	}
+	if t.Pause <= 0 {
+		t.Pause = DefaultPauseTimeout
+	}
+	return t
+}
 
 const (
+	// batchDrivers is how many drivers one batch carries at most: two descriptors each, well
+	// under the kernel's 253 per message.
+	batchDrivers = 64
 	// maxBatchBytes bounds a batch's JSON, far below the default send buffer of a unix socket
 	// (net.core.wmem_default, 208 KiB), which a SOCK_SEQPACKET message must fit whole. A
-	// driver's part is a few KiB at most (its status's last error is cut short by its owner).
+	// driver's part is a few KiB at most (its last error is cut short: maxLastError).
 	maxBatchBytes = 64 << 10
-	// maxHandoverMessage bounds what a reader accepts.
-	maxHandoverMessage = 1 << 20
+	// maxMessage bounds what a reader accepts.
+	maxMessage = 1 << 20
 )
 
-// handoverMsg is one message of a hand-over.
+// Msg is one message of a hand-over.
 type Msg struct {
 	Type string `json:"type"` // hello, refuse, welcome, take, batch, ack, abort, released
 	// MinVersion and Version: the range the new instance speaks (hello); the version picked
@@ -102,8 +83,9 @@ type Msg struct {
 	MinVersion int    `json:"minVersion,omitempty"`
 	Version    int    `json:"version,omitempty"`
 	Reason     string `json:"reason,omitempty"` // refuse, abort
-	// Drivers are the batch's drivers; the descriptors of their sockets come with the
-	// message, in order, then the lock's when Lock is set (the last batch).
+	// Drivers are the batch's drivers (on the wire as wire.go says); the descriptors of their
+	// sockets come with the message, in order, then the lock's when Lock is set (the last
+	// batch).
 	Drivers []*Driver `json:"drivers,omitempty"`
 	Lock    bool      `json:"lock,omitempty"`
 	Last    bool      `json:"last,omitempty"`
@@ -111,30 +93,27 @@ type Msg struct {
 	Sockets int `json:"sockets,omitempty"`
 }
 
-// wireID is a fsid.ID in a message.
-type WireID struct {
-	Dev   uint64 `json:"dev"`
-	Ino   uint64 `json:"ino"`
-	CSec  int64  `json:"ctimeSec"`
-	CNsec int64  `json:"ctimeNsec"`
-}
-
-// toWire and id convert the change time through int64 seconds and nanoseconds: a
-// Timespec's fields are 32-bit on 32-bit platforms (linux/arm).
-func ToWire(id fsid.ID) WireID {
-	sec, nsec := id.Ctime.Unix()
-	return WireID{Dev: id.Dev, Ino: id.Ino, CSec: sec, CNsec: nsec}
-}
-
-func (w WireID) ID() fsid.ID {
-	return fsid.ID{Dev: w.Dev, Ino: w.Ino, Ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
-}
-
 // Conn is one end of a hand-over connection.
 type Conn struct {
 	c *net.UnixConn
-	// until, if set, bounds every step from now on, besides StepTimeout.
+	// step bounds each read and write (Timeouts.Step); 0: DefaultStepTimeout.
+	step time.Duration
+	// until, if set, bounds every step from now on, besides step.
 	until time.Time
+}
+
+// WithStep is h with each read and write bounded by step.
+func (h Conn) WithStep(step time.Duration) Conn {
+	h.step = step
+	return h
+}
+
+// stepTimeout is the bound of each read and write.
+func (h Conn) stepTimeout() time.Duration {
+	if h.step <= 0 {
+		return DefaultStepTimeout
+	}
+	return h.step
 }
 
 // deadline is the deadline of a step of timeout that starts now.
@@ -158,7 +137,7 @@ func (h Conn) Send(m *Msg, files ...*os.File) error {
 	if err != nil {
 		return err
 	}
-	if len(b) > maxHandoverMessage {
+	if len(b) > maxMessage {
 		return fmt.Errorf("hand-over message of %d bytes is too large", len(b))
 	}
 	fds := make([]int, 0, len(files))
@@ -173,7 +152,7 @@ func (h Conn) Send(m *Msg, files ...*os.File) error {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	h.c.SetWriteDeadline(h.deadline(StepTimeout))
+	h.c.SetWriteDeadline(h.deadline(h.stepTimeout()))
 	n, oobn, err := h.c.WriteMsgUnix(b, oob, nil)
 	if err != nil {
 		return fmt.Errorf("send %s: %w", m.Type, unwrapOp(err))
@@ -186,19 +165,19 @@ func (h Conn) Send(m *Msg, files ...*os.File) error {
 
 // Recv reads one message and its descriptors, which the caller owns. It fails on a message
 // or descriptors cut short, on the end of the connection (io.EOF) and when nothing comes
-// within handoverStep.
+// within the step's bound.
 func (h Conn) Recv() (*Msg, []*os.File, error) {
-	return h.recv(maxHandoverMessage, StepTimeout)
+	return h.recv(maxMessage, h.stepTimeout())
 }
 
-// recvShort reads a message of type typ that opens a request (hello, take), within
-// HelloTimeout and helloBytes. Descriptors that come with it are closed.
-func (h Conn) recvShort(typ string) (*Msg, error) {
-	m, files, err := h.recv(helloBytes, HelloTimeout)
+// recvShort reads a message of type typ that opens a request (hello, take), within timeout
+// and helloBytes. Descriptors that come with it are closed.
+func (h Conn) recvShort(typ string, timeout time.Duration) (*Msg, error) {
+	m, files, err := h.recv(helloBytes, timeout)
 	CloseAll(files)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("no %s within %s: %w", typ, HelloTimeout, err)
+		return nil, fmt.Errorf("no %s within %s: %w", typ, timeout, err)
 	case m.Type != typ:
 		return nil, fmt.Errorf("a %q message where a %s belongs", m.Type, typ)
 	}
@@ -208,7 +187,7 @@ func (h Conn) recvShort(typ string) (*Msg, error) {
 // recv is Recv of a message of at most size bytes, within timeout.
 func (h Conn) recv(size int, timeout time.Duration) (*Msg, []*os.File, error) {
 	b := make([]byte, size)
-	oob := make([]byte, unix.CmsgSpace(4*(2*handoverBatch+1)))
+	oob := make([]byte, unix.CmsgSpace(4*(2*batchDrivers+1)))
 	h.c.SetReadDeadline(h.deadline(timeout))
 	n, oobn, flags, _, err := h.c.ReadMsgUnix(b, oob)
 	files, ferr := receivedFiles(oob[:oobn])
@@ -273,6 +252,7 @@ func rawFD(f *os.File) (int, error) {
 	return fd, nil
 }
 
+// CloseAll closes files.
 func CloseAll(files []*os.File) {
 	for _, f := range files {
 		f.Close()
@@ -293,8 +273,8 @@ func sameUser(c *net.UnixConn) error {
 	return nil
 }
 
-// listenHandover listens for hand-over requests at dir's HandoverName, replacing what an
-// earlier holder left there: only the holder of the directory's lock calls it. The socket is
+// Listen listens for hand-over requests at dir's Name, replacing what an earlier holder left
+// there: only the holder of the directory's lock calls it. The socket is
 // published as a registration socket is (sockfile.Publish): 0600 from the moment it has its name, and
 // not unlinked when closed, since by then a new holder may have put its own there.
 func Listen(dir string) (*net.UnixListener, error) {
@@ -305,7 +285,7 @@ func Listen(dir string) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// dialHandover connects to the holder of dir. It fails at once when no holder listens (an
+// Dial connects to the holder of dir. It fails at once when no holder listens (an
 // older multireg, or one that stopped): the caller then waits for the lock.
 func Dial(dir string) (Conn, error) {
 	path := filepath.Join(dir, Name)
@@ -320,17 +300,16 @@ func Dial(dir string) (Conn, error) {
 	return Conn{c: c}, nil
 }
 
-// protocolRange is the range of hand-over versions this process speaks. The environment
-// variable MULTIREG_TEST_HANDOVER_PROTOCOL, for tests only, makes it speak one version
-// (0: none, like a release without hand-over: it neither listens nor asks).
+// protocolRange is the range of hand-over versions this process speaks: minVersion to
+// maxVersion, or the one a fault-injecting build is pinned to (pinnedVersion).
 func protocolRange() (lo, hi int) {
-	if v, err := strconv.Atoi(os.Getenv("MULTIREG_TEST_HANDOVER_PROTOCOL")); err == nil {
+	if v, ok := pinnedVersion(); ok {
 		return v, v
 	}
-	return handoverMinVersion, handoverMaxVersion
+	return minVersion, maxVersion
 }
 
-// handoverEnabled reports whether this process takes part in hand-overs at all.
+// Enabled reports whether this process takes part in hand-overs at all.
 func Enabled() bool {
 	_, hi := protocolRange()
 	return hi > 0
@@ -344,15 +323,4 @@ func pickVersion(peerLo, peerHi int) int {
 		return 0
 	}
 	return v
-}
-
-// halt stops a hand-over at a named step for tests that kill a side there: the environment
-// variable MULTIREG_TEST_HANDOVER_HALT names "<side>:<step>" (side holder or new). The process
-// logs it and blocks until killed. Nothing else reads the variable.
-func halt(log *slog.Logger, side, step string, args ...any) {
-	if os.Getenv("MULTIREG_TEST_HANDOVER_HALT") != side+":"+step {
-		return
-	}
-	log.Warn("hand-over halted for a test", append([]any{"side", side, "step", step}, args...)...)
-	select {}
 }

@@ -20,15 +20,15 @@ func TestWireIDRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := json.Marshal(ToWire(id))
+	b, err := json.Marshal(idWire(id))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w WireID
+	var w wireID
 	if err := json.Unmarshal(b, &w); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.ID(); got != id {
+	if got := w.id(); got != id {
 		t.Errorf("identity after the wire = %+v; want %+v (message %s)", got, id, b)
 	}
 }

@@ -1,7 +1,6 @@
 package handover
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -26,54 +25,76 @@ type Snapshot struct {
 }
 
 // Driver is one driver's part of a hand-over: enough for its loop to go on exactly
-// where the other instance's stood.
+// where the other instance's stood. A batch carries it as wire.go says.
 type Driver struct {
 	// Spec is the driver as the handing instance ran it: the new instance serves the sockets
-	// only when its own configuration registers the driver the same way.
-	Spec config.Driver `json:"spec"`
+	// only when its own configuration registers the driver the same way (RegistersAs). Of a
+	// driver received, the fields the predecessor did not send are zero (unsent).
+	Spec config.Driver
 	// Endpoint and LocalEndpoint: the target the loop registered (a pattern's match).
-	Endpoint      string `json:"endpoint"`
-	LocalEndpoint string `json:"localEndpoint"`
+	Endpoint      string
+	LocalEndpoint string
 	// EndpointID is the endpoint's socket as last probed: another one means the driver
 	// restarted meanwhile.
-	EndpointID WireID `json:"endpointID"`
+	EndpointID fsid.ID
 	// NodeInfo is a CSI driver's NodeGetInfo answer recorded at registration (protobuf).
-	NodeInfo []byte `json:"nodeInfo,omitempty"`
-	// Status is the loop's status (phase, counters, last error, next attempt) as its owner
-	// encodes it.
-	Status json.RawMessage `json:"status"`
-	// Timeout is the registration timeout in force; Failures how many failures the backoff
-	// has counted since it was last reset.
-	Timeout  time.Duration `json:"timeout"`
-	Failures int           `json:"failures"`
-	Sockets  []*Socket     `json:"sockets,omitempty"`
+	NodeInfo []byte
+	// Status is where the loop stood.
+	Status Status
+	// Timeout is the registration timeout in force; 0: the receiver's own. Failures is how
+	// many failures the backoff has counted since it was last reset.
+	Timeout  time.Duration
+	Failures int
+	Sockets  []*Socket
+	// unsent: the fields deciding a registration that the predecessor did not send.
+	unsent unsent
+}
+
+// Status is where a driver's loop stood: what its status says, as the next loop takes it on.
+// Fields a predecessor did not send are zero: an empty Phase, a zero Since (the receiver
+// decides them from the sockets it serves).
+type Status struct {
+	Phase      string
+	Socket     string
+	EndpointUp bool
+	Absent     bool
+	// Attempts, Failures, Results, Recreations and EndpointRestarts are the loop's counters.
+	Attempts         int
+	Failures         int
+	Results          map[string]int
+	Recreations      map[string]int
+	EndpointRestarts int
+	HeldByOther      bool
+	// LastError is cut short on the wire (maxLastError).
+	LastError   string
+	Since       time.Time
+	NextAttempt time.Time
 }
 
 // Socket is one listening registration socket.
 type Socket struct {
-	// Prev: the previous generation of a DRA driver's endpoint hand-over (pattern.go), kept
-	// until its successor is registered.
-	Prev       bool   `json:"prev,omitempty"`
-	Path       string `json:"path"`
-	ID         WireID `json:"id"`
-	Generation uint64 `json:"generation"`
-	Registered bool   `json:"registered"`
+	// Prev: the previous generation of an endpoint's rollover to a new instance (a DRA
+	// driver's or a device plugin's second socket), kept until its successor is registered.
+	Prev       bool
+	Path       string
+	ID         fsid.ID
+	Generation uint64
+	Registered bool
 	// AwaitsVerdict: kubelet asked GetInfo and its verdict has not come: it may reach the new
 	// instance, on a connection of its own.
-	AwaitsVerdict bool   `json:"awaitsVerdict,omitempty"`
-	Endpoint      string `json:"endpoint"`
-	LocalEndpoint string `json:"localEndpoint"`
+	AwaitsVerdict bool
+	Endpoint      string
+	LocalEndpoint string
 	// Versions are the supportedVersions the socket's GetInfo answers (the driver's, and the
-	// health services detected: health.go). An older instance does not send them: it
-	// answered the configured ones.
-	Versions []string `json:"versions,omitempty"`
+	// health services detected). nil: the configured ones.
+	Versions []string
 
 	// File is the listening socket; nil once taken. Its owner closes it.
-	File *os.File `json:"-"`
+	File *os.File
 	// Own: the socket is this process's own (its loops detached it, and run again from it
 	// after a hand-over that failed, or after the successor ended): no predecessor vouches
 	// for it, so Check need not connect to it.
-	Own bool `json:"-"`
+	Own bool
 }
 
 // Len is the number of drivers in s.
@@ -91,7 +112,7 @@ func (s *Snapshot) Sockets() int {
 
 // Alive is the number of sockets of s that are still the files at their paths.
 func (s *Snapshot) Alive() int {
-	return s.count(func(hs *Socket) bool { return socketAt(hs.Path, hs.ID.ID()) == nil })
+	return s.count(func(hs *Socket) bool { return socketAt(hs.Path, hs.ID) == nil })
 }
 
 // count is the number of sockets s holds for which ok holds.
@@ -229,7 +250,7 @@ func (h *Driver) Retire(log *slog.Logger) {
 			log.Info("a handed-over socket no driver takes is left alone: it is not the socket handed over", "socket", hs.Path, "err", err)
 			continue
 		}
-		if removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID.ID()); err != nil {
+		if removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID); err != nil {
 			log.Warn("remove registration socket", "socket", hs.Path, "err", err)
 		} else if removed {
 			log.Info("registration socket removed; kubelet deregisters the plugin", "socket", hs.Path)
@@ -247,7 +268,7 @@ func (hs *Socket) Check() error {
 	if err := isListeningUnixStream(hs.File); err != nil {
 		return err
 	}
-	if err := socketAt(hs.Path, hs.ID.ID()); err != nil {
+	if err := socketAt(hs.Path, hs.ID); err != nil {
 		return err
 	}
 	if hs.Own {

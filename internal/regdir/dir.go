@@ -58,6 +58,7 @@ type Dir struct {
 	wg          sync.WaitGroup
 	closed      chan struct{}
 	once        sync.Once
+	timeouts    handover.Timeouts // bound the hand-overs served (Options.Handover)
 }
 
 // Options say how Open takes the directory.
@@ -72,6 +73,8 @@ type Options struct {
 	Inherited *handover.Snapshot
 	// Standby, if set, is called when this process starts waiting for the directory, with why.
 	Standby func(why string)
+	// Handover bounds the steps of the hand-overs Run serves (zero: the defaults).
+	Handover handover.Timeouts
 }
 
 // Open takes the registration directory of cfg, creating it (mode 0750) if missing. While
@@ -102,7 +105,8 @@ func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, op
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
 	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), applied: make(chan struct{}), closed: make(chan struct{}),
-		slots: make(chan struct{}, maxRequests), handed: make(chan error, 1), inflight: map[*net.UnixConn]struct{}{}}
+		slots: make(chan struct{}, maxRequests), handed: make(chan error, 1), inflight: map[*net.UnixConn]struct{}{},
+		timeouts: opts.Handover}
 	d.rec.log = log
 	d.listen(cfg.RegistrationDir)
 	return d, snap, nil
@@ -179,7 +183,7 @@ func (d *Dir) listen(dir string) {
 }
 
 // maxRequests bounds the hand-over requests served at once: each costs a goroutine and
-// HelloTimeout at most when it says nothing.
+// handover.Timeouts.Hello at most when it says nothing.
 const maxRequests = 256
 
 // serve serves the hand-over request c on a goroutine of its own, which frees c's slot; a
@@ -330,7 +334,7 @@ func (d *Dir) Run(ctx context.Context, h handover.Holder) error {
 	var requests <-chan *net.UnixConn // once a configuration is applied
 	var srv *handover.Server
 	if h != nil {
-		srv = handover.NewServer(h, held{d}, d.log)
+		srv = handover.NewServer(h, held{d}, d.log, d.timeouts)
 	}
 	for {
 		select {

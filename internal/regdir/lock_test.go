@@ -97,7 +97,13 @@ func TestDirRemovesOnlyOurTempSockets(t *testing.T) {
 // openDir opens the registration directory dir for one test, and closes it at its end.
 func openDir(t *testing.T, dir string) *Dir {
 	t.Helper()
-	d, _, err := Open(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testkit.Logger(t), Options{})
+	return openDirWith(t, dir, Options{})
+}
+
+// openDirWith is openDir with opts.
+func openDirWith(t *testing.T, dir string, opts Options) *Dir {
+	t.Helper()
+	d, _, err := Open(context.Background(), &config.RegistrarConfig{RegistrationDir: dir}, testkit.Logger(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

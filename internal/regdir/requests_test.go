@@ -20,13 +20,10 @@ func (idleHolder) Release()                    {}
 
 // TestDirServesRequestsConcurrently (issue 28, 9): the requests being served are the Dir's
 // own: more silent ones than are served at once wait in the kernel's queue, and Close ends
-// those being served at once, rather than after their HelloTimeout, and waits for them.
+// those being served at once, rather than after their hello's timeout, and waits for them.
 func TestDirServesRequestsConcurrently(t *testing.T) {
-	hello := handover.HelloTimeout
-	handover.HelloTimeout = time.Minute
-	t.Cleanup(func() { handover.HelloTimeout = hello })
 	dir := filepath.Join(testkit.ShortDir(t), "reg")
-	d := openDir(t, dir)
+	d := openDirWith(t, dir, Options{Handover: handover.Timeouts{Hello: time.Minute}})
 	d.Record(&config.RegistrarConfig{RegistrationDir: dir}) // applied: requests are served from now on
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
@@ -59,7 +56,7 @@ func TestDirServesRequestsConcurrently(t *testing.T) {
 	select {
 	case <-closed:
 	case <-time.After(10 * time.Second):
-		t.Fatal("Close waits for the silent requests' HelloTimeout (a minute)")
+		t.Fatal("Close waits for the silent requests' hello timeout (a minute)")
 	}
 	if n := inflight(); n != 0 {
 		t.Errorf("%d requests still served after Close", n)

@@ -33,6 +33,7 @@ type Hub struct {
 	dead    bool // the loop ended on an error
 
 	// The bounds (limits.go) and the descriptor budget (budget.go).
+	lim       limits
 	fdLimit   int
 	fdReserve int                // descriptors the sockets leave to the rest (budget.go)
 	nsocks    int                // sockets counted against fdLimit, and slots claimed
@@ -65,7 +66,7 @@ func NewHub(log *slog.Logger) (*Hub, error) {
 		return nil, err
 	}
 	return &Hub{
-		log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{}),
+		log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{}), lim: defaultLimits(),
 		fdLimit: fdLimit(), fdReserve: openFDs() + SpareFDs, conns: map[*conn]struct{}{}, calls: map[*call]struct{}{},
 		refusals: throttle.Warning{Every: throttle.Interval},
 	}, nil

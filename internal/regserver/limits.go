@@ -21,39 +21,44 @@ import (
 // on the same connection once the plugin's handler is done (seconds, sometimes minutes, later),
 // one call at a time, each request a few hundred bytes sent whole; then it closes. Anything
 // slower or larger is not kubelet, and is cut so that kubelet always finds room.
-//
-// Variables, not constants, for the tests alone.
-var (
+type limits struct {
 	// firstCallTimeout: a connection on which no call began this long after it was accepted
 	// is closed (an HTTP/2 preface alone, or a header block that never ends).
-	firstCallTimeout = 10 * time.Second
+	firstCallTimeout time.Duration
 	// callTimeout bounds a call from its headers to its end: the request must arrive whole,
 	// and the reply be taken, within it (kubelet allows GetInfo 1 s, the verdict 5 s).
-	callTimeout = 10 * time.Second
+	callTimeout time.Duration
 	// maxConnsPerSocket: connections one socket may hold. A new one beyond it takes the place
 	// of the socket's connection idle the longest (no call in flight), or is refused.
-	maxConnsPerSocket = 4
+	maxConnsPerSocket int
 	// maxConns: connections the process may hold beyond one per socket served (kubelet
 	// registering every socket at once holds one to each: 1000 drivers, 1000 connections),
 	// beyond which a socket admits only its reserve (socketReserve connections), up to maxConns
 	// more: a socket kubelet has yet to register, under a flood of the others, still gets
-	// kubelet's connection. A connection
-	// under a flood of data costs some 250 KiB, measured. The descriptor budget
-	// (Hub.Budget) bounds them too.
-	maxConns = 256
+	// kubelet's connection. A connection under a flood of data costs some 250 KiB, measured.
+	// The descriptor budget (Hub.Budget) bounds them too.
+	maxConns int
 	// socketReserve: connections a socket admits whatever the process holds.
-	socketReserve = 1
+	socketReserve int
 	// maxCalls: calls in flight in the process beyond one per socket served (kubelet makes one
 	// call at a time on each socket's connection). Each may buffer a request of up to
-	// maxRequest. A new call beyond it takes the place of the oldest call in flight for at
-	// least stalledCall, or is refused with ResourceExhausted. Kubelet's calls take
-	// milliseconds: the oldest call is a stalled one, and a new call always gets in, however
-	// fast a flood's arrive (a flood's calls younger than stalledCall would otherwise keep
-	// kubelet's out).
-	maxCalls = 32
-	// stalledCall: a call in flight this long may be cut for a new one; 0 but for tests.
-	stalledCall time.Duration
-)
+	// maxRequest. A new call beyond it takes the place of the oldest call in flight, or is
+	// refused with ResourceExhausted. Kubelet's calls take milliseconds: the oldest call is a
+	// stalled one, and a new call always gets in, however fast a flood's arrive.
+	maxCalls int
+}
+
+// defaultLimits are the limits of every hub; the package's tests lower them on theirs.
+func defaultLimits() limits {
+	return limits{
+		firstCallTimeout:  10 * time.Second,
+		callTimeout:       10 * time.Second,
+		maxConnsPerSocket: 4,
+		maxConns:          256,
+		socketReserve:     1,
+		maxCalls:          32,
+	}
+}
 
 // conn is what the hub and a generation's server know of one accepted connection. It is the
 // connection's gRPC AuthInfo, so that a call finds it (connOf). Fields below c are the hub's,
@@ -92,11 +97,11 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 	pid := peerPID(c)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if g.nconns >= maxConnsPerSocket && !h.evictFair(g, pid) {
+	if g.nconns >= h.lim.maxConnsPerSocket && !h.evictFair(g, pid) {
 		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, those of this connection's process each with a call in flight", g.nconns))
 		return nil
 	}
-	if limit := h.connLimit(); (g.nconns >= socketReserve || len(h.conns) >= limit+maxConns) && len(h.conns) >= limit && !h.evict(nil, true) {
+	if limit := h.connLimit(); (g.nconns >= h.lim.socketReserve || len(h.conns) >= limit+h.lim.maxConns) && len(h.conns) >= limit && !h.evict(nil, true) {
 		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", len(h.conns)))
 		return nil
 	}
@@ -107,7 +112,7 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 	now := time.Now()
 	cn := &conn{id: connIDs.Add(1), c: c, g: g, pid: pid, last: now}
 	cn.CommonAuthInfo = credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
-	cn.timer = time.AfterFunc(firstCallTimeout, func() { h.noCall(cn) })
+	cn.timer = time.AfterFunc(h.lim.firstCallTimeout, func() { h.noCall(cn) })
 	g.nconns++
 	h.conns[cn] = struct{}{}
 	return cn
@@ -217,7 +222,7 @@ func (h *Hub) refused(what, path, why string) {
 	}
 }
 
-// noCall closes cn when no call began on it in firstCallTimeout.
+// noCall closes cn when no call began on it in the first call's timeout.
 func (h *Hub) noCall(cn *conn) {
 	h.mu.Lock()
 	if _, admitted := h.conns[cn]; cn.began || !admitted {
@@ -225,7 +230,7 @@ func (h *Hub) noCall(cn *conn) {
 		return
 	}
 	h.closeConn(cn)
-	h.refused("connection", cn.g.path, fmt.Sprintf("no call began on it within %s", firstCallTimeout))
+	h.refused("connection", cn.g.path, fmt.Sprintf("no call began on it within %s", h.lim.firstCallTimeout))
 	h.mu.Unlock()
 	cn.g.forget(cn)
 }
@@ -254,11 +259,11 @@ func (h *Hub) closeConn(cn *conn) {
 
 // connLimit is how many connections the process holds before a socket admits only its
 // reserve: maxConns, and one for each socket served. mu is held.
-func (h *Hub) connLimit() int { return maxConns + len(h.socks) }
+func (h *Hub) connLimit() int { return h.lim.maxConns + len(h.socks) }
 
 // callLimit is how many calls may be in flight before a new one cuts the oldest stalled one:
 // maxCalls, and one for each socket served. mu is held.
-func (h *Hub) callLimit() int { return maxCalls + len(h.socks) }
+func (h *Hub) callLimit() int { return h.lim.maxCalls + len(h.socks) }
 
 // tap admits a call whose headers arrived on a connection, giving it callTimeout; a call
 // beyond callLimit cuts the oldest stalled call, or is refused.
@@ -270,7 +275,7 @@ func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 		h.refused("call", cn.g.path, fmt.Sprintf("%d calls in flight on the registration sockets", len(h.calls)))
 		return nil, status.Error(codes.ResourceExhausted, "too many calls in flight on multireg's registration sockets; try again")
 	}
-	ctx, timeout := context.WithTimeoutCause(ctx, callTimeout, errCallTooLong)
+	ctx, timeout := context.WithTimeoutCause(ctx, h.lim.callTimeout, errCallTooLong)
 	ctx, cancel := context.WithCancelCause(ctx)
 	cl := &call{cn: cn, at: time.Now(), cancel: cancel, timeout: timeout}
 	h.calls[cl] = struct{}{}
@@ -285,8 +290,8 @@ func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	return withCall(ctx, cl), nil
 }
 
-// cutStalled cuts the oldest call in flight for over stalledCall; false when none is. mu is
-// held.
+// cutStalled cuts the oldest call in flight, a stalled one (kubelet's take milliseconds);
+// false when none is. mu is held.
 func (h *Hub) cutStalled() bool {
 	var old *call
 	for cl := range h.calls {
@@ -294,7 +299,7 @@ func (h *Hub) cutStalled() bool {
 			old = cl
 		}
 	}
-	if old == nil || time.Since(old.at) < stalledCall {
+	if old == nil {
 		return false
 	}
 	h.dropCall(old)

@@ -15,19 +15,11 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// set sets *v to x for the test.
-func set[T any](t *testing.T, v *T, x T) {
-	old := *v
-	*v = x
-	t.Cleanup(func() { *v = old })
-}
-
 // TestAConnectionWithoutACallIsClosed: a connection that sends the HTTP/2 preface and nothing
 // else is closed once firstCallTimeout has passed (issue 28, attack 2: 15,000 of them got
 // multireg OOM-killed), and kubelet's connections are served meanwhile.
 func TestAConnectionWithoutACallIsClosed(t *testing.T) {
-	set(t, &firstCallTimeout, 300*time.Millisecond)
-	_, gs := serveTest(t, 1)
+	_, gs := serveTestWith(t, 1, func(l *limits) { l.firstCallTimeout = 300 * time.Millisecond })
 	p := dialH2(t, gs[0].path)
 	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
 	if !p.closedWithin(10 * time.Second) {
@@ -39,8 +31,7 @@ func TestAConnectionWithoutACallIsClosed(t *testing.T) {
 // (gRPC reports nothing of a handshake that never ends) is closed once firstCallTimeout has
 // passed, and forgotten with it: the socket's server, with no other connection, is let go.
 func TestAConnectionThatNeverSpeaksIsForgotten(t *testing.T) {
-	set(t, &firstCallTimeout, 300*time.Millisecond)
-	_, gs := serveTest(t, 1)
+	_, gs := serveTestWith(t, 1, func(l *limits) { l.firstCallTimeout = 300 * time.Millisecond })
 	g := gs[0]
 	c, err := net.Dial("unix", g.path)
 	if err != nil {
@@ -62,8 +53,7 @@ func TestAConnectionThatNeverSpeaksIsForgotten(t *testing.T) {
 // headers (issue 28, attack 1: 100 connections each holding an unfinished 1 MiB request got
 // multireg OOM-killed). The connection goes on serving.
 func TestAnUnfinishedRequestIsCut(t *testing.T) {
-	set(t, &callTimeout, 500*time.Millisecond)
-	_, gs := serveTest(t, 1)
+	_, gs := serveTestWith(t, 1, func(l *limits) { l.callTimeout = 500 * time.Millisecond })
 	p := dialH2(t, gs[0].path)
 	p.call(1, "NotifyRegistrationStatus")
 	p.body(1, 1<<20, 16<<10)
@@ -88,8 +78,9 @@ func TestAnUnfinishedRequestIsCut(t *testing.T) {
 // while the others flood.
 func TestConnectionsToASocketAreBounded(t *testing.T) {
 	h, gs := serveTest(t, 1)
+	perSocket := h.lim.maxConnsPerSocket
 	var ps []*h2
-	for range 3 * maxConnsPerSocket {
+	for range 3 * perSocket {
 		ps = append(ps, dialH2(t, gs[0].path))
 	}
 	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "")
@@ -99,22 +90,21 @@ func TestConnectionsToASocketAreBounded(t *testing.T) {
 			open++
 		}
 	}
-	if open > maxConnsPerSocket {
-		t.Errorf("%d of the flood's %d connections still open, want at most %d", open, len(ps), maxConnsPerSocket)
+	if open > perSocket {
+		t.Errorf("%d of the flood's %d connections still open, want at most %d", open, len(ps), perSocket)
 	}
 	h.mu.Lock()
 	n := len(h.conns)
 	h.mu.Unlock()
-	if n > maxConnsPerSocket {
-		t.Errorf("the hub counts %d connections, want at most %d", n, maxConnsPerSocket)
+	if n > perSocket {
+		t.Errorf("the hub counts %d connections, want at most %d", n, perSocket)
 	}
 }
 
 // TestASocketKeepsItsReserve: with the process's connections at their limit (maxConns and one
 // per socket), a socket with none still admits kubelet's.
 func TestASocketKeepsItsReserve(t *testing.T) {
-	set(t, &maxConns, 2) // and 4 sockets: 6
-	_, gs := serveTest(t, 4)
+	_, gs := serveTestWith(t, 4, func(l *limits) { l.maxConns = 2 }) // and 4 sockets: 6
 	for i := range 3 {
 		for range 2 {
 			p := dialH2(t, gs[i].path)
@@ -142,8 +132,7 @@ func TestASocketKeepsItsReserve(t *testing.T) {
 // new call cuts the oldest stalled one, so kubelet's GetInfo is answered while unfinished
 // requests pile up.
 func TestStalledCallsMakeRoom(t *testing.T) {
-	set(t, &maxCalls, 1) // and 3 sockets: 4
-	h, gs := serveTest(t, 3)
+	h, gs := serveTestWith(t, 3, func(l *limits) { l.maxCalls = 1 }) // and 3 sockets: 4
 	var ps []*h2
 	for i := range 10 {
 		p := dialH2(t, gs[i%3].path) // within maxConnsPerSocket, kubelet's included
@@ -209,7 +198,7 @@ func TestAnAcceptTakesOneDescriptor(t *testing.T) {
 // verdict, is the last a flood of new connections to its socket closes: the verdict arrives.
 func TestKubeletsConnectionOutlastsAFlood(t *testing.T) {
 	g, k, verdicts := askedSocket(t)
-	for range 3 * maxConnsPerSocket {
+	for range 3 * defaultLimits().maxConnsPerSocket {
 		p := dialH2(t, g.path)
 		p.call(1, "NotifyRegistrationStatus")
 		p.fr.WriteData(1, true, make([]byte, 5))
@@ -250,10 +239,9 @@ func TestStopForgetsConnectionsInTheHandshake(t *testing.T) {
 // each, with a call on each: however few connections and calls the bounds allow beyond one
 // per socket, none of kubelet's is refused or cut.
 func TestKubeletsBurstIsNeverCut(t *testing.T) {
-	set(t, &maxConns, 1)
-	set(t, &maxCalls, 1)
+	one := func(l *limits) { l.maxConns, l.maxCalls = 1, 1 }
 	const n = 24
-	_, gs := serveTest(t, n)
+	_, gs := serveTestWith(t, n, one)
 	ks := make([]*testkit.Kubelet, n)
 	for i, g := range gs {
 		ks[i] = dialKubelet(t, g.path)

@@ -148,6 +148,7 @@ func TestBoundsOnACall(t *testing.T) {
 // the sockets got multireg OOM-killed (e2e/cmd/attack -drivers 1000 -kind unfinished).
 func TestRequestBuffersFitTheMemoryLimit(t *testing.T) {
 	const sockets, budget = 1000, 20 << 20
+	maxCalls := defaultLimits().maxCalls
 	if held := (maxCalls + sockets) * maxRequest; held > budget {
 		t.Errorf("%d calls of %d KiB hold %d MiB, over the %d MiB budget", maxCalls+sockets, maxRequest>>10, held>>20, budget>>20)
 	}
