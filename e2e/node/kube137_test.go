@@ -283,12 +283,11 @@ func scenarioDevicePluginRollingUpdate(t *testing.T, mr *hostMultireg, config st
 // old registration costs nothing kubelet's view can see (0 ms measured): kubelet deregisters
 // the old socket and registers the new one in one reconcile pass. The first move after a start
 // is registered beside the old instance, whose exit drops the devices: multireg sees the drop
-// (100 ms) and registers the new instance again in the path it withdrew from, which kubelet
-// registers in the next reconcile pass, or in the one after when the withdrawal is still being
-// processed (0.9-1.9 s measured). The bound leaves room for a loaded machine. A resource
+// (100 ms) and registers the new instance again in a third path, which kubelet registers in
+// its next reconcile pass (0.90-0.96 s measured). The bound leaves room for a loaded machine. A resource
 // stranded by a registration beside the old instance never comes back (until the plugin or
 // kubelet restarts).
-const maxShortOlder = 5 * time.Second
+const maxShortOlder = 2 * time.Second
 
 // registrationGetInfoAs calls GetInfo on a registration socket as a local client whose gRPC
 // user agent starts with agent (a probe, grpcurl, another registrar), not as kubelet.
