@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
@@ -277,12 +278,31 @@ func sameUser(c *net.UnixConn) error {
 // there: only the holder of the directory's lock calls it. The socket is
 // published as a registration socket is (sockfile.Publish): 0600 from the moment it has its name, and
 // not unlinked when closed, since by then a new holder may have put its own there.
-func Listen(dir string) (*net.UnixListener, error) {
-	l, _, err := sockfile.PublishAs("unixpacket", filepath.Join(dir, Name), nil)
+func Listen(dir string) (*Listener, error) {
+	path := filepath.Join(dir, Name)
+	l, id, err := sockfile.PublishAs("unixpacket", path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listen for hand-overs: %w", err)
 	}
-	return l, nil
+	return &Listener{UnixListener: l, path: path, id: id}, nil
+}
+
+// Listener is a holder's hand-over socket.
+type Listener struct {
+	*net.UnixListener
+	path string
+	id   fsid.ID
+}
+
+// Close stops accepting hand-overs and removes the socket, if it is still this one: a new
+// instance's socket, published over it, stays. A holder gone leaves nothing in kubelet's
+// registration directory (kubelet ignores the name, but an uninstall should leave none).
+func (l *Listener) Close() error {
+	err := l.UnixListener.Close()
+	if _, rerr := sockfile.RemoveIfOurs(l.path, l.id); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
 }
 
 // Dial connects to the holder of dir. It fails at once when no holder listens (an

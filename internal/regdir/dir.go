@@ -54,7 +54,7 @@ type Dir struct {
 	// hand-over requests, so that a snapshot holds every driver of the file.
 	applied     chan struct{}
 	appliedOnce sync.Once
-	hl          *net.UnixListener // nil when hand-overs are off or could not be listened for
+	hl          *handover.Listener // nil when hand-overs are off or could not be listened for
 	wg          sync.WaitGroup
 	closed      chan struct{}
 	once        sync.Once
