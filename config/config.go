@@ -119,8 +119,8 @@ type Driver struct {
 	SocketName string
 	// SocketPath is RegistrationDir joined with SocketName.
 	SocketPath string
-	// AltSocketPath is the second registration socket of a driver that hands its
-	// registration from one endpoint instance to the next (Handover); "" for the others.
+	// AltSocketPath is the second registration socket of a driver that rolls its
+	// registration over from one endpoint instance to the next (RollsOver); "" for the others.
 	AltSocketPath string
 	// Backoff paces retries after a failure.
 	Backoff Backoff
@@ -193,7 +193,7 @@ func (d Driver) socketPaths() []string {
 }
 
 // SocketNames are the file names of the driver's registration sockets in the registration
-// directory: SocketName, and the second one of a driver that hands its registration over.
+// directory: SocketName, and the second one of a driver that rolls its registration over.
 func (d Driver) SocketNames() []string {
 	paths := d.socketPaths()
 	for i, p := range paths {

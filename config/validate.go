@@ -109,7 +109,7 @@ func (d *Driver) resolve(p *field.Path, dir string, dpDirs []devicePluginDir, lo
 		errs = append(errs, checkSocketName(p.Child("socketName"), d.SocketName)...)
 	}
 	d.SocketPath = filepath.Join(dir, d.SocketName)
-	if d.Handover() {
+	if d.RollsOver() {
 		d.AltSocketPath = filepath.Join(dir, AltSocketName(d.SocketName))
 	}
 	return errs

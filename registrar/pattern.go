@@ -58,7 +58,7 @@ type match struct {
 // device plugin's when its new instances are registered beside the old ones (devicemoves.go).
 // A move under way is finished the way it started.
 func (d *driver) handover() bool {
-	return d.spec.HandsOverAlways() || d.spec.Handover() && (d.prev != nil || d.moves.beside())
+	return d.spec.AlwaysRollsOver() || d.spec.RollsOver() && (d.prev != nil || d.moves.beside())
 }
 
 // fixedTarget is the target of a driver without a pattern.

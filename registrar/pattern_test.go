@@ -23,7 +23,7 @@ import (
 func patternDriver(dir, typ, pattern string) config.Driver {
 	n := fixtureDrivers[typ]
 	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", pattern))
-	if d.Handover() {
+	if d.RollsOver() {
 		d.AltSocketPath = filepath.Join(filepath.Dir(d.SocketPath), config.AltSocketName(d.SocketName))
 	}
 	return d
