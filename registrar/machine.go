@@ -138,7 +138,6 @@ var transitions = []transition{
 	{stRestarting, evEndpointRenamed, stWaitingForEndpoint},
 	{stFallingBack, evEndpointUp, stRegistered},
 	{stFallingBack, evEndpointUp, stPublishing},
-	{stFallingBack, evEndpointRenamed, stWaitingForEndpoint},
 	{stPublishing, evPublished, stAwaitingVerdict},
 	{stPublishing, evPublishFailed, stBackingOff},
 	{stAwaitingVerdict, evAccepted, stRegistered},
