@@ -9,7 +9,6 @@ package config
 import (
 	"fmt"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -145,19 +144,34 @@ type Backoff struct {
 
 // Equal reports whether two resolved drivers are the same in every field.
 func (d Driver) Equal(o Driver) bool {
-	return d.Required == o.Required && d.SameRegistration(o)
+	return d.SameRegistration(o) && d.SamePolicy(o)
 }
 
-// SameRegistration reports whether two resolved drivers register the same way: they differ
-// at most in what only readiness reads (Required), which a running loop takes without
-// registering anew.
+// SameRegistration reports whether two resolved drivers register the same way: what kubelet
+// is told and where (name, type, endpoint and, for a pattern, how its matches are found,
+// advertised versions, the registration socket paths), and where multireg reaches the endpoint
+// (localEndpoint). Drivers that differ only in loop policy (SamePolicy) register the same way:
+// a running loop takes the new policy, and kubelet sees nothing.
 func (d Driver) SameRegistration(o Driver) bool {
-	d.Required, o.Required = false, false
-	if !slices.Equal(d.SupportedVersions, o.SupportedVersions) {
-		return false
-	}
-	d.SupportedVersions, o.SupportedVersions = nil, nil
-	return reflect.DeepEqual(d, o)
+	return d.Name == o.Name &&
+		d.Type == o.Type &&
+		d.Endpoint == o.Endpoint &&
+		d.LocalEndpoint == o.LocalEndpoint &&
+		slices.Equal(d.SupportedVersions, o.SupportedVersions) &&
+		d.SocketName == o.SocketName &&
+		d.SocketPath == o.SocketPath &&
+		d.AltSocketPath == o.AltSocketPath
+}
+
+// SamePolicy reports whether two resolved drivers have the same loop policy: how their loop
+// paces its attempts (backoff, registrationTimeout), whether it waits for the endpoint
+// (waitForEndpoint), and whether the driver's absence fails readiness (required). None of it
+// reaches kubelet.
+func (d Driver) SamePolicy(o Driver) bool {
+	return d.Backoff == o.Backoff &&
+		d.RegistrationTimeout == o.RegistrationTimeout &&
+		d.WaitForEndpoint == o.WaitForEndpoint &&
+		d.Required == o.Required
 }
 
 // Summary describes the configuration in one line, e.g.
