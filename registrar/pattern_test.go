@@ -224,8 +224,8 @@ func TestPatternDRARollover(t *testing.T) {
 // TestPatternDRANewInstanceDuringRegistration: a DRA driver's new instance answers after
 // kubelet asked the first socket's GetInfo and before its verdict: kubelet may hold that
 // registration already, so the socket stays, and the new instance is registered beside it
-// once the verdict is in (moving at once withdrew a registration kubelet had just made: a
-// second without any, seen on a real plugin manager).
+// once the verdict is in (moving at once would withdraw a registration kubelet may have just
+// made: a second without any).
 func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	var log testkit.Buffer
 	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
