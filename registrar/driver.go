@@ -31,6 +31,9 @@ var (
 // driver is one driver's registration loop. It owns its socket generations and every
 // failure: nothing it does blocks another driver.
 type driver struct {
+	// spec is the driver as configured. What it registers never changes; its loop policy
+	// (Backoff, RegistrationTimeout, WaitForEndpoint, Required) changes in the loop's goroutine
+	// only, when the loop takes a Reload (loop.applyPolicy).
 	spec    config.Driver
 	log     *slog.Logger
 	w       *fswatch.Watcher
