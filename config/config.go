@@ -9,7 +9,6 @@ package config
 import (
 	"fmt"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -119,8 +118,8 @@ type Driver struct {
 	SocketName string
 	// SocketPath is RegistrationDir joined with SocketName.
 	SocketPath string
-	// AltSocketPath is the second registration socket of a driver that hands its
-	// registration from one endpoint instance to the next (Handover); "" for the others.
+	// AltSocketPath is the second registration socket of a driver that rolls its
+	// registration over from one endpoint instance to the next (RollsOver); "" for the others.
 	AltSocketPath string
 	// SparePath is the third registration socket of a device plugin whose endpoint is a
 	// pattern (SpareSocketName; "" for the others): where its instance is registered when
@@ -150,20 +149,35 @@ type Backoff struct {
 
 // Equal reports whether two resolved drivers are the same in every field.
 func (d Driver) Equal(o Driver) bool {
-	return d.Required == o.Required && d.SameRegistration(o)
+	return d.SameRegistration(o) && d.SamePolicy(o)
 }
 
-// SameRegistration reports whether two resolved drivers register the same way: they differ
-// at most in what only readiness reads (Required), which a running loop takes without
-// registering anew.
+// SameRegistration reports whether two resolved drivers register the same way: what kubelet
+// is told and where (name, type, endpoint and, for a pattern, how its matches are found,
+// advertised versions, the registration socket paths), and where multireg reaches the endpoint
+// (localEndpoint). Drivers that differ only in loop policy (SamePolicy) register the same way:
+// a running loop takes the new policy, and kubelet sees nothing.
 func (d Driver) SameRegistration(o Driver) bool {
-	d.Required, o.Required = false, false
-	d.SparePath, o.SparePath = "", "" // derived from what is compared; an older instance's hand-over has none
-	if !slices.Equal(d.SupportedVersions, o.SupportedVersions) {
-		return false
-	}
-	d.SupportedVersions, o.SupportedVersions = nil, nil
-	return reflect.DeepEqual(d, o)
+	return d.Name == o.Name &&
+		d.Type == o.Type &&
+		d.Endpoint == o.Endpoint &&
+		d.LocalEndpoint == o.LocalEndpoint &&
+		slices.Equal(d.SupportedVersions, o.SupportedVersions) &&
+		d.SocketName == o.SocketName &&
+		d.SocketPath == o.SocketPath &&
+		d.AltSocketPath == o.AltSocketPath &&
+		d.SparePath == o.SparePath
+}
+
+// SamePolicy reports whether two resolved drivers have the same loop policy: how their loop
+// paces its attempts (backoff, registrationTimeout), whether it waits for the endpoint
+// (waitForEndpoint), and whether the driver's absence fails readiness (required). None of it
+// reaches kubelet.
+func (d Driver) SamePolicy(o Driver) bool {
+	return d.Backoff == o.Backoff &&
+		d.RegistrationTimeout == o.RegistrationTimeout &&
+		d.WaitForEndpoint == o.WaitForEndpoint &&
+		d.Required == o.Required
 }
 
 // Summary describes the configuration in one line, e.g.
@@ -196,12 +210,12 @@ func (d Driver) socketPaths() []string {
 
 // SetSocketPaths sets the driver's registration socket paths in the registration directory
 // dir from its SocketName, type and endpoint: SocketPath; AltSocketPath for a driver that
-// hands its registration from one endpoint instance to the next (Handover); SparePath for a
+// rolls its registration over from one endpoint instance to the next (RollsOver); SparePath for a
 // device plugin among those.
 func (d *Driver) SetSocketPaths(dir string) {
 	d.SocketPath = filepath.Join(dir, d.SocketName)
 	d.AltSocketPath, d.SparePath = "", ""
-	if d.Handover() {
+	if d.RollsOver() {
 		d.AltSocketPath = filepath.Join(dir, AltSocketName(d.SocketName))
 		if d.Type == DevicePlugin {
 			d.SparePath = filepath.Join(dir, SpareSocketName(d.SocketName))

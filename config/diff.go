@@ -7,10 +7,12 @@ type Plan struct {
 	Added []Driver
 	// Removed are drivers only in the old configuration, as they were configured there.
 	Removed []Driver
-	// Changed are drivers in both that register differently now, as configured now.
+	// Changed are drivers in both that register differently now (Driver.SameRegistration), as
+	// configured now: they are registered anew.
 	Changed []Driver
-	// Updated are drivers in both that differ only in what needs no new registration
-	// (Required), as configured now.
+	// Updated are drivers in both that differ only in loop policy (backoff,
+	// registrationTimeout, waitForEndpoint, required: Driver.SamePolicy), as configured now:
+	// their running loop takes the new policy, and kubelet sees nothing.
 	Updated []Driver
 }
 
@@ -21,8 +23,9 @@ func (p Plan) Empty() bool {
 
 // Diff compares two resolved configurations by driver name. A nil old configuration means
 // nothing runs yet; a nil new one means nothing should. Because drivers are compared after
-// defaults are folded in, a change of registrationDir or defaults marks every driver it
-// affects as changed, and an edit of comments or key order changes nothing.
+// defaults are folded in, a change of registrationDir marks every driver as changed, a change
+// of defaults marks every driver that inherits it as changed (or updated, for loop policy),
+// and an edit of comments or key order changes nothing.
 func Diff(old, new *RegistrarConfig) Plan {
 	var p Plan
 	before := map[string]Driver{}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -102,10 +103,10 @@ defaults:
 			changed: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"},
 		},
 		{
-			name:    "defaults change every driver that inherits them",
+			name:    "a default backoff updates every driver that inherits it",
 			old:     diffBase,
 			new:     diffBase + "defaults: {backoff: {initialInterval: 3s}}\n",
-			changed: []string{"a.csi.k8s.io", "vendor.example/gpu"},
+			updated: []string{"a.csi.k8s.io", "vendor.example/gpu"},
 		},
 		{
 			name:    "required changes no registration",
@@ -121,10 +122,47 @@ defaults:
 			updated: []string{"a.csi.k8s.io", "vendor.example/gpu"},
 		},
 		{
-			name:    "a default timeout changes every driver",
+			name:    "a default timeout updates every driver",
 			old:     diffBase,
 			new:     diffBase + "defaults: {registrationTimeout: 30s}\n",
-			changed: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"},
+			updated: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"},
+		},
+		{
+			name: "one driver's loop policy only",
+			old:  diffBase,
+			new: replace(diffBase, "backoff: {initialInterval: 3s}",
+				"backoff: {initialInterval: 1s, maxInterval: 10s, multiplier: 3, randomizationFactor: 0.5}\n    registrationTimeout: 10s\n    waitForEndpoint: false\n    required: true"),
+			updated: []string{"b.csi.k8s.io"},
+		},
+		{
+			name:    "a default waitForEndpoint updates every driver",
+			old:     diffBase,
+			new:     diffBase + "defaults: {waitForEndpoint: false}\n",
+			updated: []string{"a.csi.k8s.io", "b.csi.k8s.io", "vendor.example/gpu"},
+		},
+		{
+			name:    "loop policy with a versions list changes the driver",
+			old:     diffBase,
+			new:     replace(diffBase, "backoff: {initialInterval: 3s}", "backoff: {initialInterval: 1s}\n    supportedVersions: [\"1.2.0\"]"),
+			changed: []string{"b.csi.k8s.io"},
+		},
+		{
+			name:    "one localEndpoint",
+			old:     diffBase,
+			new:     replace(diffBase, "endpoint: /run/a/csi.sock", "endpoint: /run/a/csi.sock\n    localEndpoint: /host/run/a/csi.sock"),
+			changed: []string{"a.csi.k8s.io"},
+		},
+		{
+			name:    "one socketName",
+			old:     diffBase,
+			new:     replace(diffBase, "endpoint: /run/a/csi.sock", "endpoint: /run/a/csi.sock\n    socketName: a.sock"),
+			changed: []string{"a.csi.k8s.io"},
+		},
+		{
+			name:    "an endpoint made a pattern",
+			old:     diffBase,
+			new:     replace(diffBase, "/run/gpu/dp.sock", "/run/gpu/dp.*"),
+			changed: []string{"vendor.example/gpu"},
 		},
 	}
 	for _, tt := range tests {
@@ -171,3 +209,65 @@ func TestDiffCarriesSpecs(t *testing.T) {
 }
 
 func replace(s, old, new string) string { return strings.ReplaceAll(s, old, new) }
+
+// registrationFields and policyFields are every field of Driver: what kubelet is told and
+// where (SameRegistration), and how the loop runs (SamePolicy). A field added to Driver must be
+// added to one of them, and compared by it.
+var (
+	registrationFields = []string{"Name", "Type", "Endpoint", "LocalEndpoint", "SupportedVersions", "SocketName", "SocketPath", "AltSocketPath", "SparePath"}
+	policyFields       = []string{"Backoff", "RegistrationTimeout", "WaitForEndpoint", "Required"}
+)
+
+// TestEveryDriverFieldDecidesOneThing: a Driver that differs from another in one field only
+// registers the same way exactly when the field is loop policy, has the same policy exactly
+// when it is not, and is never Equal to it.
+func TestEveryDriverFieldDecidesOneThing(t *testing.T) {
+	typ := reflect.TypeFor[Driver]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		registration, policy := slices.Contains(registrationFields, f.Name), slices.Contains(policyFields, f.Name)
+		if registration == policy {
+			t.Errorf("Driver.%s is in %d of registrationFields and policyFields, want exactly one", f.Name, btoi(registration)+btoi(policy))
+			continue
+		}
+		var a, b Driver
+		setNonZero(t, reflect.ValueOf(&b).Elem().Field(i), f.Name)
+		if got := a.SameRegistration(b); got != policy {
+			t.Errorf("Driver.%s differs: SameRegistration = %v, want %v", f.Name, got, policy)
+		}
+		if got := a.SamePolicy(b); got != registration {
+			t.Errorf("Driver.%s differs: SamePolicy = %v, want %v", f.Name, got, registration)
+		}
+		if a.Equal(b) {
+			t.Errorf("Driver.%s differs: Equal = true", f.Name)
+		}
+	}
+	if n := len(registrationFields) + len(policyFields); n != typ.NumField() {
+		t.Errorf("%d fields classified, Driver has %d", n, typ.NumField())
+	}
+}
+
+// setNonZero sets v, a field of a zero Driver, to a value other than its zero value.
+func setNonZero(t *testing.T, v reflect.Value, name string) {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int64:
+		v.SetInt(1)
+	case reflect.Slice:
+		v.Set(reflect.ValueOf([]string{"x"}))
+	case reflect.Struct:
+		setNonZero(t, v.Field(0), name)
+	default:
+		t.Fatalf("Driver.%s: no value for kind %s", name, v.Kind())
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

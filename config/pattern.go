@@ -36,24 +36,24 @@ func (d Driver) Concrete(name string) (endpoint, local string) {
 	return filepath.Join(filepath.Dir(d.Endpoint), name), filepath.Join(filepath.Dir(d.LocalEndpoint), name)
 }
 
-// Handover reports whether the driver's registration may be handed from one instance of its
+// RollsOver reports whether the driver's registration may roll over from one instance of its
 // endpoint to the next through a second registration socket, AltSocketName: a DRA driver or a
 // device plugin whose endpoint is a pattern. The new instance is then registered before the
-// old one is withdrawn, and kubelet never holds none:
+// old one's registration is withdrawn, and kubelet never holds none:
 //   - kubelet keeps several instances of one DRA driver, each with its own endpoint, and uses
-//     the newest: a DRA driver always hands over (HandsOverAlways).
+//     the newest: a DRA driver always rolls over (AlwaysRollsOver).
 //   - kubelet 1.37 and later keep several endpoints of one device plugin, keyed by their
 //     socket, and promote a remaining one when one goes; older ones keep one per resource
-//     name, and a second registration replaces the first. A device plugin hands over only on
+//     name, and a second registration replaces the first. A device plugin rolls over only on
 //     a kubelet that keeps several (the registrar tells which kubelet it serves); otherwise it
 //     is registered again under the new endpoint, as a CSI driver always is.
-func (d Driver) Handover() bool {
+func (d Driver) RollsOver() bool {
 	return (d.Type == DRAPlugin || d.Type == DevicePlugin) && d.EndpointIsPattern()
 }
 
-// HandsOverAlways reports whether the driver hands over whatever kubelet it serves: a DRA
+// AlwaysRollsOver reports whether the driver rolls over whatever kubelet it serves: a DRA
 // driver whose endpoint is a pattern.
-func (d Driver) HandsOverAlways() bool { return d.Type == DRAPlugin && d.EndpointIsPattern() }
+func (d Driver) AlwaysRollsOver() bool { return d.Type == DRAPlugin && d.EndpointIsPattern() }
 
 // SpareSocketName is the third registration socket's name of a device plugin whose endpoint is
 // a pattern: socketName with ".2" before ".sock", or after the name when it does not end in
@@ -65,8 +65,8 @@ func SpareSocketName(socketName string) string {
 	return socketName + ".2"
 }
 
-// AltSocketName is the second registration socket's name of a driver that hands its
-// registration over: socketName with ".1" before ".sock" ("gpu.example.com-reg.1.sock"), or
+// AltSocketName is the second registration socket's name of a driver that rolls its
+// registration over (RollsOver): socketName with ".1" before ".sock" ("gpu.example.com-reg.1.sock"), or
 // after the name when it does not end in ".sock".
 func AltSocketName(socketName string) string {
 	if stem, ok := strings.CutSuffix(socketName, ".sock"); ok {

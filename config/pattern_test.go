@@ -22,8 +22,8 @@ func TestEndpointPatternResolves(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := cfg.Drivers[0]
-	if !d.EndpointIsPattern() || !d.Handover() {
-		t.Fatalf("EndpointIsPattern %v, Handover %v; want both", d.EndpointIsPattern(), d.Handover())
+	if !d.EndpointIsPattern() || !d.RollsOver() {
+		t.Fatalf("EndpointIsPattern %v, RollsOver %v; want both", d.EndpointIsPattern(), d.RollsOver())
 	}
 	if want := "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.1.sock"; d.AltSocketPath != want {
 		t.Errorf("AltSocketPath %q, want %q", d.AltSocketPath, want)
@@ -37,8 +37,8 @@ func TestEndpointPatternResolves(t *testing.T) {
 	}
 
 	// A device plugin with a pattern has a second socket too: kubelet 1.37 and later keep
-	// several endpoints of one resource, and its registration is handed over there. It is not
-	// handed over whatever the kubelet (HandsOverAlways): older kubelets keep one per name.
+	// several endpoints of one resource, and its registration rolls over there. It does not
+	// roll over whatever the kubelet (AlwaysRollsOver): older kubelets keep one per name.
 	cfg, err = parseDriver(`    name: example.com/widget
     type: DevicePlugin
     endpoint: /var/lib/kubelet/plugins/widget/dp.*
@@ -46,8 +46,8 @@ func TestEndpointPatternResolves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cfg.Drivers[0]; !d.Handover() || d.HandsOverAlways() || d.AltSocketPath != "/var/lib/kubelet/plugins_registry/example.com_widget-reg.1.sock" {
-		t.Errorf("device plugin: Handover %v, HandsOverAlways %v, AltSocketPath %q", d.Handover(), d.HandsOverAlways(), d.AltSocketPath)
+	if d := cfg.Drivers[0]; !d.RollsOver() || d.AlwaysRollsOver() || d.AltSocketPath != "/var/lib/kubelet/plugins_registry/example.com_widget-reg.1.sock" {
+		t.Errorf("device plugin: RollsOver %v, AlwaysRollsOver %v, AltSocketPath %q", d.RollsOver(), d.AlwaysRollsOver(), d.AltSocketPath)
 	}
 	// A device plugin has a third registration socket: kubelet may hold both others for a
 	// reconcile pass when a move's drop is repaired.
@@ -55,7 +55,7 @@ func TestEndpointPatternResolves(t *testing.T) {
 		!slices.Equal(d.SocketNames(), []string{"example.com_widget-reg.sock", "example.com_widget-reg.1.sock", "example.com_widget-reg.2.sock"}) {
 		t.Errorf("device plugin: SparePath %q, SocketNames %q", d.SparePath, d.SocketNames())
 	}
-	// A CSI driver with a pattern never hands over: kubelet keeps one registration per name.
+	// A CSI driver with a pattern never rolls over: kubelet keeps one registration per name.
 	cfg, err = parseDriver(`    name: nfs.csi.k8s.io
     type: CSIPlugin
     endpoint: /var/lib/kubelet/plugins/nfs/csi-*.sock
@@ -63,8 +63,8 @@ func TestEndpointPatternResolves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cfg.Drivers[0]; d.Handover() || d.AltSocketPath != "" {
-		t.Errorf("CSI driver: Handover %v, AltSocketPath %q", d.Handover(), d.AltSocketPath)
+	if d := cfg.Drivers[0]; d.RollsOver() || d.AltSocketPath != "" {
+		t.Errorf("CSI driver: RollsOver %v, AltSocketPath %q", d.RollsOver(), d.AltSocketPath)
 	}
 
 	// '[' and '\' without '*' or '?' are the name's own characters, as before patterns.

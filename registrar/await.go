@@ -10,18 +10,33 @@ import (
 	"multireg.dev/multireg/internal/fswatch"
 )
 
-// How a loop waits on a published generation: kubelet's verdict, its timeout, the sockets
-// and the endpoint watched.
+// How a loop waits on the socket it serves while it awaits kubelet's verdict or serves a
+// registration: kubelet's verdict, its timeout, the sockets and the endpoint watched.
 
-// await serves generation g until something ends it, and says why: kubelet rejected it or no
-// verdict came within the timeout in force (both with an error that says so), the socket was
-// removed or replaced, or the endpoint, probed as d.probed, restarted or (a pattern) moved. It
-// returns endStopped when ctx ends. A generation kubelet has already registered (registered)
-// has no timeout. The loop waits here most of its life: its state is a waiting, on the heap,
-// and the work of each wake-up is done in calls that return (see run).
-func (d *driver) await(ctx context.Context, g *generation, registered bool, ws watches) (ending, error) {
-	w := d.newWaiting(ctx, g, registered)
-	defer w.stop()
+// await serves cur until something ends or changes the wait, and returns that event: kubelet's
+// verdict (Accepted, Rejected with the error that says so), the registration timeout (only
+// while the verdict is awaited), the socket removed or replaced (SocketGone), the endpoint,
+// probed as d.probed, gone (EndpointDown), restarted or (a pattern) moved, or kubelet's view
+// of a device plugin's move (DevicesDropped). The wait (l.w) lasts as long as the loop waits
+// on cur: a step that keeps the loop there (EndpointDown, Accepted) goes on with it. The loop
+// waits here most of its life: its state is a waiting, on the heap, and the work of each
+// wake-up is done in calls that return (see run).
+func (l *loop) await() event {
+	d, g, ws := l.d, l.cur, l.ws
+	w := l.w
+	if w == nil {
+		w = d.newWaiting(l.ctx, g, l.st == stRegistered)
+		l.w = w
+		if k := w.look(0); k != evNone { // a first look: is the endpoint up?
+			return event{kind: k}
+		}
+	}
+	if w.moveOnVerdict && g.registered {
+		w.moveOnVerdict = false
+		if k := w.look(0); k != evNone {
+			return event{kind: k}
+		}
+	}
 	var altC, spareC <-chan struct{}
 	if ws.alt != nil {
 		altC = ws.alt.C()
@@ -29,65 +44,57 @@ func (d *driver) await(ctx context.Context, g *generation, registered bool, ws w
 	if ws.spare != nil {
 		spareC = ws.spare.C()
 	}
-	if end := w.look(0); end != endStopped { // a first look: is the endpoint up?
-		return end, nil
-	}
 	for {
-		// Watched before it is read: a reading in between wakes the next select.
 		viewC := w.watchView()
 		if d.checkVerify(g) {
-			return endDevicesDropped, nil
+			return event{kind: evDevicesDropped}
 		}
 		verifyC := w.verifyTimer()
+		k := evNone
 		select {
 		case <-viewC:
-			if d.verify != nil && d.verify.until.IsZero() && d.prev != nil && g.registered {
+			if d.verify != nil && d.verify.until.IsZero() && d.ro != nil && g.registered {
 				// kubelet's view changed while the old registration stays: its instance
 				// may be gone.
-				if end := w.look(0); end != endStopped {
-					return end, nil
-				}
+				k = w.look(0)
 			}
 		case <-verifyC:
-		case <-ctx.Done():
-			return endStopped, nil
+		case <-l.ctx.Done():
+			return l.stopped()
 		case <-d.verdictC:
-			if err := w.verdict(); err != nil {
-				return endRejected, err
-			}
-			if w.moveOnVerdict && g.registered {
-				w.moveOnVerdict = false
-				if end := w.look(0); end != endStopped {
-					return end, nil
-				}
+			switch v := d.takeVerdict(g); {
+			case v == nil:
+			case !v.Registered:
+				return event{kind: evRejected, err: v.Rejection()}
+			default:
+				return event{kind: evAccepted}
 			}
 		case <-w.timeoutC:
-			return endTimeout, w.timedOut()
+			return event{kind: evTimeout}
 		case <-ws.sock.C():
-			if d.socketsGone(ws.sock.Take(), g) {
-				return endSocketRemoved, nil
+			if d.lookSockets(ws.sock.Take(), g) {
+				k = evSocketGone
 			}
 		case <-altC:
-			if d.socketsGone(ws.alt.Take(), g) {
-				return endSocketRemoved, nil
+			if d.lookSockets(ws.alt.Take(), g) {
+				k = evSocketGone
 			}
 		case <-spareC:
-			if d.socketsGone(ws.spare.Take(), g) {
-				return endSocketRemoved, nil
+			if d.lookSockets(ws.spare.Take(), g) {
+				k = evSocketGone
 			}
 		case <-w.recheck.C:
-			if end := w.look(0); end != endStopped {
-				return end, nil
-			}
+			k = w.look(0)
 		case <-ws.ep.C():
-			if end := w.look(ws.ep.Take()); end != endStopped {
-				return end, nil
-			}
+			k = w.look(ws.ep.Take())
+		}
+		if k != evNone {
+			return event{kind: k}
 		}
 	}
 }
 
-// waiting is the state of an await.
+// waiting is the state of a loop's wait on one generation.
 type waiting struct {
 	d        *driver
 	ctx      context.Context
@@ -110,6 +117,8 @@ type waiting struct {
 	verifyEnd *time.Timer
 }
 
+// newWaiting begins a wait on g: with the registration timeout in force unless kubelet has
+// registered g already (registered).
 func (d *driver) newWaiting(ctx context.Context, g *generation, registered bool) *waiting {
 	w := &waiting{d: d, ctx: ctx, g: g, recheck: time.NewTimer(time.Hour), epID: d.probed}
 	w.recheck.Stop()
@@ -125,6 +134,14 @@ func (w *waiting) stop() {
 	if w.verifyEnd != nil {
 		w.verifyEnd.Stop()
 	}
+	if w.timeout != nil {
+		w.timeout.Stop()
+	}
+}
+
+// lift ends the registration timeout: kubelet registered g.
+func (w *waiting) lift() {
+	w.timeoutC = nil
 	if w.timeout != nil {
 		w.timeout.Stop()
 	}
@@ -160,15 +177,15 @@ func (w *waiting) verifyTimer() <-chan time.Time {
 	return w.verifyEnd.C
 }
 
-// look looks at the endpoint after a wake-up (ev; 0: none) and says whether it ends the wait
-// (endStopped: it does not).
-func (w *waiting) look(ev fswatch.Change) ending {
+// look looks at the endpoint after a wake-up (ev; 0: none) and returns the event it sees:
+// EndpointMoved, EndpointRestarted, EndpointDown, or None.
+func (w *waiting) look(ev fswatch.Change) eventKind {
 	d, g := w.d, w.g
 	if d.spec.EndpointIsPattern() {
 		to, others := d.moved(w.ctx)
 		switch {
 		case to == "":
-		case d.handover() && !g.registered && g.awaiting():
+		case d.rollsOver() && !g.registered && g.awaiting():
 			// kubelet asked g's GetInfo and its verdict is on its way: it may hold g's
 			// registration already. Moving now would withdraw it; the new instance is
 			// registered beside it once the verdict is in (await looks again then).
@@ -179,48 +196,30 @@ func (w *waiting) look(ev fswatch.Change) ending {
 			w.moveOnVerdict = true
 		default:
 			d.log.Info("driver endpoint moved", "from", d.at.local, "to", to)
-			return endEndpointMoved
+			return evEndpointMoved
 		}
-		if d.prev != nil && g.registered {
-			d.settleHandover(w.ctx, g)
-			others = others || d.prev != nil
+		if d.ro != nil && g.registered {
+			d.settleRollover(w.ctx, g)
+			others = others || d.ro != nil
 		}
 		w.recheckIn = nextRecheck(w.recheckIn, ev != 0, others)
 		if w.recheckIn > 0 {
 			w.recheck.Reset(w.recheckIn)
 		}
 	}
-	if d.endpointRestarted(ev, &w.epID) {
-		return endEndpointRestarted
-	}
-	return endStopped
+	return d.endpointChange(ev, &w.epID)
 }
 
-// verdict takes kubelet's verdict, if one is pending: a rejection ends the wait, with the
-// error to report; an acceptance lifts the timeout.
-func (w *waiting) verdict() error {
-	switch v := w.d.takeVerdict(w.g); {
-	case v == nil:
-	case !v.Registered:
-		return v.Rejection()
-	default:
-		w.timeoutC = nil
-		w.d.accepted(w.ctx, w.g)
-		w.d.settleHandover(w.ctx, w.g)
-	}
-	return nil
+// timedOut grows the registration timeout for the next attempt, and returns the error of the
+// attempt whose timeout passed.
+func (d *driver) timedOut() error {
+	allowed := d.p.timeout
+	return fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, d.p.timedOut())
 }
 
-// timedOut is the error of a wait whose registration timeout passed.
-func (w *waiting) timedOut() error {
-	p := w.d.p
-	allowed := p.timeout
-	return fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, p.timedOut())
-}
-
-// socketGone looks at g's socket after a wake-up (ev) and reports whether another file, or
+// socketReplaced looks at g's socket after a wake-up (ev) and reports whether another file, or
 // none, is at its path.
-func (d *driver) socketGone(ev fswatch.Change, g *generation) bool {
+func (d *driver) socketReplaced(ev fswatch.Change, g *generation) bool {
 	if ev&fswatch.DirGone != 0 {
 		d.log.Warn("registration directory removed or moved", "dir", filepath.Dir(g.path))
 	}

@@ -81,9 +81,35 @@ func (p *pacing) wait() time.Duration {
 	return next(p.backoff)
 }
 
-// resume takes the state another instance's pacing of the driver had (a hand-over): the
-// timeout in force, within the bounds this policy allows, and the backoff's failures.
-func (p *pacing) resume(timeout time.Duration, failures int) {
+// inherit takes the state another instance's pacing of the driver had (a hand-over): the
+// timeout in force and the backoff's failures, within the bounds this policy allows.
+func (p *pacing) inherit(timeout time.Duration, failures int) {
+	p.goOn(timeout, failures)
+}
+
+// setPolicy takes a new policy of the driver (a reload): the backoff goes on where it stood,
+// its failures replayed on the new curve, and a timeout grown after timeouts stays grown by as
+// much over the new registrationTimeout (at most maxTimeoutFactor times it).
+func (p *pacing) setPolicy(spec config.Driver) {
+	grown := 1.0
+	if p.base > 0 && p.timeout > p.base {
+		grown = float64(p.timeout) / float64(p.base)
+	}
+	failures := p.failures
+	*p = *newPacing(spec)
+	var timeout time.Duration
+	if f := min(float64(p.base)*grown, float64(p.maxTimeout())); f >= math.MaxInt64 {
+		timeout = math.MaxInt64
+	} else {
+		timeout = time.Duration(f).Round(time.Millisecond)
+	}
+	p.goOn(timeout, failures)
+}
+
+// goOn makes a fresh pacing go on from a timeout in force and a count of failures: the timeout
+// is kept when it is at least the configured one (at most maxTimeout), and the failures are
+// replayed on the backoff (at most 64 of them: the curve has long reached maxInterval).
+func (p *pacing) goOn(timeout time.Duration, failures int) {
 	if p.base > 0 && timeout >= p.base {
 		p.timeout = min(timeout, p.maxTimeout())
 	}

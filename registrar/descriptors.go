@@ -12,7 +12,7 @@ import (
 type Descriptors struct {
 	regserver.Budget
 	// Needed: the registration sockets the configured drivers need, one each (a DRA driver's
-	// or a pattern's second socket, during a hand-over of its own, one more for a moment).
+	// or a pattern's second socket, during a rollover, one more for a moment).
 	Needed int `json:"needed"`
 }
 

@@ -18,8 +18,8 @@ import (
 // TestDriversBeyondTheDescriptorBudgetSayWhy: with RLIMIT_NOFILE leaving room for about 3
 // registration sockets, that many drivers are served and registered, 2 more say why in their
 // lastError, the supervisor's Descriptors says what does not fit, and the log warns once;
-// the sockets never take the descriptors kept for the rest (issue 28, item 3: every
-// descriptor went to sockets, and nothing answered).
+// the sockets never take the descriptors kept for the rest (HTTP, the config, probes,
+// kubelet's connections).
 func TestDriversBeyondTheDescriptorBudgetSayWhy(t *testing.T) {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {

@@ -107,8 +107,8 @@ func (d *driver) devices() (int, time.Time, bool) {
 }
 
 // verification is a device plugin's move being checked in kubelet's view, from the moment the
-// new instance is registered beside the old one (d.prev) until verifyFor after the old
-// registration is withdrawn.
+// new instance is registered beside the old one (a rollover: d.ro) until verifyFor after the
+// old registration is withdrawn.
 type verification struct {
 	had   int       // the most devices kubelet held for the resource during the move
 	gen   uint64    // the generation whose registration is verified, once the old one went
@@ -120,10 +120,10 @@ type verification struct {
 }
 
 // startVerify begins watching kubelet's view for a device plugin whose new instance is being
-// registered beside the old one (d.prev); without a view there is nothing to watch.
+// registered beside the old one (d.ro); without a view there is nothing to watch.
 func (d *driver) startVerify() {
 	d.verify = nil
-	if d.spec.Type != config.DevicePlugin || d.moves == nil || d.moves.view == nil || d.prev == nil {
+	if d.spec.Type != config.DevicePlugin || d.moves == nil || d.moves.view == nil || d.ro == nil {
 		return
 	}
 	n, _, _ := d.devices()
@@ -166,7 +166,7 @@ func (d *driver) checkVerify(g *generation) bool {
 	}
 	n, since, ok := d.devices()
 	if v.until.IsZero() { // the old registration stays: kubelet holds the resource through it
-		if d.prev == nil {
+		if d.ro == nil {
 			d.verify = nil // the move ended without a withdrawal to verify
 		} else if ok {
 			v.had = max(v.had, n)

@@ -30,7 +30,7 @@ type devicePluginMove struct {
 func startDevicePluginMove(t *testing.T, opts Options, podResources bool) *devicePluginMove {
 	dir := testkit.ShortDir(t)
 	m := &devicePluginMove{t: t, d: patternDriver(dir, config.DevicePlugin, "dp.*")}
-	if !m.d.Handover() || m.d.AltSocketPath == "" {
+	if !m.d.RollsOver() || m.d.AltSocketPath == "" {
 		t.Fatalf("a device plugin pattern without its second socket: %+v", m.d)
 	}
 	if podResources {

@@ -31,6 +31,9 @@ var (
 // driver is one driver's registration loop. It owns its socket generations and every
 // failure: nothing it does blocks another driver.
 type driver struct {
+	// spec is the driver as configured. What it registers never changes; its loop policy
+	// (Backoff, RegistrationTimeout, WaitForEndpoint, Required) changes in the loop's goroutine
+	// only, when the loop takes a Reload (loop.applyPolicy).
 	spec    config.Driver
 	log     *slog.Logger
 	w       *fswatch.Watcher
@@ -64,9 +67,8 @@ type driver struct {
 	healthKnown bool
 	// healthOf is the endpoint socket health was asked of (or a hand-over told of).
 	healthOf fsid.ID
-	// prev is the generation a handover leaves registered, until its successor is registered
-	// and prev's endpoint is gone (pattern.go).
-	prev *generation
+	// ro is the endpoint's rollover to a new instance under way, if any (rollover.go).
+	ro *rollover
 	// verify is a device plugin's move being checked in kubelet's view (devicemoves.go).
 	verify *verification
 	// withdrawnAt is when the loop last removed a socket of its own from each registration
@@ -76,15 +78,17 @@ type driver struct {
 	p *pacing
 	// probed is the endpoint's socket as last probed ready; zero when it was not there.
 	probed fsid.ID
-	// adopted is what a hand-over gave the loop to go on from (inherit.go); the loop takes it
+	// adopted is what a hand-over gave the loop to start from (inherit.go); the loop takes it
 	// when it starts. handed is what the loop hands over when it stops for one (detach).
 	adopted *adoption
 	handed  *handover.Driver
 
+	// guards: gen, lastGen, pending, policy, st.
 	mu      sync.Mutex
 	gen     uint64             // the current socket generation; verdicts for others are dropped
 	lastGen uint64             // the newest generation numbered: each socket gets its own number
 	pending *regserver.Verdict // the latest verdict for gen
+	policy  *config.Driver     // a loop policy not yet taken by the loop (updatePolicy)
 	st      DriverStatus
 }
 
@@ -118,44 +122,6 @@ func newDriver(spec config.Driver, log *slog.Logger, w *fswatch.Watcher, cleanup
 		d.st.Phase = Serving
 	}
 	return d
-}
-
-// ending is how a registration attempt, or the socket generation it published, ended. What
-// each is counted as in DriverStatus and metrics is status.go's business.
-type ending int
-
-const (
-	endStopped           ending = iota // the loop's context ended
-	endRegistered                      // kubelet accepted the socket; it goes on serving
-	endRejected                        // kubelet rejected the registration
-	endTimeout                         // no verdict within the registration timeout in force
-	endPublishFailed                   // the socket could not be published
-	endSocketRemoved                   // someone else removed or replaced the socket
-	endEndpointRestarted               // the driver's endpoint socket was created anew
-	endEndpointMoved                   // another socket matching the endpoint pattern takes over
-	endDevicesDropped                  // kubelet dropped a moved device plugin's devices (devicemoves.go)
-)
-
-// run is the loop: wait for the endpoint, publish a socket, wait for kubelet's verdict or an
-// event, and on failure back off and start again, until ctx ends. It returns only when
-// everything it started has stopped.
-//
-// Its state is a loop, on the heap, and each step is a call that returns before the next: the
-// loop spends most of its life in await, and the runtime shrinks an idle goroutine's stack to
-// what it holds there. With every step's locals on it, each of 1000 drivers would hold 8 KiB
-// or more instead of 4.
-func (d *driver) run(ctx context.Context) {
-	l := d.newLoop(ctx)
-	defer l.end()
-	if !l.begin() {
-		return
-	}
-	for l.prepare() {
-		end, err := d.await(ctx, l.cur, l.kept, l.ws)
-		if !l.after(end, err) {
-			return
-		}
-	}
 }
 
 // notify takes kubelet's verdict from a registration server. It never blocks.
@@ -196,4 +162,24 @@ func (d *driver) makeCurrent(g *generation) {
 	if d.gen != g.gen {
 		d.gen, d.pending = g.gen, nil
 	}
+}
+
+// updatePolicy gives the loop spec's loop policy: spec registers as the loop does
+// (config.Driver.SameRegistration holds), so nothing is published and kubelet sees nothing.
+// Required is in the status at once; the loop takes the rest at its next step (the Reload
+// event). It never blocks.
+func (d *driver) updatePolicy(spec config.Driver) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Required = spec.Required
+	d.policy = &spec
+}
+
+// takePolicy takes the loop policy updatePolicy gave, if any.
+func (d *driver) takePolicy() *config.Driver {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	spec := d.policy
+	d.policy = nil
+	return spec
 }

@@ -43,7 +43,7 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		phase = Registered
 	}
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
-	// or registering its services: probe again soon, a few times, before the backoff resumes.
+	// or registering its services: probe again soon, a few times, before the backoff goes on.
 	var quick time.Duration
 	var quickFor fsid.ID // the endpoint socket a quick series was started for
 	for {
@@ -110,32 +110,30 @@ func (d *driver) lookPresence() {
 	d.setPresence(d.present())
 }
 
-// endpointRestarted looks at the endpoint's socket after a wake-up (ev; 0 for a first look)
-// and reports whether the driver restarted: its socket was created anew, or, when events may
-// have been lost, it is no longer the file probed (*probed; set here when zero, the socket
-// was not there when probed). A change of attributes (a chmod) is no restart. It records
-// whether the endpoint is there.
-func (d *driver) endpointRestarted(ev fswatch.Change, probed *fsid.ID) bool {
+// endpointChange looks at the endpoint's socket after a wake-up (ev; 0 for a first look) and
+// returns what changed: EndpointRestarted when the driver restarted (its socket was created
+// anew, or, when events may have been lost, it is no longer the file probed: *probed; set here
+// when zero, the socket was not there when probed), EndpointDown when the socket went since the
+// last look, None otherwise. A change of attributes (a chmod) is no restart. It records whether
+// the endpoint is there.
+func (d *driver) endpointChange(ev fswatch.Change, probed *fsid.ID) eventKind {
 	id, _, err := fsid.Stat(d.at.local)
 	if !d.spec.EndpointIsPattern() {
 		d.setPresence(err)
 	}
 	if err != nil {
 		if d.setEndpointUp(false) {
-			d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.at.local)
+			return evEndpointDown
 		}
-		return false
+		return evNone
 	}
 	d.setEndpointUp(true)
 	if *probed == (fsid.ID{}) {
 		*probed = id // not there when the socket was published (waitForEndpoint: false)
-		return false
+		return evNone
 	}
 	if ev&(fswatch.Created|fswatch.Lost|fswatch.DirGone) == 0 || id == *probed {
-		return false
+		return evNone
 	}
-	d.mu.Lock()
-	d.st.EndpointRestarts++
-	d.mu.Unlock()
-	return true
+	return evEndpointRestarted
 }

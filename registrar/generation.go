@@ -35,11 +35,11 @@ func (g *generation) awaiting() bool { return g.srv.Awaiting() }
 // and its verdict comes on a connection of its own. The socket is already open: its
 // descriptor is counted, and never refused.
 func (d *driver) serveOn(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool) (*generation, error) {
-	return d.serveSlot(l, path, id, gen, t, versions, anyConn, nil)
+	return d.serveClaimed(l, path, id, gen, t, versions, anyConn, nil)
 }
 
-// serveSlot is serveOn for a socket whose descriptor was claimed (regserver.Hub.Claim).
-func (d *driver) serveSlot(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool, slot *regserver.Slot) (*generation, error) {
+// serveClaimed is serveOn for a socket whose descriptor was claimed (regserver.Hub.Claim).
+func (d *driver) serveClaimed(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool, claim *regserver.Slot) (*generation, error) {
 	srv, err := regserver.Serve(d.hub, l, path, regserver.Service{
 		Gen: gen,
 		Info: &registerapi.PluginInfo{
@@ -56,7 +56,7 @@ func (d *driver) serveSlot(l *net.UnixListener, path string, id fsid.ID, gen uin
 			d.log.Debug("verdict on a connection that never asked this socket's GetInfo ignored: it is about an older socket", "generation", gen)
 		},
 		AnyConn: anyConn,
-	}, slot)
+	}, claim)
 	if err != nil {
 		return nil, err
 	}

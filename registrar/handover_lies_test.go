@@ -15,7 +15,7 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// TestInheritBoundsTheHandedRetry (issue 28, 7): a driver handed over as backing off until
+// TestInheritBoundsTheHandedRetry: a driver handed over as backing off until
 // 2099 is tried again within its own backoff's longest wait, not parked until then.
 func TestInheritBoundsTheHandedRetry(t *testing.T) {
 	dir := testkit.ShortDir(t)
@@ -34,7 +34,7 @@ func TestInheritBoundsTheHandedRetry(t *testing.T) {
 	registerAndWait(t, s, d)
 }
 
-// TestInheritRefusesADescriptorBoundElsewhere (issue 28, 4): a predecessor that hands a
+// TestInheritRefusesADescriptorBoundElsewhere: a predecessor that hands a
 // listener bound elsewhere for a path where a dead socket has the identity it claims does not
 // get a dead socket reported Registered: the loop publishes its own socket there.
 func TestInheritRefusesADescriptorBoundElsewhere(t *testing.T) {

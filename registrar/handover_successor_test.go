@@ -15,7 +15,7 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// A successor that misbehaves, seen from the holder (issue 28, 8 to 10).
+// A successor that misbehaves, seen from the holder.
 
 // takeEverything plays a successor that speaks hand-over version v: it says hello (and take,
 // after the welcome, from version 2 on), takes every batch and the lock's descriptor, and then
@@ -82,7 +82,7 @@ func servingAll(in *multiregInstance, ds []string) bool {
 	return true
 }
 
-// TestHandOverUnackedKeepsServing (issue 28, 8): a successor that takes every socket and the
+// TestHandOverUnackedKeepsServing: a successor that takes every socket and the
 // lock's descriptor and never acknowledges does not keep the directory: the holder never let
 // go of its lock, serves every socket again within the pause timeout, and a real hand-over works
 // after.
@@ -132,7 +132,7 @@ func unackedKeepsServing(t *testing.T, v int) {
 	}
 }
 
-// TestHandOverRequestsDoNotDelayTheLockCheck (issue 28, 9): hundreds of silent hand-over
+// TestHandOverRequestsDoNotDelayTheLockCheck: hundreds of silent hand-over
 // requests neither delay the holder's check of its lock (a removed lock file is made again
 // within the check's period) nor keep a real successor from its hand-over.
 func TestHandOverRequestsDoNotDelayTheLockCheck(t *testing.T) {
@@ -167,7 +167,7 @@ func isFile(path string) bool {
 	return err == nil
 }
 
-// TestHandOverHelloAlonePausesNothing (issue 28, 10): a successor that says hello and then
+// TestHandOverHelloAlonePausesNothing: a successor that says hello and then
 // nothing pauses nothing: the holder welcomes it, waits the hello timeout for its take with every
 // loop running, and gives up.
 func TestHandOverHelloAlonePausesNothing(t *testing.T) {
@@ -196,7 +196,7 @@ func TestHandOverHelloAlonePausesNothing(t *testing.T) {
 	}
 }
 
-// TestHandOverVersion1HelloPausesLittle (issue 28, 10): in version 1 (v0.1.0's), which has no
+// TestHandOverVersion1HelloPausesLittle: in version 1 (v0.1.0's), which has no
 // take, a successor that says hello and then nothing pauses the holder's sockets for
 // the pause timeout at most: a connection kubelet makes meanwhile is accepted within it.
 func TestHandOverVersion1HelloPausesLittle(t *testing.T) {
@@ -229,7 +229,7 @@ func TestHandOverVersion1HelloPausesLittle(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "the holder to serve every driver again", func() bool { return servingAll(a, names) })
 }
 
-// TestHandOverRequestMessages (issue 28, 12): a request of the wrong type is logged with what
+// TestHandOverRequestMessages: a request of the wrong type is logged with what
 // it was, not err=<nil>; no message names the hand-over socket's temporary name; and many
 // requests that are not hand-overs make one warning, not one each.
 func TestHandOverRequestMessages(t *testing.T) {

@@ -65,6 +65,12 @@ func setupWaiting(t *testing.T, typ string, before func(*config.Driver)) (*Super
 
 func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
 	t.Helper()
+	return setupOpts(t, typ, serve, Options{}, before)
+}
+
+// setupOpts is setupDriver with a supervisor of opts.
+func setupOpts(t *testing.T, typ string, serve bool, opts Options, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+	t.Helper()
 	dir := testkit.ShortDir(t)
 	n := fixtureDrivers[typ]
 	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", n.socket))
@@ -79,7 +85,7 @@ func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Drive
 		}
 		e = startEndpoint(t, d.LocalEndpoint, csiName)
 	}
-	s := runSupervisor(t, Options{})
+	s := runSupervisor(t, opts)
 	s.Start(d)
 	return s, d, e
 }

@@ -30,7 +30,7 @@ func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
 	}
 	defer cur.stop()
 	h.Close()
-	if _, err := d.publish(d.slot(cur), cur); err == nil || !strings.Contains(err.Error(), "stopping") {
+	if _, err := d.publish(d.publishPath(cur), cur); err == nil || !strings.Contains(err.Error(), "stopping") {
 		t.Fatalf("publish with the hub stopped: %v, want the error that says so", err)
 	}
 	if id, _, err := fsid.Stat(cur.path); err != nil || id != cur.id {

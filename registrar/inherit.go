@@ -12,19 +12,20 @@ import (
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
 	"multireg.dev/multireg/internal/fsid"
-	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/regserver"
 )
 
-// How a loop hands its sockets and state to another instance, and how a loop goes on from
-// what it was handed (internal/handover carries them between processes).
+// How a loop hands its sockets and state to another instance, and how a loop starts from what
+// it was handed (internal/handover carries them between processes): a hand-over gives the loop
+// its starting state (newLoop) and, for the sockets handed, what decides them once the
+// endpoint answers (takeOver).
 
 // adoption is what a loop starts from after a hand-over.
 type adoption struct {
-	cur      *generation // the socket handed over, served already; nil when there was none
-	epID     fsid.ID     // the endpoint's socket as the other instance last probed it
-	resumeAt time.Time   // a backing-off driver's next attempt
+	cur         *generation // the socket handed over, served already; nil when there was none
+	epID        fsid.ID     // the endpoint's socket as the other instance last probed it
+	nextAttempt time.Time   // a backing-off driver's next attempt
 }
 
 // detach stops the loop's generations for a hand-over and returns what the next instance
@@ -34,8 +35,9 @@ type adoption struct {
 func (d *driver) detach(cur *generation) *handover.Driver {
 	// A copy of each listening socket first: it keeps the socket open when the server closes
 	// its own. Then the servers stop: no verdict comes after that.
+	prev := d.prevGeneration()
 	files := map[*generation]*os.File{}
-	for _, g := range []*generation{d.prev, cur} {
+	for _, g := range []*generation{prev, cur} {
 		if g == nil {
 			continue
 		}
@@ -67,13 +69,13 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 	if d.nodeInfo != nil {
 		h.NodeInfo, _ = proto.Marshal(d.nodeInfo)
 	}
-	for _, g := range []*generation{d.prev, cur} {
+	for _, g := range []*generation{prev, cur} {
 		f := files[g]
 		if g == nil || f == nil {
 			continue
 		}
 		h.Sockets = append(h.Sockets, &handover.Socket{
-			Prev:          g == d.prev,
+			Prev:          g == prev,
 			Path:          g.path,
 			ID:            g.id,
 			Generation:    g.gen,
@@ -86,7 +88,7 @@ func (d *driver) detach(cur *generation) *handover.Driver {
 			Own:           true,
 		})
 	}
-	d.prev = nil
+	d.ro = nil
 	return h
 }
 
@@ -157,7 +159,7 @@ func (d *driver) lateVerdict(g *generation, v *regserver.Verdict) *generation {
 		d.accepted(context.Background(), g) // the loop's context has ended; the call has its own timeout
 		return g
 	}
-	d.record(endRejected)
+	d.record(evRejected)
 	d.retire(g)
 	d.failed(v.Rejection())
 	return nil
@@ -175,7 +177,7 @@ func (d *driver) inherit(h *handover.Driver) int {
 	}
 	d.nodeInfo = handedNodeInfo(h)
 	d.probed = a.epID
-	d.p.resume(h.Timeout, h.Failures)
+	d.p.inherit(h.Timeout, h.Failures)
 
 	st := d.inheritedStatus(h.Status)
 	// The newest handed generation is current before any socket is served: a verdict queued on
@@ -195,18 +197,18 @@ func (d *driver) inherit(h *handover.Driver) int {
 		}
 		n++
 		if hs.Prev {
-			d.prev = g
+			d.ro = &rollover{prev: g}
 		} else {
 			a.cur = g
 			d.adoptHealth(hs.Versions, a.epID)
 		}
 	}
 	switch {
-	case a.cur == nil && d.prev == nil && st.Phase != BackingOff:
+	case a.cur == nil && d.ro == nil && st.Phase != BackingOff:
 		st.Phase, st.Since = WaitingForEndpoint, time.Now()
 	case a.cur == nil && st.Phase == BackingOff && st.NextAttempt.After(time.Now()):
 		st.NextAttempt = d.boundedAttempt(st.NextAttempt)
-		a.resumeAt = st.NextAttempt
+		a.nextAttempt = st.NextAttempt
 	case !slices.Contains(Phases, st.Phase): // the predecessor did not say: the sockets do
 		st.Phase, st.Since = Serving, time.Now()
 		if a.cur != nil && a.cur.registered {
@@ -288,36 +290,38 @@ func (d *driver) adoptSocket(hs *handover.Socket) (*generation, error) {
 	return g, nil
 }
 
-// adoptFlags decides, once the endpoint is ready, what the loop does with the socket a
-// hand-over gave it (cur; a.cur): keep a registered one (resume) unless the driver restarted
-// meanwhile (restarted, as after any restart: restart.go), or wait for the verdict kubelet
-// owes an unregistered one (pending). Otherwise the loop publishes anew.
-func (d *driver) adoptFlags(a *adoption, cur *generation, epID fsid.ID) (resume, restarted, pending bool) {
+// takeOver decides, once the endpoint answers (its socket ep), what becomes of the socket a
+// hand-over gave the loop (cur; a.cur), from what the other instance told: kubelet's verdict on
+// an unregistered one is awaited, and a registered one kept, while the endpoint is the one the
+// other instance last probed; a driver restarted meanwhile is decided as after any restart
+// (restart.go); a newer instance of the endpoint is rolled over to. Otherwise the loop
+// publishes anew.
+func (l *loop) takeOver(a *adoption, ep fsid.ID) state {
+	d, cur := l.d, l.cur
+	same := !d.spec.WaitForEndpoint || a.epID == (fsid.ID{}) || ep == a.epID
 	switch {
-	case cur == nil || cur != a.cur:
-		return false, false, false
-	case !cur.registered && (!d.spec.WaitForEndpoint || a.epID == (fsid.ID{}) || epID == a.epID):
-		return false, false, true
+	case !cur.registered && same:
+		if cur.at == d.at {
+			return stAwaitingVerdict // kubelet owes it a verdict: awaited, with the registration timeout
+		}
+		return stPublishing
 	case !cur.registered:
 		d.reregister("why", "the driver restarted during the hand-over")
-		return false, false, false
-	case cur.at != d.at:
-		return d.handover(), false, false // a newer instance of the endpoint answers
-	case !d.spec.WaitForEndpoint || a.epID == (fsid.ID{}) || epID == a.epID:
-		return true, false, false
+		return stPublishing
+	case cur.at != d.at: // a newer instance of the endpoint answers
+		if d.rollsOver() && d.ro == nil {
+			d.startRollover(cur)
+			l.cur = nil
+		}
+		return stPublishing
+	case same:
+		return stRegistered
 	case d.keepsOnRestart(cur):
-		return false, true, false
+		if d.keepsRegistration(l.ctx, cur) {
+			return stRegistered
+		}
+		return stPublishing
 	}
 	d.reregister("why", "the driver restarted during the hand-over")
-	return false, false, false
-}
-
-// sleepUntilResume waits, as a backing-off loop, until the next attempt the other instance
-// had planned. It reports false when ctx ends first.
-func (d *driver) sleepUntilResume(ctx context.Context, at time.Time, ws watches) bool {
-	_, ok := sleepUntil(ctx, time.Until(at), ws.ep, func(fswatch.Change) bool {
-		d.lookPresence()
-		return false
-	})
-	return ok
+	return stPublishing
 }

@@ -3,204 +3,176 @@ package registrar
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/probe"
 )
 
-// A driver's loop between its steps: what it does before it publishes, and after a
-// generation's wait ends.
+// A driver's loop: what it holds between its steps, and what it waits for in each state (its
+// activity, which returns the event that ends the wait). step (machine.go) acts on the event.
 
 // loop is the state of a driver's loop between its steps.
 type loop struct {
 	d   *driver
 	ctx context.Context
+	st  state
 	// Two curves of the same policy: waiting for the endpoint (probeB), reset when it answers,
 	// and registering (d.p), reset when kubelet accepts. A long outage of the endpoint must not
 	// make the first registration failure after it wait the longest interval.
 	probeB *backoff.ExponentialBackOff
 	ws     watches
-	a      *adoption // what a hand-over gave the loop, until the endpoint answers
 
 	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
 	cur *generation
-	// restarted: the endpoint of a driver whose cur is registered was created anew, and its
-	// type may keep the registration (restart.go); once it answers, keepsRegistration decides.
-	restarted bool
-	// resume: a handover's new instance went before kubelet registered it; cur is again the
-	// generation kubelet holds, and is kept if its endpoint is still the one to register.
-	// Also a registered socket a hand-over gave the loop.
-	resume bool
-	// pending: a socket a hand-over gave the loop awaits kubelet's verdict: the loop waits for
-	// it, with the registration timeout, rather than publish another.
-	pending bool
-	// kept: cur is registered already (kept rather than published); await gives it no timeout.
-	kept bool
-	// verifySwap: the next socket registers a device plugin's new instance in the other path
-	// (swapsPaths): kubelet's view is read to verify the move (devicemoves.go).
+	// w is the wait on cur while the loop awaits kubelet's verdict or serves a registration
+	// (await.go); nil in the other states.
+	w *waiting
+	// a is what a hand-over told of the sockets it gave the loop (stTakingOver only).
+	a *adoption
+	// err and retryIn are why the loop backs off and for how long (stBackingOff only); err is
+	// nil when a hand-over gave the loop the rest of a wait another instance began.
+	err     error
+	retryIn time.Duration
+	// verifySwap: the next generation registers a device plugin's new instance in place of
+	// the old one's registration (swapsPaths): kubelet's view is read to verify the move
+	// (devicemoves.go).
 	verifySwap bool
 }
 
+// run is the loop: it waits for what its state waits for, and steps on the event that ends the
+// wait, until the loop stops (ctx ends). It returns only when everything it started has
+// stopped.
+//
+// Its state is a loop, on the heap, and each wait and step is a call that returns before the
+// next: the loop spends most of its life in await, and the runtime shrinks an idle goroutine's
+// stack to what it holds there. With every step's locals on it, each of 1000 drivers would
+// hold 8 KiB or more instead of 4.
+func (d *driver) run(ctx context.Context) {
+	l := d.newLoop(ctx)
+	defer l.end()
+	for l.st != stStopped {
+		e := l.wake()
+		if spec := d.takePolicy(); spec != nil {
+			l.step(event{kind: evReload, spec: spec})
+		}
+		l.step(e)
+	}
+}
+
+// newLoop starts the loop in the state a hand-over gave it (inherit.go), or waiting for the
+// endpoint.
 func (d *driver) newLoop(ctx context.Context) *loop {
-	l := &loop{d: d, ctx: ctx, probeB: newBackoff(d.spec.Backoff), ws: d.subscribe(), a: d.adopted}
-	d.adopted = nil
-	if l.a != nil {
-		l.cur = l.a.cur
+	l := &loop{d: d, ctx: ctx, st: stWaitingForEndpoint, probeB: newBackoff(d.spec.Backoff), ws: d.subscribe()}
+	if a := d.adopted; a != nil {
+		d.adopted = nil
+		switch {
+		case a.cur != nil:
+			l.st, l.cur, l.a = stTakingOver, a.cur, a
+		case !a.nextAttempt.IsZero():
+			// A backing-off driver: it waits until the next attempt the other instance had
+			// planned.
+			l.st, l.retryIn = stBackingOff, time.Until(a.nextAttempt)
+		}
 	}
 	d.startVerify() // a move handed over under way is verified as one begun here
+	d.log.Debug("loop starts", "state", l.st)
 	return l
 }
 
-// end stops what the loop started (shutdown), then its watches.
+// end stops what the loop started, as the cause of its context's end says (shutdown), then its
+// watches. A policy not yet taken is taken first: a hand-over hands the driver over with it.
 func (l *loop) end() {
+	if spec := l.d.takePolicy(); spec != nil {
+		l.applyPolicy(*spec)
+	}
+	l.dropWaiting()
 	l.d.shutdown(context.Cause(l.ctx), l.cur)
 	l.ws.close()
 }
 
-// begin waits, for a backing-off driver a hand-over gave the loop, until the next attempt the
-// other instance had planned. It reports false when the loop ends first.
-func (l *loop) begin() bool {
-	a := l.a
-	return a == nil || a.resumeAt.IsZero() || l.d.sleepUntilResume(l.ctx, a.resumeAt, l.ws)
+// wake waits for what the loop's state waits for, and returns the event that ends the wait. A
+// loop whose context has ended waits for nothing: it stops.
+func (l *loop) wake() event {
+	if l.ctx.Err() != nil {
+		return l.stopped()
+	}
+	switch l.st {
+	case stWaitingForEndpoint, stTakingOver, stRestarting, stFallingBack:
+		return l.waitEndpoint()
+	case stPublishing:
+		return l.publish()
+	case stAwaitingVerdict, stRegistered:
+		return l.await()
+	case stBackingOff:
+		if !l.d.sleepBackoff(l.ctx, l.retryIn, l.err, l.ws) {
+			return l.stopped()
+		}
+		return event{kind: evBackoffOver}
+	}
+	return l.stopped()
 }
 
-// prepare waits for the endpoint, then keeps cur or publishes a new generation, backing off
-// while publishing fails. It reports false when the loop ends.
-func (l *loop) prepare() bool {
-	d, ctx := l.d, l.ctx
-	for {
-		epID, err := d.readyEndpoint(ctx, l.probeB, l.ws.ep, l.cur)
-		if _, mismatch := errors.AsType[*probe.NameMismatchError](err); mismatch {
-			// The driver restarted under another name: kubelet must not keep it.
-			if l.restarted {
-				d.reregister()
-				l.restarted = false
-			}
-			d.log.Warn("driver reports another name; its registration is withdrawn", "err", err)
-			d.retire(l.cur)
-			l.cur = nil
-			epID, err = d.readyEndpoint(ctx, l.probeB, l.ws.ep, nil)
-		}
-		if err != nil {
-			return false // ctx ended
-		}
-		d.probed = epID
-		if l.a != nil {
-			l.resume, l.restarted, l.pending = d.adoptFlags(l.a, l.cur, epID)
-			l.a = nil
-		}
+// stopped is the event of the loop's context's end, by its cause.
+func (l *loop) stopped() event {
+	switch cause := context.Cause(l.ctx); {
+	case errors.Is(cause, errRemoved):
+		return event{kind: evRemoved}
+	case errors.Is(cause, errHandOff):
+		return event{kind: evHandOff}
+	}
+	return event{kind: evShutdown}
+}
 
-		if l.cur == nil && d.prev != nil && d.prev.at == d.at {
-			// The new instance's attempt failed and it went: the old one is the one to register,
-			// and kubelet holds it already (a second socket for it would be refused).
-			l.cur, l.resume = d.resume(), true
-		}
-		if l.resume && l.cur.at != d.at && d.prev == nil {
-			d.prev, l.cur = l.cur, nil // a newer instance answers: hand over to it
-			d.startVerify()
-		}
-		cur := l.cur
-		kept := cur != nil && cur.at == d.at && (l.resume || l.restarted && d.keepsRegistration(ctx, cur))
-		awaiting := !kept && l.pending && cur != nil && cur.at == d.at
-		l.restarted, l.resume, l.pending = false, false, false
-		if ctx.Err() != nil {
-			return false // a look cut short by the end (a hand-over) decides nothing
-		}
-		switch {
-		case kept:
-			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
-		case awaiting:
-			d.update(Serving, "", time.Time{})
-		default:
-			d.nodeInfo = nil // asked again once kubelet has registered the new socket
-			g, err := d.publish(d.slot(cur), cur)
-			if err != nil {
-				d.record(endPublishFailed)
-				if !d.backOff(ctx, fmt.Errorf("publish socket: %w", err), l.ws) {
-					return false
-				}
-				continue
-			}
-			switch {
-			case cur == nil:
-			case cur.path == g.path:
-				cur.stop() // its file was just replaced by g's
-			default:
-				d.retire(cur) // kubelet deregisters it in the pass that registers g (swapsPaths)
-				if l.verifySwap {
-					d.verifySwap(g)
-				}
-			}
-			l.verifySwap = false
-			l.cur = g
-		}
-		l.kept = kept
-		return true
+// waitEndpoint waits until the endpoint answers (EndpointUp), or answers under another name
+// while cur is served (EndpointRenamed: that socket must go first).
+func (l *loop) waitEndpoint() event {
+	ep, err := l.d.readyEndpoint(l.ctx, l.probeB, l.ws.ep, l.cur)
+	if _, renamed := errors.AsType[*probe.NameMismatchError](err); renamed {
+		return event{kind: evEndpointRenamed, err: err}
+	}
+	if err != nil {
+		return l.stopped()
+	}
+	return event{kind: evEndpointUp, ep: ep}
+}
+
+// publish publishes the next generation: over cur, or where the driver's rollover puts it
+// (publishPath).
+func (l *loop) publish() event {
+	d := l.d
+	d.nodeInfo = nil // asked again once kubelet has registered the new socket
+	g, err := d.publish(d.publishPath(l.cur), l.cur)
+	if err != nil {
+		return event{kind: evPublishFailed, err: err}
+	}
+	return event{kind: evPublished, g: g}
+}
+
+// dropWaiting ends the wait on cur, if one was under way.
+func (l *loop) dropWaiting() {
+	if l.w != nil {
+		l.w.stop()
+		l.w = nil
 	}
 }
 
-// after acts on how await ended. It reports false when the loop ends.
-func (l *loop) after(end ending, err error) bool {
-	d, ctx := l.d, l.ctx
-	if ctx.Err() != nil {
-		end = endStopped // a look cut short by the end decides nothing
+// applyPolicy takes spec's loop policy (config.Driver.SamePolicy): what spec registers is what
+// the loop registers already. Every wait from the next one on follows it; a wait under way (a
+// backoff interval, a registration timeout, a probe's interval) runs its course.
+func (l *loop) applyPolicy(spec config.Driver) {
+	d := l.d
+	d.spec.Backoff = spec.Backoff
+	d.spec.RegistrationTimeout = spec.RegistrationTimeout
+	d.spec.WaitForEndpoint = spec.WaitForEndpoint
+	d.spec.Required = spec.Required
+	d.p.setPolicy(spec)
+	l.probeB = newBackoff(spec.Backoff)
+	if !nodeInfoTracked(d.spec) {
+		d.nodeInfo = nil // not asked of a driver multireg does not talk to: its next restart registers it again
 	}
-	if end != endEndpointRestarted && end != endEndpointMoved {
-		d.record(end)
-	}
-	cur := l.cur
-	switch end {
-	case endStopped:
-		return false
-	case endRejected, endTimeout:
-		d.retire(cur)
-		l.cur = nil
-		if !d.backOff(ctx, err, l.ws) {
-			return false
-		}
-	case endSocketRemoved:
-		// Recreate at once: the socket was removed or replaced by someone else.
-		cur.stop()
-		l.cur = nil
-		d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
-	case endDevicesDropped:
-		// kubelet holds cur's registration without the resource's devices: cur is registered
-		// again (prepare publishes over it).
-	case endEndpointRestarted:
-		// Keep serving the old socket while the driver comes up again; a new socket, if
-		// the driver needs one, is renamed over it.
-		if l.restarted = d.keepsOnRestart(cur); !l.restarted {
-			d.reregister()
-		}
-	case endEndpointMoved:
-		switch {
-		case !d.handover():
-			d.reregister("why", "the endpoint moved")
-			l.verifySwap = d.swapsPaths()
-		case d.prev != nil && (!cur.registered || d.gone(ctx, cur.at)):
-			// The instance being registered went, or a newer one came, before kubelet
-			// registered it; or the new instance went while the old one runs: go back to the
-			// old registration, which kubelet holds and whose instance answers.
-			d.retire(cur)
-			l.cur = d.resume()
-			l.resume = true
-			// The new instance's registration went: an older device manager dropped the
-			// resource's client with it, which kubelet's view shows.
-			d.withdrawn(l.cur)
-		case cur.registered:
-			// kubelet holds cur: the registration stays with it until the new instance's is
-			// made. An older one still kept is no longer needed.
-			if d.prev != nil {
-				d.retire(d.prev)
-			}
-			d.prev, l.cur = cur, nil
-			d.startVerify()
-			d.log.Info("driver endpoint moved; registering the new instance beside the old one")
-		default:
-			d.reregister("why", "the endpoint moved")
-		}
-	}
-	return true
+	d.log.Info("loop policy updated; the registration stays", "backoff", spec.Backoff, "registrationTimeout", spec.RegistrationTimeout,
+		"waitForEndpoint", spec.WaitForEndpoint, "required", spec.Required)
 }

@@ -13,7 +13,6 @@ import (
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
-	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/probe"
 )
 
@@ -23,12 +22,13 @@ import (
 // a time, its target: the newest matching socket that answers. kubelet is told the target's
 // path, never the pattern. When the target goes (its file removed, or it no longer answers
 // while another match does), the loop moves to the newest match that answers:
-//   - a DRA driver's registration is handed over: the new instance is registered through the
-//     second registration socket while the old one stays, and the old registration is
-//     withdrawn once the new one is registered and the old instance is gone. kubelet keeps
-//     both meanwhile and calls the newest, so it never holds none. A newer instance is taken
-//     as soon as it answers, as the DRA kubeletplugin helper's rolling update does.
-//   - a device plugin's is handed over the same way while kubelet's pod-resources view shows
+//   - a DRA driver's registration rolls over (rollover.go): the new instance is registered
+//     through the second registration socket while the old one stays, and the old
+//     registration is withdrawn once the new one is registered and the old instance is gone.
+//     kubelet keeps both meanwhile and calls the newest, so it never holds none. A newer
+//     instance is taken as soon as it answers, as the DRA kubeletplugin helper's rolling
+//     update does.
+//   - a device plugin's rolls over the same way while kubelet's pod-resources view shows
 //     that kubelet keeps several endpoints of one resource (1.37 and later: devicemoves.go):
 //     kubelet promotes the new endpoint when the old one goes, and the resource's devices
 //     never leave the node's allocatable. What kubelet did is read back, and repaired.
@@ -52,14 +52,6 @@ type match struct {
 	target
 	id  fsid.ID
 	mod int64 // modification time, ns: when the socket was bound
-}
-
-// handover reports whether the loop hands its registration from one instance of its endpoint
-// to the next through its second socket (config.Driver.Handover): a DRA driver's always, a
-// device plugin's when its new instances are registered beside the old ones (devicemoves.go).
-// A move under way is finished the way it started.
-func (d *driver) handover() bool {
-	return d.spec.HandsOverAlways() || d.spec.Handover() && (d.prev != nil || d.moves.beside())
 }
 
 // fixedTarget is the target of a driver without a pattern.
@@ -110,7 +102,7 @@ func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
 	if len(ms) == 0 {
 		return fsid.ID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
 	}
-	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.spec.Handover() {
+	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.spec.RollsOver() {
 		// Stay with the target while it answers: a move costs a re-registration.
 		ms[0], ms[i] = ms[i], ms[0]
 	}
@@ -167,7 +159,7 @@ func (d *driver) present() error {
 }
 
 // moved looks, after a wake-up of a pattern's subscription or at a recheck, at whether the
-// target should change: a newer match answers and the driver hands its registration over, or
+// target should change: a newer match answers and the driver rolls its registration over, or
 // the target is gone or no longer answers while another match does. It returns the match the
 // loop would move to ("" if none; the next lookTarget picks the new target), and whether
 // matches other than the target are there, which the loop looks at again later: one may not
@@ -181,19 +173,19 @@ func (d *driver) moved(ctx context.Context) (to string, others bool) {
 	if !others {
 		return "", false // the target alone, or its restart (endpointRestarted sees that)
 	}
-	// A driver with two registration sockets takes a newer instance as soon as it answers: it
-	// is registered beside the old one (handover), or in the other path as the old one's
-	// registration goes (swapsPaths), which costs kubelet no reconcile pass.
-	handover := d.spec.Handover()
-	if cur >= 0 && !handover && d.probeAt(ctx, ms[cur].target) == nil {
+	// A driver with several registration sockets takes a newer instance as soon as it
+	// answers: it rolls over to it, or registers it in place of the old one's registration
+	// (swapsPaths), which costs kubelet no reconcile pass.
+	rolls := d.spec.RollsOver()
+	if cur >= 0 && !rolls && d.probeAt(ctx, ms[cur].target) == nil {
 		return "", true // stay with the target while it answers: a move costs a re-registration
 	}
-	// Newest first: a driver with two sockets takes a newer instance as soon as it answers;
-	// otherwise the target is gone or does not answer, and the newest match that answers
-	// takes over.
+	// Newest first: a driver with several sockets takes a newer instance as soon as it
+	// answers; otherwise the target is gone or does not answer, and the newest match that
+	// answers takes over.
 	for _, m := range ms {
 		if m.local == d.at.local {
-			if handover && d.probeAt(ctx, m.target) == nil {
+			if rolls && d.probeAt(ctx, m.target) == nil {
 				return "", true
 			}
 			continue
@@ -220,112 +212,6 @@ func errIfEmpty(n int) error {
 	return nil
 }
 
-// slot is where the next socket is published: over the current generation's socket, which it
-// replaces, or for a device plugin with several sockets in another one (swapsPaths); for a
-// handover, in a path the previous generation does not hold, so that kubelet keeps a
-// registration until the new one is made. Otherwise a handover driver publishes over a socket
-// an earlier run of multireg left (kubelet may hold it, for the very endpoint to register, and
-// refuses a second registration of one endpoint), keeping one: the first of the paths where a
-// socket is, the others' removed (kubelet still holds the first's meanwhile).
-func (d *driver) slot(cur *generation) string {
-	switch {
-	case cur != nil && d.swapsPaths():
-		return d.freePath(cur.path)
-	case cur != nil:
-		return cur.path
-	case !d.handover():
-		return d.spec.SocketPath
-	case d.prev != nil:
-		return d.freePath(d.prev.path)
-	}
-	paths := d.spec.SocketPaths()
-	keep := slices.IndexFunc(paths, func(p string) bool {
-		_, _, err := fsid.Stat(p)
-		return err == nil
-	})
-	if keep < 0 {
-		return d.spec.SocketPath
-	}
-	for _, p := range paths[keep+1:] {
-		if _, _, err := fsid.Stat(p); err == nil {
-			d.removeStale(p)
-		}
-	}
-	return paths[keep]
-}
-
-// settling is how long kubelet may still hold a registration socket after multireg removed
-// it: it deregisters the socket in its next reconcile pass (every second), and registers
-// nothing in that path within the same pass.
-const settling = 2 * podres.Period
-
-// freePath is the path to register in beside, or in place of, the registration at held: the
-// first of the driver's other paths that kubelet does not hold, as far as multireg knows (no
-// socket of its own withdrawn from there within settling). A device plugin's third path is
-// there for when kubelet may hold both others; with none free, the other of two.
-func (d *driver) freePath(held string) string {
-	for _, p := range d.spec.SocketPaths() {
-		if p != held && time.Since(d.withdrawnAt[p]) >= settling {
-			return p
-		}
-	}
-	return d.other(held)
-}
-
-// swapsPaths reports whether a device plugin with several registration sockets registers again
-// in a path kubelet does not hold (freePath), the one it holds being removed right after (prepare): kubelet
-// deregisters the one and registers the other in the same reconcile pass, deregistering first.
-// Registered again in the same path, kubelet would deregister the old socket in one pass and
-// register the new one only in the next (both are operations on one path, and one waits for
-// the other), and its device manager holds no client for the resource meanwhile.
-func (d *driver) swapsPaths() bool {
-	return d.spec.Type == config.DevicePlugin && d.spec.AltSocketPath != "" && d.prev == nil
-}
-
-// resume makes the previous generation of a handover the current one again, and returns it:
-// kubelet holds its registration. Its verdicts count again (kubelet asks anew when it
-// restarts), and a verdict still pending for the generation left is dropped.
-func (d *driver) resume() *generation {
-	g := d.prev
-	d.prev = nil
-	d.makeCurrent(g)
-	d.setSocket(g.path)
-	d.log.Info("back to the registration kubelet holds", "socket", g.path, "endpoint", g.at.local)
-	return g
-}
-
-// other is the registration socket path of a handover driver that is not path.
-func (d *driver) other(path string) string {
-	if path == d.spec.SocketPath {
-		return d.spec.AltSocketPath
-	}
-	return d.spec.SocketPath
-}
-
-// settleHandover withdraws what a handover driver's registration no longer needs, once kubelet
-// has registered g: the previous generation when its endpoint is gone, and a socket an earlier
-// run left in the other path that no one serves.
-func (d *driver) settleHandover(ctx context.Context, g *generation) {
-	if ctx.Err() != nil {
-		return // no look can tell whether the old instance is gone
-	}
-	if d.prev == nil {
-		for _, p := range d.spec.SocketPaths() {
-			if p != g.path && d.spec.AltSocketPath != "" {
-				d.removeStale(p)
-			}
-		}
-		return
-	}
-	if d.gone(ctx, d.prev.at) {
-		d.log.Info("the new instance is registered and the old one is gone; withdrawing the old registration",
-			"socket", d.prev.path, "endpoint", d.prev.at.local)
-		d.retire(d.prev)
-		d.prev = nil
-		d.withdrawn(g)
-	}
-}
-
 // Rechecks of other sockets matching an endpoint pattern: 50ms, 100ms, … then every 5s.
 const recheckMax = 5 * time.Second
 
@@ -341,27 +227,9 @@ func nextRecheck(last time.Duration, woken, others bool) time.Duration {
 	return min(2*last, recheckMax)
 }
 
-// socketsGone looks at g's socket after a wake-up (ev) and reports whether another file, or
-// none, is at its path. The previous generation of a handover, if its socket went, is stopped:
-// kubelet has withdrawn it, and the new one is being registered.
-func (d *driver) socketsGone(ev fswatch.Change, g *generation) bool {
-	if d.prev != nil && d.socketGone(0, d.prev) {
-		d.log.Info("the old instance's registration socket was removed", "socket", d.prev.path)
-		d.prev.stop()
-		d.prev = nil
-		if g.registered {
-			d.withdrawn(g)
-		}
-		if !g.registered { // kubelet holds none of ours now
-			d.update(Serving, "", time.Time{})
-		}
-	}
-	return d.socketGone(ev, g)
-}
-
 // watches are a loop's subscriptions: its registration socket's, the second one's of a
-// handover driver and the third one's of a device plugin that has it (nil for others), and its
-// endpoint's (every match of a pattern).
+// driver that rolls over and the third one's of a device plugin that has it (nil for others),
+// and its endpoint's (every match of a pattern).
 type watches struct {
 	sock, alt, spare, ep *fswatch.Subscription
 }

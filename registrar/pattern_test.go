@@ -19,7 +19,7 @@ import (
 )
 
 // patternDriver is a resolved driver of type typ whose endpoint is dir/ep/<pattern>, as
-// config resolves it (a DRA driver gets its second registration socket).
+// config resolves it (a DRA driver and a device plugin get their second registration socket).
 func patternDriver(dir, typ, pattern string) config.Driver {
 	n := fixtureDrivers[typ]
 	d := testDriver(dir, n.name, typ, filepath.Join(dir, "ep", pattern))
@@ -178,11 +178,11 @@ func registeredDRAPattern(t *testing.T, opts Options) (*Supervisor, config.Drive
 	return s, d, a
 }
 
-// TestPatternDRAHandover: a DRA driver's new instance appears beside the registered one: it is
+// TestPatternDRARollover: a DRA driver's new instance appears beside the registered one: it is
 // registered through the second socket while the first stays untouched, and the first is
 // withdrawn only once the new one is registered and the old instance is gone. kubelet always
 // holds a registration.
-func TestPatternDRAHandover(t *testing.T) {
+func TestPatternDRARollover(t *testing.T) {
 	var log testkit.Buffer
 	s, d, a := registeredDRAPattern(t, Options{Log: log.Logger()})
 	epDir := filepath.Dir(d.LocalEndpoint)
@@ -212,7 +212,7 @@ func TestPatternDRAHandover(t *testing.T) {
 		t.Error("the new registration socket went too")
 	}
 	if st := statusOf(s, d.Name); st.Phase != Registered || st.Endpoint != filepath.Join(epDir, "dra-b.sock") || st.Recreations[ReasonEndpointRestarted] != 0 {
-		t.Errorf("status after the handover: %+v, want Registered on dra-b, no recreation", st)
+		t.Errorf("status after the rollover: %+v, want Registered on dra-b, no recreation", st)
 	}
 	if !strings.Contains(log.String(), "withdrawing the old registration") {
 		t.Errorf("the withdrawal was not logged:\n%s", log.String())
@@ -222,8 +222,8 @@ func TestPatternDRAHandover(t *testing.T) {
 // TestPatternDRANewInstanceDuringRegistration: a DRA driver's new instance answers after
 // kubelet asked the first socket's GetInfo and before its verdict: kubelet may hold that
 // registration already, so the socket stays, and the new instance is registered beside it
-// once the verdict is in (moving at once withdrew a registration kubelet had just made: a
-// second without any, seen on a real plugin manager).
+// once the verdict is in (moving at once would withdraw a registration kubelet may have just
+// made: a second without any).
 func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	var log testkit.Buffer
 	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
@@ -264,9 +264,9 @@ func TestPatternDRANewInstanceDuringRegistration(t *testing.T) {
 	}
 }
 
-// TestPatternDRAHandoverRejected: kubelet rejects the new instance's registration: the old
+// TestPatternDRARolloverRejected: kubelet rejects the new instance's registration: the old
 // registration stays, and the next attempt goes to the second socket again.
-func TestPatternDRAHandoverRejected(t *testing.T) {
+func TestPatternDRARolloverRejected(t *testing.T) {
 	_, d, _ := registeredDRAPattern(t, Options{})
 	first := mustID(t, d.SocketPath)
 
@@ -329,11 +329,11 @@ func TestPatternDRARestartOverStaleSocket(t *testing.T) {
 	}
 }
 
-// handedOver is a DRA pattern driver after a handover: dra-a still runs, its registration kept
-// on the first socket, and dra-b registered on the second.
-func handedOver(t *testing.T) (*Supervisor, config.Driver, *endpoint, *endpoint) {
+// rolledOver is a DRA pattern driver, on a supervisor of opts, after a rollover: dra-a still
+// runs, its registration kept on the first socket, and dra-b registered on the second.
+func rolledOver(t *testing.T, opts Options) (*Supervisor, config.Driver, *endpoint, *endpoint) {
 	t.Helper()
-	s, d, a := registeredDRAPattern(t, Options{})
+	s, d, a := registeredDRAPattern(t, opts)
 	b := startInstance(t, d, "dra-b.sock")
 	testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 	register(t, d.AltSocketPath, true, "")
@@ -347,7 +347,7 @@ func handedOver(t *testing.T) (*Supervisor, config.Driver, *endpoint, *endpoint)
 // TestPatternDRANewInstanceGoes: the new instance goes while the old one runs: its
 // registration is withdrawn and the loop is back on the old one's, which is left alone.
 func TestPatternDRANewInstanceGoes(t *testing.T) {
-	s, d, a, b := handedOver(t)
+	s, d, a, b := rolledOver(t, Options{})
 	first := mustID(t, d.SocketPath)
 	b.Stop()
 	testkit.Eventually(t, 5*time.Second, "the new instance's registration withdrawn", func() bool { return !testkit.IsSocket(d.AltSocketPath) })
@@ -379,10 +379,10 @@ func TestPatternDRANewInstanceRejectedAndGone(t *testing.T) {
 	}
 }
 
-// TestPatternDRAHandoverBlocked: something that is not a socket at the second registration
-// socket's path is never touched: the handover backs off (the old registration stays, and so
+// TestPatternDRARolloverBlocked: something that is not a socket at the second registration
+// socket's path is never touched: the rollover backs off (the old registration stays, and so
 // does the driver's readiness) and goes on as soon as the path is clear.
-func TestPatternDRAHandoverBlocked(t *testing.T) {
+func TestPatternDRARolloverBlocked(t *testing.T) {
 	s, d, _ := registeredDRAPattern(t, Options{})
 	if err := os.Mkdir(d.AltSocketPath, 0o755); err != nil {
 		t.Fatal(err)

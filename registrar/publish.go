@@ -25,7 +25,7 @@ func (d *driver) shutdown(cause error, cur *generation) {
 		return
 	}
 	remove := errors.Is(cause, errRemoved) || d.cleanup && !errors.Is(cause, regdir.ErrDirLost)
-	for _, g := range []*generation{d.prev, cur} {
+	for _, g := range []*generation{d.prevGeneration(), cur} {
 		switch {
 		case g == nil:
 		case remove:
@@ -34,7 +34,7 @@ func (d *driver) shutdown(cause error, cur *generation) {
 			g.stop()
 		}
 	}
-	d.prev = nil
+	d.ro = nil
 	if !remove {
 		return
 	}
@@ -90,19 +90,19 @@ func (d *driver) publish(path string, cur *generation) (*generation, error) {
 		}
 		err = sockfile.CheckNotServed(path, ours)
 	}
-	var slot *regserver.Slot
+	var claim *regserver.Slot
 	if err == nil {
 		// The socket's descriptor, claimed before it is created: sockets never take the
 		// descriptors the rest of the process needs.
-		slot, err = d.hub.Claim(path)
+		claim, err = d.hub.Claim(path)
 	}
-	defer slot.Release()
+	defer claim.Release()
 	var g *generation
 	if err == nil {
 		// Served before it is renamed onto path: a failure to serve must not replace cur.
 		_, id, err = sockfile.Publish(path, func(l *net.UnixListener) (func(), error) {
 			var err error
-			g, err = d.serveSlot(l, path, fsid.ID{}, gen, d.at, d.versions(), false, slot)
+			g, err = d.serveClaimed(l, path, fsid.ID{}, gen, d.at, d.versions(), false, claim)
 			if err != nil {
 				return nil, err
 			}
@@ -133,12 +133,11 @@ func (d *driver) checkGuard() error {
 	return d.guard()
 }
 
-// backOff records a failure, waits for the next backoff interval and reports whether the
-// loop goes on. When something that is not ours blocks a registration socket's path (err holds
-// a sockfile.NotSocketError or a sockfile.ServedError), the wait also ends once it is gone: ws
-// watches the path.
-func (d *driver) backOff(ctx context.Context, err error, ws watches) bool {
-	wait := d.failed(err)
+// sleepBackoff waits for the backoff interval wait after the failure err (nil: a wait a
+// hand-over gave the loop) and reports whether the loop goes on. When something that is not
+// ours blocks a registration socket's path (err holds a sockfile.NotSocketError or a
+// sockfile.ServedError), the wait also ends once it is gone: ws watches the path.
+func (d *driver) sleepBackoff(ctx context.Context, wait time.Duration, err error, ws watches) bool {
 	if ns, blocked := errors.AsType[*sockfile.NotSocketError](err); blocked {
 		return d.sleepBlocked(ctx, wait, ws.of(ns.Path), ns.Path, func() bool { return pathClear(ns.Path) })
 	}
@@ -159,7 +158,7 @@ func (d *driver) backOff(ctx context.Context, err error, ws watches) bool {
 func (d *driver) accepted(ctx context.Context, g *generation) {
 	g.registered = true
 	d.p.registered()
-	d.record(endRegistered)
+	d.record(evAccepted)
 	d.update(Registered, "", time.Time{})
 	// What kubelet has just learnt from the driver, for the comparison after a restart
 	// (restart.go). Asked only now: a call before kubelet's own would be one more for the

@@ -107,6 +107,6 @@ func (d *driver) keepsRegistration(ctx context.Context, cur *generation) bool {
 
 // reregister counts and logs a driver restart that registers the driver again.
 func (d *driver) reregister(args ...any) {
-	d.record(endEndpointRestarted)
+	d.record(evEndpointRestarted)
 	d.log.Info("driver endpoint restarted; registering again", append([]any{"endpoint", d.at.local}, args...)...)
 }

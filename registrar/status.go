@@ -95,21 +95,23 @@ const (
 	ReasonDevicesDropped = "devices_dropped"
 )
 
-// What each ending is counted as: the attempt's result, and the reason its socket is
-// recreated. An attempt cut short (its socket removed, its driver restarted) has no result.
+// What each event that ends an attempt, or the socket generation it published, is counted as:
+// the attempt's result, and the reason its socket is recreated. An attempt cut short (its
+// socket removed, its driver restarted) has no result. A driver registered again after its
+// endpoint moved counts as restarted (reregister).
 var (
-	resultOf = map[ending]string{
-		endRegistered:    ResultRegistered,
-		endRejected:      ResultRejected,
-		endTimeout:       ResultTimeout,
-		endPublishFailed: ResultPublishFailed,
+	resultOf = map[eventKind]string{
+		evAccepted:      ResultRegistered,
+		evRejected:      ResultRejected,
+		evTimeout:       ResultTimeout,
+		evPublishFailed: ResultPublishFailed,
 	}
-	recreationOf = map[ending]string{
-		endRejected:          ReasonRejected,
-		endTimeout:           ReasonTimeout,
-		endSocketRemoved:     ReasonSocketRemoved,
-		endEndpointRestarted: ReasonEndpointRestarted,
-		endDevicesDropped:    ReasonDevicesDropped,
+	recreationOf = map[eventKind]string{
+		evRejected:          ReasonRejected,
+		evTimeout:           ReasonTimeout,
+		evSocketGone:        ReasonSocketRemoved,
+		evEndpointRestarted: ReasonEndpointRestarted,
+		evDevicesDropped:    ReasonDevicesDropped,
 	}
 )
 
@@ -123,8 +125,8 @@ func (d *driver) status() DriverStatus {
 	return st
 }
 
-// record counts how an attempt or its socket generation ended.
-func (d *driver) record(e ending) {
+// record counts how an attempt or its socket generation ended, by the event that ended it.
+func (d *driver) record(e eventKind) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r, ok := resultOf[e]; ok {
@@ -136,11 +138,11 @@ func (d *driver) record(e ending) {
 }
 
 // update sets the phase, the last error and the next attempt, and logs a phase change. While
-// a handover's previous generation is kept (d.prev), kubelet holds the driver's registration:
+// a rollover keeps the previous generation (d.ro), kubelet holds the driver's registration:
 // the phase stays Registered whatever the new instance's attempt goes through. Only the loop's
 // goroutine calls it.
 func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
-	if d.prev != nil {
+	if d.ro != nil {
 		p = Registered
 	}
 	d.mu.Lock()
@@ -152,7 +154,7 @@ func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
 	if changed || lastErr != "" {
 		d.st.HeldByOther = false // until the loop says so again (setHeldByOther)
 	}
-	if lastErr != "" || p == Registered && d.prev == nil {
+	if lastErr != "" || p == Registered && d.ro == nil {
 		d.st.LastError = lastErr
 	}
 	d.st.NextAttempt = nextAttempt
@@ -176,19 +178,18 @@ func (d *driver) setHeldByOther() {
 	d.st.HeldByOther = true
 }
 
-// setSocket records the registration socket the loop serves: a handover driver has two.
+// setSocket records the registration socket the loop serves: a driver that rolls over has two.
 func (d *driver) setSocket(path string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Socket = path
 }
 
-// setRequired takes a new value of Required: it needs no new registration. Only the status
-// holds it: the loop never reads d.spec.Required, which keeps the value it started with.
-func (d *driver) setRequired(required bool) {
+// countRestart counts the driver's endpoint created anew while its socket was served.
+func (d *driver) countRestart() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.st.Required = required
+	d.st.EndpointRestarts++
 }
 
 // setEndpointUp records the endpoint's state and reports whether it changed.

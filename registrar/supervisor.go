@@ -160,9 +160,9 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	}
 }
 
-// Update gives the running loop of d's name what changed in d without needing a new
-// registration (Required: config.Driver.SameRegistration holds). Nothing is published and
-// kubelet is not touched. It is a no-op for unknown names.
+// Update gives the running loop of d's name its new loop policy (config.Driver.SameRegistration
+// holds; backoff, registrationTimeout, waitForEndpoint, required), which the loop takes at its
+// next step. Nothing is published and kubelet is not touched. It is a no-op for unknown names.
 func (s *Supervisor) Update(d config.Driver) {
 	s.gate.RLock()
 	defer s.gate.RUnlock()
@@ -170,7 +170,7 @@ func (s *Supervisor) Update(d config.Driver) {
 	h, ok := s.running[d.Name]
 	s.mu.Unlock()
 	if ok {
-		h.d.setRequired(d.Required)
+		h.d.updatePolicy(d)
 	}
 }
 

@@ -141,7 +141,7 @@ type soak struct {
 
 	pool    []driver        // every driver with an endpoint
 	cfg     []driver        // the drivers in the file, in file order
-	tweaked map[string]bool // drivers whose entry carries a backoff override (a change)
+	tweaked map[string]bool // drivers whose entry lists versions of its own (a change kubelet sees)
 
 	faults   map[string]int           // injected, by kind
 	longest  map[string]time.Duration // longest heal, by kind
@@ -402,13 +402,22 @@ func (s *soak) content() string {
 	ds := slices.Clone(s.cfg)
 	for i := range ds {
 		if s.tweaked[ds[i].Name] {
-			ds[i].Extra = "    backoff: {initialInterval: 300ms}\n"
+			ds[i].Extra = tweakedVersions[ds[i].Type]
 		}
 	}
 	return s.e.ConfigContent(ds)
 }
 
 func (s *soak) writeConfig() { s.e.WriteConfigContent(s.content()) }
+
+// tweakedVersions are, by type, versions that differ from the default but for an entry every
+// kubelet passes over: kubelet is told them, so the driver is registered again. (An edit of
+// loop policy alone, such as backoff, is taken by the running loop and registers nothing.)
+var tweakedVersions = map[string]string{
+	"CSIPlugin":    "    supportedVersions: [\"1.0.0\", \"0.9.0\"]\n",
+	"DRAPlugin":    "    supportedVersions: [\"v1.DRAPlugin\", \"v1beta1.DRAPlugin\", \"v1alpha3.NodeService\"]\n",
+	"DevicePlugin": "    supportedVersions: [\"v1beta1\", \"v1alpha\"]\n",
+}
 
 // whole reports whether every configured driver is registered in kubelet at its endpoint, and
 // no other driver of the pool is.

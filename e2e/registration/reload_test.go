@@ -1,8 +1,10 @@
 package registration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -284,4 +286,67 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	wait.Never(t, 2*time.Second, "the hidden edit was applied without a SIGHUP", func() bool { return e.K.Registered(extra.Name) })
 	p.Signal(t, syscall.SIGHUP)
 	wait.For(t, registerTimeout, "the edit applied after SIGHUP", func() bool { return e.K.Registered(extra.Name) })
+}
+
+// 6. A CSI driver's loop policy alone is edited (backoff, registrationTimeout,
+// waitForEndpoint): kubelet sees nothing — no deregistration, no new registration, the same
+// socket — and the running loop takes the new policy: its next failure waits the new backoff.
+func TestReloadLoopPolicyOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cm := e.newConfigMap()
+	ds := testenv.Mixed("", 3) // a CSI driver, a DRA driver, a device plugin
+	csi := ds[0]
+	p := e.startAll(cm, ds)
+	before, inodes := e.Registrations(ds), e.inodes(ds)
+	events := len(e.K.Events())
+
+	edited := slices.Clone(ds)
+	edited[0].Extra = "    backoff: {initialInterval: 4s, maxInterval: 4s, randomizationFactor: 0}\n" +
+		"    registrationTimeout: 30s\n    waitForEndpoint: false\n"
+	cm.write(e.ConfigContent(edited))
+	wait.For(t, registerTimeout, "the edit applied as an update of the CSI driver", func() bool {
+		for _, r := range p.Records() {
+			if r["msg"] == "config reloaded" {
+				return fmt.Sprint(r["updated"]) == "["+csi.Name+"]" && fmt.Sprint(r["changed"]) == "[]"
+			}
+		}
+		return false
+	})
+	wait.Never(t, 3*time.Second, "kubelet saw an edit of loop policy", func() bool { return len(e.K.Events()) != events })
+	for _, d := range ds {
+		if c := e.K.Counts(d.Name); c.Registrations != before[d.Name] || c.Deregistrations != 0 {
+			t.Errorf("%s: %+v after the edit, want its first registration only", d.Name, c)
+		}
+		if got := fileid.Of(e.SocketPath(d)).Ino; got != inodes[d.Name] {
+			t.Errorf("%s: socket inode %d → %d", d.Name, inodes[d.Name], got)
+		}
+	}
+
+	// The next failure: kubelet rejects the socket published after someone removed it. The
+	// loop took the new policy first, and backs off for its 4 s.
+	e.K.FailRegistrations(csi.Name, 1)
+	if err := os.Remove(e.SocketPath(csi)); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, registerTimeout, "the rejection", func() bool { return p.Count("registration failed", csi.Name) == 1 })
+	for _, r := range p.Records() {
+		switch {
+		case r["driver"] != csi.Name:
+		case r["msg"] == "loop policy updated; the registration stays":
+			if r["registrationTimeout"] != float64(30*time.Second) || r["waitForEndpoint"] != false {
+				t.Errorf("the policy taken: %v", r)
+			}
+		case r["msg"] == "registration failed":
+			if r["retryIn"] != float64(4*time.Second) {
+				t.Errorf("retry in %v ns after the rejection, want the new backoff's 4s", r["retryIn"])
+			}
+		}
+	}
+	if n := p.Count("loop policy updated; the registration stays", csi.Name); n != 1 {
+		t.Errorf("the new policy taken %d times, want once", n)
+	}
+	wait.For(t, registerTimeout, "registered again after the backoff", func() bool {
+		return e.K.Registered(csi.Name) && e.K.Counts(csi.Name).Registrations == before[csi.Name]+1
+	})
 }
