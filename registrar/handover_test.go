@@ -296,18 +296,7 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	ds := handoverDrivers(t, dir)
 	d := ds[1] // the device plugin
-	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	l, id, err := sockfile.Publish(d.SocketPath, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := l.File()
-	l.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, f := handedSocket(t, d)
 	// Someone replaces the socket after it was handed over.
 	l2, id2, err := sockfile.Publish(d.SocketPath, nil)
 	if err != nil {
