@@ -14,7 +14,7 @@ import (
 )
 
 // serveTest publishes n sockets in a short directory and serves each through one hub.
-func serveTest(t *testing.T, n int) (*Hub, []*Socket) {
+func serveTest(t testing.TB, n int) (*Hub, []*Socket) {
 	t.Helper()
 	h, err := NewHub(testkit.Logger(t))
 	if err != nil {
