@@ -83,7 +83,8 @@ type driver struct {
 	adopted *adoption
 	handed  *handover.Driver
 
-	// guards: gen, lastGen, pending, policy, st.
+	// guards: gen, lastGen, pending, policy, st. The fields above it are the loop goroutine's,
+	// or set by newDriver and the supervisor before the loop starts.
 	mu      sync.Mutex
 	gen     uint64             // the current socket generation; verdicts for others are dropped
 	lastGen uint64             // the newest generation numbered: each socket gets its own number

@@ -41,6 +41,26 @@ type Options struct {
 }
 
 // Supervisor runs one registration loop per driver and shares one file watcher among them.
+//
+// Who owns what: each loop owns its driver's sockets and state (driver). The supervisor's own
+// state — which loops run, whether a hand-over holds them, whether Run has ended them — is
+// guarded by mu, and changed only by its methods, each on its caller's goroutine: Start, Stop
+// and Update from the reloader, Detach, Resume and Release from a hand-over, Status from HTTP.
+// mu is never held across calls, nor while a loop stops. What outlasts one call is state
+// under mu, and the calls that must wait for it wait on cond:
+//   - a hand-over's pause is detached, set by Detach and cleared by Resume or Release. Start,
+//     Stop and Update arriving meanwhile wait until it is cleared (or Run has ended), and
+//     Detach waits until those already in progress (ops) have returned, so that no reload
+//     changes the drivers while they are handed over;
+//   - the end: ctx ends when Run stops the loops or Release gives them away, under mu, and
+//     every loop is counted in wg under mu after a look at ctx: a loop either starts before
+//     the end, and Run waits for it, or never starts.
+//
+// A goroutine owning the loops and serving these calls as commands was the alternative. Start
+// and Stop each wait for a loop to exit (as long as its server takes to answer the calls
+// begun), which that goroutine would either wait for in turn, stalling every other command,
+// or track for each caller; it would need a life of its own beside Run's, and Status a way
+// in. A monitor keeps each wait on its caller's goroutine, and adds no goroutine.
 type Supervisor struct {
 	log     *slog.Logger
 	cleanup bool
@@ -52,23 +72,28 @@ type Supervisor struct {
 	// probe, if not nil, replaces probe.Endpoint in the loops started after it is set (tests).
 	probe func(context.Context, config.Driver) error
 
-	ctx    context.Context // parent of every loop; ends when Run returns
+	ctx    context.Context // parent of every loop; ends, under mu, when Run returns or Release
 	cancel context.CancelCauseFunc
-	wg     sync.WaitGroup // every loop
+	wg     sync.WaitGroup // every loop; added to under mu, before ctx ends
 
-	// gate: Start, Stop and Update hold it shared; a hand-over holds it from Detach until
-	// Resume or Release, so that no reload changes the drivers meanwhile.
-	gate sync.RWMutex
-
-	mu      sync.Mutex
+	// guards: running, inherited, unfit, detached, ops, and ctx's end (cancel is called
+	// holding it).
+	mu sync.Mutex
+	// cond is signalled, with mu, when detached is cleared, ops falls to 0 or ctx ends.
+	cond    sync.Cond
 	running map[string]*handle
 	// inherited: what a hand-over brought, for Start to take driver by driver.
 	inherited *handover.Snapshot
-	// adopted counts the handed-over sockets the loops serve.
-	adopted atomic.Int64
 	// unfit: the drivers' sockets did not fit in the descriptor budget at the last look
 	// (checkDescriptors).
 	unfit bool
+	// detached: a hand-over stopped the loops (Detach) and has not ended (Resume, Release).
+	detached bool
+	// ops counts the Start, Stop and Update calls past their wait for detached.
+	ops int
+
+	// adopted counts the handed-over sockets the loops serve.
+	adopted atomic.Int64
 }
 
 // handle is one running loop.
@@ -97,7 +122,36 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	moves := &deviceMoves{mode: cmp.Or(opts.DeviceMoves, config.MovesAuto), view: opts.PodResources, log: log}
-	return &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), moves: moves, ctx: ctx, cancel: cancel, running: map[string]*handle{}}, nil
+	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), moves: moves, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
+	s.cond.L = &s.mu
+	return s, nil
+}
+
+// enter waits while a hand-over holds the loops (detached), then counts a Start, Stop or
+// Update in progress, which leave must end. After the end it waits for nothing: the call
+// finds no loop, and starts none.
+func (s *Supervisor) enter() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.detached && s.ctx.Err() == nil {
+		s.cond.Wait()
+	}
+	s.ops++
+}
+
+func (s *Supervisor) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ops--
+	if s.ops == 0 {
+		s.cond.Broadcast()
+	}
+}
+
+// end ends every loop with cause (their context's): Run's shutdown, or Release. mu is held.
+func (s *Supervisor) end(cause error) {
+	s.cancel(cause)
+	s.cond.Broadcast()
 }
 
 // Start starts the loop of d, or restarts it when a driver of that name runs (the old loop is
@@ -109,8 +163,8 @@ func New(opts Options) (*Supervisor, error) {
 // nothing. When d registers it differently, the handed sockets are removed first, as a reload
 // would remove them.
 func (s *Supervisor) Start(d config.Driver) {
-	s.gate.RLock()
-	defer s.gate.RUnlock()
+	s.enter()
+	defer s.leave()
 	s.start(d, nil)
 }
 
@@ -136,6 +190,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 		h.d.probe = s.probe
 	}
 	s.running[d.Name] = h
+	s.wg.Add(1) // before ctx can end: Run's Wait counts this loop
 	s.mu.Unlock()
 	s.checkDescriptors()
 	switch {
@@ -147,14 +202,15 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 		hd.Retire(h.d.log)
 	}
 	// The new loop starts only once the old one is gone, so they never share the socket.
-	s.wg.Go(func() {
+	go func() {
+		defer s.wg.Done()
 		defer close(h.done)
 		if old != nil {
 			old.cancel(errRemoved)
 			<-old.done
 		}
 		h.d.run(ctx)
-	})
+	}()
 	if old != nil {
 		<-old.done
 	}
@@ -164,8 +220,8 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 // holds; backoff, registrationTimeout, waitForEndpoint, required), which the loop takes at its
 // next step. Nothing is published and kubelet is not touched. It is a no-op for unknown names.
 func (s *Supervisor) Update(d config.Driver) {
-	s.gate.RLock()
-	defer s.gate.RUnlock()
+	s.enter()
+	defer s.leave()
 	s.mu.Lock()
 	h, ok := s.running[d.Name]
 	s.mu.Unlock()
@@ -177,8 +233,8 @@ func (s *Supervisor) Update(d config.Driver) {
 // Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and
 // blocks until the loop has exited. It is a no-op for unknown names.
 func (s *Supervisor) Stop(name string) {
-	s.gate.RLock()
-	defer s.gate.RUnlock()
+	s.enter()
+	defer s.leave()
 	s.mu.Lock()
 	h, ok := s.running[name]
 	delete(s.running, name)
@@ -222,10 +278,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		cause = c
 	}
 	s.mu.Lock()
-	s.cancel(cause)
+	s.end(cause)
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
-	s.wg.Wait()
+	s.wg.Wait() // no loop is added from now on: ctx has ended
 	stopView()
 	<-viewDone
 	<-warnDone
@@ -270,10 +326,17 @@ func (s *Supervisor) DropInherited() {
 }
 
 // Detach stops every loop for a hand-over and returns what they hand over (driver.detach):
-// the sockets stay, listening. Start, Stop and Update wait until Resume or Release.
+// the sockets stay, listening. It waits for the Start, Stop and Update calls in progress, and
+// those that come later wait until Resume or Release.
 func (s *Supervisor) Detach() *handover.Snapshot {
-	s.gate.Lock()
 	s.mu.Lock()
+	for s.detached && s.ctx.Err() == nil { // another hand-over's pause: one at a time
+		s.cond.Wait()
+	}
+	s.detached = true
+	for s.ops > 0 {
+		s.cond.Wait()
+	}
 	hs := s.running
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
@@ -292,22 +355,26 @@ func (s *Supervisor) Detach() *handover.Snapshot {
 }
 
 // Resume runs the loops again from what Detach returned, after a hand-over that failed, and
-// lets Start, Stop and Update go on. It takes snap's descriptors.
+// then lets the Start, Stop and Update calls waiting on Detach go on. It takes snap's
+// descriptors.
 func (s *Supervisor) Resume(snap *handover.Snapshot) {
-	defer s.gate.Unlock()
 	for _, h := range snap.TakeAll() {
 		s.start(h.Spec, h)
 	}
 	s.adopted.Store(0) // the loops serve their own sockets again
+	s.mu.Lock()
+	s.detached = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
 }
 
 // Release ends a hand-over that succeeded: the supervisor runs no loop again (Start does
 // nothing), and the calls waiting on Detach return.
 func (s *Supervisor) Release() {
 	s.mu.Lock()
-	s.cancel(errHandOff)
-	s.mu.Unlock()
-	s.gate.Unlock()
+	defer s.mu.Unlock()
+	s.detached = false
+	s.end(errHandOff)
 }
 
 // Status returns a snapshot of every driver, sorted by name.

@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -193,5 +195,209 @@ func TestCleanupOnExitRemovesSockets(t *testing.T) {
 		if _, err := os.Lstat(p); !os.IsNotExist(err) {
 			t.Errorf("%s after shutdown with cleanup: %v, want removed", p, err)
 		}
+	}
+}
+
+// loopEnds is a log handler that records, in order, the end of every loop that removes its
+// socket (a supervisor with CleanupOnExit) and the marks a test sets.
+type loopEnds struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (*loopEnds) Enabled(context.Context, slog.Level) bool { return true }
+
+func (e *loopEnds) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "registration socket removed; kubelet deregisters the plugin" {
+		e.mark("a loop ended")
+	}
+	return nil
+}
+
+func (e *loopEnds) WithAttrs([]slog.Attr) slog.Handler { return e }
+func (e *loopEnds) WithGroup(string) slog.Handler      { return e }
+
+func (e *loopEnds) mark(what string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.events = append(e.events, what)
+}
+
+// endedAfter reports whether a loop ended after the mark what.
+func (e *loopEnds) endedAfter(what string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	marked := false
+	for _, ev := range e.events {
+		switch {
+		case ev == what:
+			marked = true
+		case marked:
+			return true
+		}
+	}
+	return false
+}
+
+// TestStartRacingShutdownRunsNoLoopAfterRun: a Start that races Run's shutdown either starts
+// a loop that Run waits for, or none: no loop runs once Run has returned (nor does the race
+// panic, reusing the loops' WaitGroup).
+func TestStartRacingShutdownRunsNoLoopAfterRun(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	const rounds = 300
+	logs := make([]*loopEnds, rounds)
+	for i := range rounds {
+		d := testDriver(filepath.Join(dir, fmt.Sprint(i)), "vendor.example/gpu", config.DevicePlugin, filepath.Join(dir, "ep", "none.sock"))
+		d.WaitForEndpoint = false
+		logs[i] = &loopEnds{}
+		s, err := New(Options{Log: slog.New(logs[i]), CleanupOnExit: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := make(chan struct{})
+		go func() {
+			defer close(ran)
+			s.Run(ctx)
+			logs[i].mark("Run returned")
+		}()
+		started := make(chan struct{})
+		go func() {
+			defer close(started)
+			s.Start(d)
+		}()
+		cancel()
+		<-ran
+		<-started
+		if len(s.Status()) != 0 {
+			t.Fatal("a driver is listed after Run returned")
+		}
+	}
+	// A loop that outlived Run ends at once (its context has ended): every round is looked at
+	// once all have run.
+	for i, l := range logs {
+		if l.endedAfter("Run returned") {
+			t.Fatalf("round %d: a loop ended after Run had returned", i)
+		}
+	}
+}
+
+// detached runs a supervisor with driver a, detached (as for a hand-over), and b, a driver it
+// does not run. The supervisor runs until the test ends.
+func detached(t *testing.T) (s *Supervisor, a, b config.Driver, snap *handover.Snapshot) {
+	t.Helper()
+	dir := testkit.ShortDir(t)
+	a = testDriver(dir, "vendor.example/a", config.DevicePlugin, filepath.Join(dir, "ep", "a.sock"))
+	b = testDriver(dir, "vendor.example/b", config.DevicePlugin, filepath.Join(dir, "ep", "b.sock"))
+	a.WaitForEndpoint, b.WaitForEndpoint = false, false
+	s = runSupervisor(t, Options{})
+	s.Start(a)
+	awaitSocket(t, a)
+	snap = s.Detach()
+	t.Cleanup(func() { snap.Close() })
+	if snap.Len() != 1 {
+		t.Fatalf("Detach handed over %d drivers, want 1", snap.Len())
+	}
+	return s, a, b, snap
+}
+
+// returned reports whether done is closed.
+func returned(done <-chan struct{}) func() bool {
+	return func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// TestDetachHoldsStartUntilResume: a Start during a hand-over's pause waits until Resume has
+// run the detached loops again, then runs its own.
+func TestDetachHoldsStartUntilResume(t *testing.T) {
+	s, a, b, snap := detached(t)
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		s.Start(b)
+	}()
+	testkit.Never(t, 300*time.Millisecond, "Start returned during a hand-over's pause", returned(started))
+	if testkit.IsSocket(b.SocketPath) {
+		t.Fatal("a driver started during a hand-over's pause published its socket")
+	}
+	s.Resume(snap)
+	testkit.Eventually(t, 5*time.Second, "Start returned after Resume", returned(started))
+	awaitSocket(t, b)
+	if got := len(s.Status()); got != 2 {
+		t.Errorf("status lists %d drivers after Resume and Start, want 2 (%s and %s)", got, a.Name, b.Name)
+	}
+}
+
+// TestReleaseEndsTheCallsWaitingOnDetach: the calls waiting on a hand-over's pause return
+// once it succeeded (Release), and change nothing: the sockets are the next instance's.
+func TestReleaseEndsTheCallsWaitingOnDetach(t *testing.T) {
+	s, a, b, _ := detached(t)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Start(b) })
+	wg.Go(func() { s.Stop(a.Name) })
+	wg.Go(func() { s.Update(a) })
+	go func() {
+		defer close(done)
+		wg.Wait()
+	}()
+	testkit.Never(t, 300*time.Millisecond, "a call returned during a hand-over's pause", returned(done))
+	s.Release()
+	testkit.Eventually(t, 5*time.Second, "Start, Stop and Update returned after Release", returned(done))
+	if !testkit.IsSocket(a.SocketPath) {
+		t.Error("a Stop waiting on the hand-over removed the socket handed over")
+	}
+	if testkit.IsSocket(b.SocketPath) {
+		t.Error("a Start waiting on the hand-over published a socket after Release")
+	}
+	if got := len(s.Status()); got != 0 {
+		t.Errorf("status lists %d drivers after Release, want 0", got)
+	}
+}
+
+// TestRunEndingEndsTheCallsWaitingOnDetach: once Run has returned, Start does nothing and
+// Stop and Update return, also when they waited on a hand-over's pause that never ended.
+func TestRunEndingEndsTheCallsWaitingOnDetach(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	a := testDriver(dir, "vendor.example/a", config.DevicePlugin, filepath.Join(dir, "ep", "a.sock"))
+	b := testDriver(dir, "vendor.example/b", config.DevicePlugin, filepath.Join(dir, "ep", "b.sock"))
+	a.WaitForEndpoint, b.WaitForEndpoint = false, false
+	s, err := New(Options{Log: testkit.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		s.Run(ctx)
+	}()
+	s.Start(a)
+	awaitSocket(t, a)
+	snap := s.Detach()
+	defer snap.Close()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Start(b) })
+	wg.Go(func() { s.Stop(a.Name) })
+	wg.Go(func() { s.Update(a) })
+	go func() {
+		defer close(done)
+		wg.Wait()
+	}()
+	cancel()
+	testkit.Eventually(t, 5*time.Second, "Run returned", returned(ran))
+	testkit.Eventually(t, 5*time.Second, "Start, Stop and Update returned after Run", returned(done))
+	if testkit.IsSocket(b.SocketPath) {
+		t.Error("a Start after Run published a socket")
+	}
+	if !testkit.IsSocket(a.SocketPath) {
+		t.Error("a Stop after Run removed a socket")
 	}
 }

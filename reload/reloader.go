@@ -88,6 +88,7 @@ type Reloader struct {
 	seen    string // the last content (or read error) judged, so that it is judged once
 	refused string // why MoveDir refused the content seen, which is then judged again; or ""
 
+	// guards: state.
 	mu    sync.Mutex
 	state State
 }

@@ -30,10 +30,11 @@ var httpMaxConns = 16
 type connCap struct {
 	log *slog.Logger
 
+	// guards: conns.
 	mu sync.Mutex
 	// conns: every open connection, with what it is doing and since when.
 	conns map[net.Conn]connUse
-	// closed: the warning about connections closed beyond the bound.
+	// closed: the warning about connections closed beyond the bound (its own lock).
 	closed throttle.Warning
 }
 

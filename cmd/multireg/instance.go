@@ -15,6 +15,7 @@ type instance struct {
 	base  *prometheus.Registry // build info and the runtime: whatever the role
 	roles *prometheus.Registry // multireg_instance_role: whatever the role
 
+	// guards: role, since, detail, state, reg. base and roles are set by newInstance.
 	mu     sync.Mutex
 	role   string
 	since  time.Time

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,23 +38,25 @@ type Watcher struct {
 	fs  *fsnotify.Watcher
 	log *slog.Logger
 
-	// opsMu serializes adding and removing inotify watches, and with them the moves of
-	// subscriptions between directories. It is never taken by dispatch: fsnotify may hold its
-	// own lock while it waits for dispatch to read an event.
+	// guards: polling. It also serializes adding and removing inotify watches, and with them
+	// the moves of subscriptions between directories. It is never taken by dispatch: fsnotify
+	// may hold its own lock while it waits for dispatch to read an event.
 	opsMu sync.Mutex
-	// mu guards dirs, and where each subscription is registered.
+	// guards: dirs, and the watchedDir records in it (which are the watcher's alone).
 	mu   sync.Mutex
 	dirs map[string]*watchedDir
 	// polling counts the subscriptions that look at their file themselves because inotify
-	// refused a watch (poll.go); under opsMu. One warning when it leaves 0, one info line
-	// when it is back to 0.
+	// refused a watch (poll.go). One warning when it leaves 0, one info line when it is back
+	// to 0.
 	polling int
 }
 
+// watchedDir is a directory where subscriptions are registered: the file's own, or an
+// ancestor of it while the file's is missing.
 type watchedDir struct {
-	active bool // an inotify watch is in place
-	lost   int  // how many times the watch was lost
-	subs   map[*Subscription]struct{}
+	active bool                       // an inotify watch is in place
+	lost   int                        // how many times the watch was lost
+	subs   map[*Subscription]struct{} // registered here (Subscription.awaitedIn says for what)
 }
 
 // Change is what may have happened to a subscription's file since its owner last took the
@@ -79,14 +82,15 @@ type Subscription struct {
 	pattern bool          // name is a pattern
 	c       chan struct{} // capacity 1: a pending wake-up
 
-	// Where the subscription is registered, written by its owner under w.mu: at is dir or,
-	// while dir is missing, its nearest existing ancestor; want is the name awaited in at
-	// (the file's, or the next missing directory's).
-	at, want string
-
+	// guards: events.
 	mu     sync.Mutex
 	events Change
 
+	// The owner's goroutine alone uses the fields below (Subscribe, Take and Close run on it).
+	// at is where the subscription is registered: dir or, while dir is missing, its nearest
+	// existing ancestor; "" when nowhere. The watcher knows it as the directory whose record
+	// holds the subscription.
+	at string
 	// While inotify refuses the watch: the timer of the next look, and the file at the last
 	// (for a pattern, the matching files: seenSet).
 	poll       *time.Timer
@@ -95,20 +99,34 @@ type Subscription struct {
 	seenSet    string
 }
 
-// awaits reports whether base, a name in the directory where s is registered, is what s awaits
-// there: the file, a file matching its pattern, or the next missing directory on the way.
 // C is woken when the subscription's file may have changed; Take says what may have happened.
 func (s *Subscription) C() <-chan struct{} { return s.c }
 
 // Path is the file subscribed to (for a pattern, the pattern's path).
 func (s *Subscription) Path() string { return s.path }
 
-func (s *Subscription) awaits(base string) bool {
-	if s.pattern && s.at == s.dir {
+// awaits reports whether base, a name in at, the directory where s is registered, is what s
+// awaits there: the file, a file matching its pattern, or the next missing directory on the
+// way.
+func (s *Subscription) awaits(at, base string) bool {
+	if s.pattern && at == s.dir {
 		ok, _ := filepath.Match(s.name, base)
 		return ok
 	}
-	return s.want == base
+	return s.awaitedIn(at) == base
+}
+
+// awaitedIn is the name s awaits in at, the directory where it is registered: in its own
+// directory the file's name (or pattern), in an ancestor the next directory on the way to it.
+func (s *Subscription) awaitedIn(at string) string {
+	if at == s.dir {
+		return s.name
+	}
+	rest := strings.TrimPrefix(strings.TrimPrefix(s.dir, at), string(filepath.Separator))
+	if i := strings.IndexByte(rest, filepath.Separator); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }
 
 // New returns a watcher with its inotify instance; Run must run for subscriptions to be woken,
@@ -170,22 +188,23 @@ func (w *Watcher) dispatch(ev fsnotify.Event) {
 		d.active = false
 		d.lost++
 		for s := range d.subs {
-			if s.at == s.dir {
+			if ev.Name == s.dir {
 				s.kick(DirGone | mend)
 			} else {
 				s.kick(mend) // an ancestor: watch a higher one
 			}
 		}
 	}
-	d, ok := w.dirs[filepath.Dir(ev.Name)]
+	at := filepath.Dir(ev.Name)
+	d, ok := w.dirs[at]
 	if !ok {
 		return
 	}
 	base := filepath.Base(ev.Name)
 	for s := range d.subs {
 		switch {
-		case !s.awaits(base):
-		case s.at != s.dir:
+		case !s.awaits(at, base):
+		case at != s.dir:
 			s.kick(mend) // a directory on the way to the file: watch deeper
 		case ev.Has(fsnotify.Create):
 			s.kick(Created)
@@ -293,7 +312,7 @@ func (s *Subscription) mend() Change {
 func (s *Subscription) place() (added bool, err error) {
 	at, want := s.dir, s.name
 	for {
-		added, err = s.w.watchAt(s, at, want)
+		added, err = s.w.watchAt(s, at)
 		if err == nil {
 			break
 		}
@@ -312,9 +331,9 @@ func (s *Subscription) place() (added bool, err error) {
 	return added, nil
 }
 
-// watchAt registers s in dir, awaiting want there, and makes sure dir is watched. It reports
-// whether it added the watch. The caller holds opsMu.
-func (w *Watcher) watchAt(s *Subscription, dir, want string) (added bool, err error) {
+// watchAt registers s in dir, and makes sure dir is watched. It reports whether it added the
+// watch. The caller holds opsMu.
+func (w *Watcher) watchAt(s *Subscription, dir string) (added bool, err error) {
 	w.mu.Lock()
 	var unwatch string
 	if s.at != dir {
@@ -327,7 +346,6 @@ func (w *Watcher) watchAt(s *Subscription, dir, want string) (added bool, err er
 		d.subs[s] = struct{}{}
 		s.at = dir
 	}
-	s.want = want
 	d := w.dirs[dir]
 	active, lost := d.active, d.lost
 	w.mu.Unlock()
@@ -385,7 +403,7 @@ func (w *Watcher) Watches(dir, name string) bool {
 		return false
 	}
 	for s := range d.subs {
-		if s.want == name {
+		if s.awaitedIn(dir) == name {
 			return true
 		}
 	}

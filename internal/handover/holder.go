@@ -71,8 +71,9 @@ type Server struct {
 	lock Lock
 	log  *slog.Logger
 	t    Timeouts
-	// busy is held by a hand-over from Detach until Resume or the release; done once the
-	// directory went to a new instance.
+	// guards: done, once the directory went to a new instance. Serve holds it for a whole
+	// hand-over (from Detach until Resume or the release, within the one call), and refuses
+	// a second request while it is held.
 	busy sync.Mutex
 	done bool
 	// noise throttles the warnings about requests that are not hand-overs (warn).

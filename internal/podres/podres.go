@@ -84,7 +84,7 @@ type View struct {
 	path string
 	log  *slog.Logger
 
-	// guards: every field below.
+	// guards: last, up, down, runs, changed, quickUntil. (wake is a channel, set by New.)
 	mu   sync.Mutex
 	last Reading
 	// up: the last read answered. down: a failed read was logged, and not since a success.

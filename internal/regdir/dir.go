@@ -30,8 +30,9 @@ import (
 type Dir struct {
 	log *slog.Logger
 
-	// mu serializes every use of the lock: a check, a move, the release, and the write of
-	// the owned record, which happens only while the lock is checked held.
+	// guards: lock (and the dirLock it points to, Dir's alone), released. It serializes every
+	// use of the lock: a check, a move, the release, and the write of the owned record, which
+	// happens only while the lock is checked held.
 	mu   sync.Mutex
 	lock *dirLock
 	// released: the lock went to another instance by a hand-over; nothing is released again.
@@ -46,7 +47,7 @@ type Dir struct {
 	requests chan *net.UnixConn
 	slots    chan struct{}
 	handed   chan error
-	// reqMu guards inflight, the requests being served (Close closes them), and closing.
+	// guards: inflight, the requests being served (Close closes them), and closing.
 	reqMu    sync.Mutex
 	inflight map[*net.UnixConn]struct{}
 	closing  bool

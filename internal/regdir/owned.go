@@ -87,6 +87,7 @@ func removeOrphans(dir string, keep []string, log *slog.Logger) ([]string, error
 type ownedRecord struct {
 	log *slog.Logger
 
+	// guards: pending, lastErr.
 	mu      sync.Mutex
 	pending *config.RegistrarConfig // a configuration whose record failed; nil when written
 	lastErr string

@@ -3,6 +3,7 @@ package regserver
 import (
 	"fmt"
 	"os"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -92,8 +93,10 @@ func (h *Hub) fdRoom() int { return h.fdLimit - h.fdReserve - h.nsocks - len(h.c
 // Slot is a registration socket's descriptor, claimed before the socket is created (Claim) and
 // given to Serve.
 type Slot struct {
-	h    *Hub
-	held bool // until Serve takes it, or Release
+	h *Hub
+	// held: the descriptor is counted in the hub's nsocks for this slot, until Serve takes it
+	// (take) or Release gives it back; whichever clears it does the counting.
+	held atomic.Bool
 }
 
 // Claim claims a descriptor for the registration socket at path, or fails with a NoRoomError.
@@ -104,18 +107,23 @@ func (h *Hub) Claim(path string) (*Slot, error) {
 		return nil, &NoRoomError{Path: path, Budget: h.budgetLocked()}
 	}
 	h.nsocks++
-	return &Slot{h: h, held: true}, nil
+	s := &Slot{h: h}
+	s.held.Store(true)
+	return s, nil
+}
+
+// take takes the slot for the socket being added: its descriptor is counted already. False
+// when there is none to take (nil, or released): the caller counts the socket.
+func (s *Slot) take() bool {
+	return s != nil && s.held.CompareAndSwap(true, false)
 }
 
 // Release gives the slot back unless Serve took it. It is idempotent, and nil does nothing.
 func (s *Slot) Release() {
-	if s == nil {
+	if !s.take() {
 		return
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	if s.held {
-		s.held = false
-		s.h.nsocks--
-	}
+	s.h.nsocks--
 }

@@ -26,20 +26,25 @@ type Hub struct {
 	ep   *os.File // the epoll instance
 	epRC syscall.RawConn
 
-	mu      sync.Mutex
-	socks   map[int32]*Socket // by listening descriptor
+	// guards: socks, started, closed, dead, nsocks, conns, calls, seq.
+	mu sync.Mutex
+	// socks: the sockets whose connections the loop accepts, by listening descriptor; each
+	// is counted in nsocks.
+	socks   map[int32]*Socket
 	started bool
 	closed  bool
 	dead    bool // the loop ended on an error
 
-	// The bounds (limits.go) and the descriptor budget (budget.go).
+	// The bounds (limits.go) and the descriptor budget (budget.go). lim, fdLimit and
+	// fdReserve are set once, by NewHub.
 	lim       limits
 	fdLimit   int
 	fdReserve int                // descriptors the sockets leave to the rest (budget.go)
 	nsocks    int                // sockets counted against fdLimit, and slots claimed
-	conns     map[*conn]struct{} // connections admitted and not released
+	conns     map[*conn]connUse  // connections admitted and not released, and what each is doing
 	calls     map[*call]struct{} // calls in flight
-	refusals  throttle.Warning   // the warning about connections and calls refused or cut
+	seq       uint64             // numbers accepts and calls' ends in their order (connUse.last)
+	refusals  throttle.Warning   // the warning about connections and calls refused or cut; its own lock
 
 	quit   chan struct{}  // closed by close
 	done   chan struct{}  // closed when the loop has returned
@@ -67,7 +72,7 @@ func NewHub(log *slog.Logger) (*Hub, error) {
 	}
 	return &Hub{
 		log: log, ep: ep, epRC: rc, socks: map[int32]*Socket{}, quit: make(chan struct{}), done: make(chan struct{}), lim: defaultLimits(),
-		fdLimit: fdLimit(), fdReserve: openFDs() + SpareFDs, conns: map[*conn]struct{}{}, calls: map[*call]struct{}{},
+		fdLimit: fdLimit(), fdReserve: openFDs() + SpareFDs, conns: map[*conn]connUse{}, calls: map[*call]struct{}{},
 		refusals: throttle.Warning{Every: throttle.Interval},
 	}, nil
 }
@@ -88,11 +93,8 @@ func (h *Hub) add(g *Socket, slot *Slot) error {
 	if cerr := h.ctl(g, func(ep, fd int) {
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
 		if err = syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err == nil {
-			h.socks[int32(fd)] = g
-			g.counted = true
-			if slot != nil && slot.held {
-				slot.held = false
-			} else {
+			h.socks[g.fd] = g
+			if !slot.take() {
 				h.nsocks++
 			}
 		}
@@ -118,19 +120,15 @@ func (h *Hub) add(g *Socket, slot *Slot) error {
 func (h *Hub) remove(g *Socket) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if g.counted {
-		g.counted = false
-		h.nsocks--
+	if h.socks[g.fd] != g {
+		return // never added, or removed already
 	}
+	delete(h.socks, g.fd)
+	h.nsocks--
 	if h.closed {
 		return // the epoll instance is closed, or going
 	}
-	_ = h.ctl(g, func(ep, fd int) {
-		if h.socks[int32(fd)] == g {
-			delete(h.socks, int32(fd))
-			_ = syscall.EpollCtl(ep, syscall.EPOLL_CTL_DEL, fd, nil)
-		}
-	})
+	_ = h.ctl(g, func(ep, fd int) { _ = syscall.EpollCtl(ep, syscall.EPOLL_CTL_DEL, fd, nil) })
 }
 
 // ctl runs f with the epoll instance's descriptor and g's listening one, both held open.
@@ -268,8 +266,9 @@ const acceptWait = 50 * time.Millisecond
 // keeps the connection.
 type oneConn struct {
 	addr net.Addr
-	mu   sync.Mutex
-	c    net.Conn // until Accept takes it
+	// guards: c.
+	mu sync.Mutex
+	c  net.Conn // until Accept takes it
 }
 
 // errServed ends a Serve call whose connection was taken.

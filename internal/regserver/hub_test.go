@@ -14,13 +14,13 @@ import (
 )
 
 // serveTest publishes n sockets in a short directory and serves each through one hub.
-func serveTest(t *testing.T, n int) (*Hub, []*Socket) {
+func serveTest(t testing.TB, n int) (*Hub, []*Socket) {
 	t.Helper()
 	return serveTestWith(t, n, nil)
 }
 
 // serveTestWith is serveTest with the hub's limits changed by lower, if not nil.
-func serveTestWith(t *testing.T, n int, lower func(*limits)) (*Hub, []*Socket) {
+func serveTestWith(t testing.TB, n int, lower func(*limits)) (*Hub, []*Socket) {
 	t.Helper()
 	h, err := NewHub(testkit.Logger(t))
 	if err != nil {

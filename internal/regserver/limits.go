@@ -61,23 +61,28 @@ func defaultLimits() limits {
 }
 
 // conn is what the hub and a generation's server know of one accepted connection. It is the
-// connection's gRPC AuthInfo, so that a call finds it (connOf). Fields below c are the hub's,
-// under its mu.
+// connection's gRPC AuthInfo, so that a call finds it (connOf). Its fields are set by admit,
+// before anything else sees it, but asked, which is atomic; what the connection is doing is
+// the hub's (connUse).
 type conn struct {
 	credentials.CommonAuthInfo
-	id  uint64
-	c   net.Conn
-	g   *Socket
-	pid int32 // the peer process (SO_PEERCRED); 0 when unknown
-
-	last  time.Time   // when its last call ended; when it was accepted before
-	calls int         // calls in flight
-	began bool        // a call began on it
-	asked atomic.Bool // it called GetInfo (not under mu)
-	timer *time.Timer
+	id    uint64
+	c     net.Conn
+	g     *Socket
+	pid   int32       // the peer process (SO_PEERCRED); 0 when unknown
+	timer *time.Timer // closes it when no call begins on it in firstCallTimeout (noCall)
+	asked atomic.Bool // it called GetInfo
 }
 
-// call is one call in flight, from its headers (the tap) to its end.
+// connUse is what an admitted connection is doing, as the hub counts it (Hub.conns).
+type connUse struct {
+	last  uint64 // when its last call ended, or before that when it was accepted (Hub.seq)
+	calls int32  // calls in flight
+	began bool   // a call began on it
+}
+
+// call is one call in flight, from its headers (the tap) to its end. Its fields are set by
+// tap, before the call goes on.
 type call struct {
 	cn      *conn
 	at      time.Time
@@ -97,11 +102,11 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 	pid := peerPID(c)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if g.nconns >= h.lim.maxConnsPerSocket && !h.evictFair(g, pid) {
-		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, those of this connection's process each with a call in flight", g.nconns))
+	if n := h.connsOf(g); n >= h.lim.maxConnsPerSocket && !h.evictFair(g, pid) {
+		h.refused("connection", g.path, fmt.Sprintf("the socket holds %d connections, those of this connection's process each with a call in flight", n))
 		return nil
 	}
-	if limit := h.connLimit(); (g.nconns >= h.lim.socketReserve || len(h.conns) >= limit+h.lim.maxConns) && len(h.conns) >= limit && !h.evict(nil, true) {
+	if limit := h.connLimit(); (h.connsOf(g) >= h.lim.socketReserve || len(h.conns) >= limit+h.lim.maxConns) && len(h.conns) >= limit && !h.evict(nil, true) {
 		h.refused("connection", g.path, fmt.Sprintf("the registration sockets hold %d connections", len(h.conns)))
 		return nil
 	}
@@ -109,13 +114,23 @@ func (h *Hub) admit(g *Socket, c *net.UnixConn) *conn {
 		h.refused("connection", g.path, "no file descriptor left for it: "+h.budgetText())
 		return nil
 	}
-	now := time.Now()
-	cn := &conn{id: connIDs.Add(1), c: c, g: g, pid: pid, last: now}
+	cn := &conn{id: connIDs.Add(1), c: c, g: g, pid: pid}
 	cn.CommonAuthInfo = credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
-	cn.timer = time.AfterFunc(h.lim.firstCallTimeout, func() { h.noCall(cn) })
-	g.nconns++
-	h.conns[cn] = struct{}{}
+	cn.timer = time.AfterFunc(h.lim.firstCallTimeout, func() { h.noCall(cn) }) // noCall takes mu: it runs after admit
+	h.seq++
+	h.conns[cn] = connUse{last: h.seq}
 	return cn
+}
+
+// connsOf counts g's connections admitted and not released. mu is held.
+func (h *Hub) connsOf(g *Socket) int {
+	n := 0
+	for cn := range h.conns {
+		if cn.g == g {
+			n++
+		}
+	}
+	return n
 }
 
 // evictFair makes room on g, full, for a connection of process pid. When another process
@@ -144,18 +159,18 @@ func (h *Hub) evictFair(g *Socket, pid int32) bool {
 		top = pid
 	}
 	var old *conn
-	for cn := range h.conns {
-		if cn.g != g || cn.pid != top || (!other && cn.calls > 0) {
+	for cn, u := range h.conns {
+		if cn.g != g || cn.pid != top || (!other && u.calls > 0) {
 			continue
 		}
 		switch {
 		case old == nil:
 			old = cn
-		case (cn.calls == 0) != (old.calls == 0):
-			if cn.calls == 0 {
+		case (u.calls == 0) != (h.conns[old].calls == 0):
+			if u.calls == 0 {
 				old = cn
 			}
-		case evictBefore(cn, old):
+		case h.evictBefore(cn, old):
 			old = cn
 		}
 	}
@@ -189,11 +204,11 @@ func peerPID(c *net.UnixConn) int32 {
 // held.
 func (h *Hub) evict(g *Socket, fresh bool) bool {
 	var old *conn
-	for cn := range h.conns {
-		if (g != nil && cn.g != g) || cn.calls > 0 || (fresh && cn.began) {
+	for cn, u := range h.conns {
+		if (g != nil && cn.g != g) || u.calls > 0 || (fresh && u.began) {
 			continue
 		}
-		if old == nil || evictBefore(cn, old) {
+		if old == nil || h.evictBefore(cn, old) {
 			old = cn
 		}
 	}
@@ -205,12 +220,12 @@ func (h *Hub) evict(g *Socket, fresh bool) bool {
 	return true
 }
 
-// evictBefore reports whether a goes before b.
-func evictBefore(a, b *conn) bool {
+// evictBefore reports whether a goes before b, both admitted. mu is held.
+func (h *Hub) evictBefore(a, b *conn) bool {
 	if aa, ba := a.asked.Load(), b.asked.Load(); aa != ba {
 		return !aa
 	}
-	return a.last.Before(b.last)
+	return h.conns[a].last < h.conns[b].last
 }
 
 // refused counts a connection or call refused or cut and warns: one warning at most every
@@ -225,7 +240,7 @@ func (h *Hub) refused(what, path, why string) {
 // noCall closes cn when no call began on it in the first call's timeout.
 func (h *Hub) noCall(cn *conn) {
 	h.mu.Lock()
-	if _, admitted := h.conns[cn]; cn.began || !admitted {
+	if u, admitted := h.conns[cn]; !admitted || u.began {
 		h.mu.Unlock()
 		return
 	}
@@ -248,7 +263,6 @@ func (h *Hub) releaseLocked(cn *conn) {
 	}
 	cn.timer.Stop()
 	delete(h.conns, cn)
-	cn.g.nconns--
 }
 
 // closeConn releases and closes cn, to make room or because it broke a bound. mu is held.
@@ -279,10 +293,13 @@ func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	cl := &call{cn: cn, at: time.Now(), cancel: cancel, timeout: timeout}
 	h.calls[cl] = struct{}{}
-	cn.calls++
-	if !cn.began {
-		cn.began = true
-		cn.timer.Stop()
+	if u, admitted := h.conns[cn]; admitted { // else cut since: nothing to count
+		u.calls++
+		if !u.began {
+			u.began = true
+			cn.timer.Stop()
+		}
+		h.conns[cn] = u
 	}
 	// The call's end: its stats' End (connStats), or, for a stream gRPC drops before its
 	// handler, its context, cancelled with the stream.
@@ -333,6 +350,10 @@ func (h *Hub) dropCall(cl *call) {
 		return
 	}
 	delete(h.calls, cl)
-	cl.cn.calls--
-	cl.cn.last = time.Now()
+	if u, admitted := h.conns[cl.cn]; admitted {
+		u.calls--
+		h.seq++
+		u.last = h.seq
+		h.conns[cl.cn] = u
+	}
 }

@@ -73,8 +73,16 @@ type registrationServer struct {
 	// another instance answered).
 	anyConn atomic.Bool
 
+	// guards: asked.
 	mu    sync.Mutex
 	asked map[uint64]bool // connections that called GetInfo, until they close
+}
+
+// forget forgets connection id, closed.
+func (s *registrationServer) forget(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.asked, id)
 }
 
 var _ registerapi.RegistrationServer = (*registrationServer)(nil)
@@ -138,14 +146,19 @@ func connOf(ctx context.Context) *conn {
 // each to the server (give). Each generation has a server of its own so that stopping it
 // stops its connections the way gRPC stops a server: the calls begun are answered, then
 // GOAWAY.
+//
+// What the hub counts of a socket (its connections, its descriptor) is the hub's, under the
+// hub's lock; the socket's own fields are set by Serve, or under its own lock.
 type Socket struct {
 	path string
 	l    *net.UnixListener
 	raw  syscall.RawConn // l's descriptor, for the hub
+	fd   int32           // l's descriptor's number, the hub's key for the socket
 	rs   *registrationServer
 	hub  *Hub
 	once sync.Once
 
+	// guards: srv, opening, served, calls, stopped.
 	mu  sync.Mutex
 	srv *grpc.Server // nil while no connection is served
 	// opening: connections given to srv whose HTTP/2 handshake has not ended; stop closes
@@ -155,11 +168,6 @@ type Socket struct {
 	served  int // connections past the handshake and not closed
 	calls   int // calls whose handler has not returned, on any of srv's connections
 	stopped bool
-
-	// The hub's, under its mu: g's connections admitted and not released, and whether g's
-	// descriptor is counted in the budget.
-	nconns  int
-	counted bool
 }
 
 // Bounds on what a client of a registration socket may hold (limits.go has the rest). Kubelet
@@ -195,7 +203,11 @@ func Serve(h *Hub, l *net.UnixListener, path string, svc Service, slot *Slot) (*
 	if err != nil {
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
-	g := &Socket{path: path, l: l, raw: raw, rs: rs, hub: h, opening: map[net.Conn]*conn{}}
+	var fd int32
+	if err := raw.Control(func(d uintptr) { fd = int32(d) }); err != nil {
+		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
+	}
+	g := &Socket{path: path, l: l, raw: raw, fd: fd, rs: rs, hub: h, opening: map[net.Conn]*conn{}}
 	if err := h.add(g, slot); err != nil {
 		return nil, err
 	}
@@ -277,9 +289,7 @@ func (s connStats) HandleConn(ctx context.Context, st stats.ConnStats) {
 		g.mu.Unlock()
 	case *stats.ConnEnd:
 		g.hub.release(c)
-		g.rs.mu.Lock()
-		delete(g.rs.asked, c.id)
-		g.rs.mu.Unlock()
+		g.rs.forget(c.id)
 		g.mu.Lock()
 		g.served--
 		g.dropIdle()

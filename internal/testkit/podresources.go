@@ -16,6 +16,7 @@ type PodResources struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	ep *Endpoint
 
+	// guards: devices, calls.
 	mu      sync.Mutex
 	devices map[string]int
 	calls   int

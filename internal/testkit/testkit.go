@@ -17,6 +17,7 @@ import (
 // Buffer is a bytes.Buffer safe for concurrent writers and readers: a logger writes to it
 // while the test reads it.
 type Buffer struct {
+	// guards: b.
 	mu sync.Mutex
 	b  bytes.Buffer
 }

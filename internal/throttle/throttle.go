@@ -17,6 +17,7 @@ const Interval = 10 * time.Second
 type Warning struct {
 	Every time.Duration
 
+	// guards: logged, count.
 	mu     sync.Mutex
 	logged time.Time // when the last one was logged; zero before the first
 	count  int       // since then, the one being noted included
