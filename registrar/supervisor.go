@@ -40,6 +40,9 @@ type Options struct {
 	DeviceMoves config.DeviceMoves
 }
 
+// A Supervisor is the holder of a hand-over (internal/handover): Detach, Resume, Release.
+var _ handover.Holder = (*Supervisor)(nil)
+
 // Supervisor runs one registration loop per driver and shares one file watcher among them.
 //
 // Who owns what: each loop owns its driver's sockets and state (driver). The supervisor's own

@@ -679,7 +679,7 @@ func TestStatusTableTakenOver(t *testing.T) {
 
 // TestDescriptorsThatDoNotFit: when the drivers' sockets do not fit in RLIMIT_NOFILE, /readyz
 // says so on a line of its own, /status has the numbers and the problem, and the table its
-// line (issue 28, item 3).
+// line.
 func TestDescriptorsThatDoNotFit(t *testing.T) {
 	noRoom := registrar.DriverStatus{Name: "c.csi.example.com", Type: "CSIPlugin", Phase: registrar.BackingOff, Attempts: 1, Failures: 1,
 		LastError: "no file descriptor left for the registration socket /reg/c-reg.sock: RLIMIT_NOFILE is 83", Since: t0}

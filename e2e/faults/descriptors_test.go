@@ -11,9 +11,7 @@ import (
 	"multireg.dev/multireg/e2e/testenv"
 )
 
-// Fault: RLIMIT_NOFILE too low for the drivers (issue 28, item 3: 100 drivers under a hard
-// limit of 64 or 110 took every descriptor, registered none, and /healthz, /readyz and the
-// config's reload stopped). 60 drivers under 64: the sockets that fit are served and
+// Fault: RLIMIT_NOFILE too low for the drivers. 60 drivers under 64: the sockets that fit are served and
 // registered by kubelet, the others say why in /status, /readyz names what does not fit, the
 // HTTP API answers throughout, and a config the limit fits is read and applied.
 func TestTooFewDescriptors(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 // floodEnv names the sockets a flooding child process floods (TestConnectionFloodChild).
 const floodEnv = "MULTIREG_TEST_FLOOD_SOCKETS"
 
-// Fault: a flood of connections on every registration socket (issue 28, attacks 1 and 2), from
+// Fault: a flood of connections on every registration socket, from
 // a process of its own as a hostile peer's: connections that send only the HTTP/2 preface, and
 // connections that start a request and never finish it, 20 a socket, each opened again as soon
 // as multireg closes it. Meanwhile a driver's socket is deleted: multireg publishes it again

@@ -1,5 +1,5 @@
 // Package h2flood floods multireg's registration sockets as a buggy or hostile local peer
-// would (issue 28, attacks 1 and 2): connections that send only the HTTP/2 preface and
+// would: connections that send only the HTTP/2 preface and
 // SETTINGS, or that start a NotifyRegistrationStatus call and never finish its request, each
 // opened again as soon as multireg closes it. TestConnectionFlood (e2e/faults) and the attack
 // command (e2e/cmd/attack) flood with it.

@@ -80,7 +80,7 @@ func takeEverything(t *testing.T, reg string) (time.Time, int) {
 // 8. A successor that takes every socket and the lock's descriptor and never acknowledges
 // leaves the holder serving again within a couple of seconds — Ready, role serving, every
 // socket answering — still holding the directory, with no driver registered again; a real
-// hand-over works after (issue 28, 8).
+// hand-over works after.
 func TestHandoverNeverAcknowledged(t *testing.T) {
 	t.Parallel()
 	const n = 30

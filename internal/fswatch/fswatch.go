@@ -27,7 +27,7 @@ import (
 //   - while the directory is missing, it watches the nearest existing ancestor and descends as
 //     the missing directories appear;
 //   - where inotify refuses a watch (its watch limit), it looks at the file itself every
-//     dirPollInterval.
+//     PollInterval.
 //
 // The mending runs in Take, on the owner's goroutine (dispatch never adds a watch, see opsMu),
 // and a look is due when a timer kicks the subscription: no goroutine runs for it.
@@ -243,7 +243,7 @@ func (w *Watcher) subscribeTo(path string, pattern bool) *Subscription {
 }
 
 // Take returns and clears what may have happened to the file since the last Take. It mends
-// the watch first when that is due, and then reports evLost if events may have been missed.
+// the watch first when that is due, and then reports Lost if events may have been missed.
 func (s *Subscription) Take() Change {
 	s.mu.Lock()
 	ev := s.events
@@ -282,7 +282,7 @@ func (s *Subscription) kick(what Change) {
 }
 
 // mend puts in place what keeps the promise: the watch of the file's directory, or of its
-// nearest existing ancestor, or else a look every dirPollInterval. It reports evLost when a
+// nearest existing ancestor, or else a look every PollInterval. It reports Lost when a
 // watch was added or moved (events before it are lost), and while polling what the look found.
 func (s *Subscription) mend() Change {
 	w := s.w

@@ -152,7 +152,7 @@ func TestSubscriptionDescendsAsDirectoriesAppear(t *testing.T) {
 }
 
 // TestSubscriptionPollsAtTheWatchLimit: where inotify refuses every watch, the file is looked
-// at every dirPollInterval and what the look finds is reported; once inotify allows a watch
+// at every PollInterval and what the look finds is reported; once inotify allows a watch
 // again, the directory is watched and events may have been lost.
 func TestSubscriptionPollsAtTheWatchLimit(t *testing.T) {
 	if !testkit.AtWatchLimit(t, 0) {
@@ -222,8 +222,7 @@ func TestSubscriptionMatchingPollsAtTheWatchLimit(t *testing.T) {
 }
 
 // TestOneWarningAtTheWatchLimit: however many paths inotify refuses, one warning names the
-// limit, and one info line says when every path is watched again (issue 28, item 12: one
-// warning per path).
+// limit, and one info line says when every path is watched again.
 func TestOneWarningAtTheWatchLimit(t *testing.T) {
 	if !testkit.AtWatchLimit(t, 0) {
 		return
@@ -263,7 +262,7 @@ func TestOneWarningAtTheWatchLimit(t *testing.T) {
 }
 
 // TestNewNamesTheInstanceLimit: with inotify's instances all taken, New's error names the
-// instance limit, not the process's descriptors (issue 28, item 12: "too many open files").
+// instance limit, not the process's descriptors.
 func TestNewNamesTheInstanceLimit(t *testing.T) {
 	if !testkit.AtInstanceLimit(t, 0) {
 		return

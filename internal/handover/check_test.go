@@ -29,7 +29,7 @@ func handedSocket(t *testing.T, l *net.UnixListener, path string) *Socket {
 	return &Socket{Path: path, ID: id, File: f}
 }
 
-// TestCheckNeedsTheSocketBoundAtThePath (issue 28, 4): a handed descriptor is served only if
+// TestCheckNeedsTheSocketBoundAtThePath: a handed descriptor is served only if
 // it is the socket bound at its path — not merely a listening socket while the file at the
 // path has the identity the predecessor claims. A socket published by rename (bound at a
 // temporary name) passes, and so does one while kubelet's connection waits on it.

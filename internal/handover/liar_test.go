@@ -97,7 +97,7 @@ func sameLockFile(dir string) func(*os.File) error {
 	}
 }
 
-// TestAskNeedsTheLockHeld (issue 28, 5): a lock descriptor that is the lock file but does
+// TestAskNeedsTheLockHeld: a lock descriptor that is the lock file but does
 // not hold its lock (another open of it) is refused before the acknowledgement: the new
 // instance would serve while nobody holds the directory. The holder's own open file, which
 // holds it, is taken.
@@ -133,7 +133,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	}
 }
 
-// TestRetireRemovesOnlyWhatWasHanded (issue 28, 6): the sockets of handed drivers no loop
+// TestRetireRemovesOnlyWhatWasHanded: the sockets of handed drivers no loop
 // takes are removed only when they are registration sockets of the directory held and the
 // handed descriptor is the socket bound there: a predecessor that names another process's
 // socket, outside the directory or in it, has it left alone.

@@ -18,7 +18,7 @@ func (idleHolder) Detach() *handover.Snapshot  { return &handover.Snapshot{} }
 func (idleHolder) Resume(s *handover.Snapshot) { s.Close() }
 func (idleHolder) Release()                    {}
 
-// TestDirServesRequestsConcurrently (issue 28, 9): the requests being served are the Dir's
+// TestDirServesRequestsConcurrently: the requests being served are the Dir's
 // own: more silent ones than are served at once wait in the kernel's queue, and Close ends
 // those being served at once, rather than after their hello's timeout, and waits for them.
 func TestDirServesRequestsConcurrently(t *testing.T) {

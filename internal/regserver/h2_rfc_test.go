@@ -7,7 +7,7 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// The HTTP/2 findings of issue 28 (item 11), re-checked against grpc-go's server. Request
+// HTTP/2 abuse of the registration sockets, re-checked against grpc-go's server. Request
 // trailers on a stream the server has ended still close the connection: grpc-go's
 // (http2Server.operateHeaders refuses a stream id at or below the highest seen), not ours, and
 // kubelet sends none.

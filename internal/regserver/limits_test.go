@@ -16,8 +16,7 @@ import (
 )
 
 // TestAConnectionWithoutACallIsClosed: a connection that sends the HTTP/2 preface and nothing
-// else is closed once firstCallTimeout has passed (issue 28, attack 2: 15,000 of them got
-// multireg OOM-killed), and kubelet's connections are served meanwhile.
+// else is closed once firstCallTimeout has passed, and kubelet's connections are served meanwhile.
 func TestAConnectionWithoutACallIsClosed(t *testing.T) {
 	_, gs := serveTestWith(t, 1, func(l *limits) { l.firstCallTimeout = 300 * time.Millisecond })
 	p := dialH2(t, gs[0].path)
@@ -50,8 +49,7 @@ func TestAConnectionThatNeverSpeaksIsForgotten(t *testing.T) {
 
 // TestAnUnfinishedRequestIsCut: a request that declares more than maxRequest is refused at
 // once; one within it that never arrives whole is cut once callTimeout has passed from its
-// headers (issue 28, attack 1: 100 connections each holding an unfinished 1 MiB request got
-// multireg OOM-killed). The connection goes on serving.
+// headers. The connection goes on serving.
 func TestAnUnfinishedRequestIsCut(t *testing.T) {
 	_, gs := serveTestWith(t, 1, func(l *limits) { l.callTimeout = 500 * time.Millisecond })
 	p := dialH2(t, gs[0].path)

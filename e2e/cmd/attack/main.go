@@ -1,7 +1,7 @@
 // Command attack floods multireg's registration sockets as a hostile local peer would, while
 // kubelet's real plugin manager registers 30 drivers, and reports multireg's peak memory, whether
 // it survived, and how long kubelet took to register a driver whose socket was recreated
-// meanwhile (issue 28, attacks 1 and 2).
+// meanwhile.
 //
 //	attack -multireg bin/multireg -kind unfinished -conns 300 -size 1048576
 //	attack -multireg bin/multireg -kind idle -conns 15000

@@ -1,6 +1,6 @@
 // Command bench measures multireg the way its users judge it, against kubelet's real plugin
 // manager, for N drivers of mixed types (a third each of CSIPlugin, DRAPlugin and
-// DevicePlugin), and prints one table with each figure's goal (issue 7):
+// DevicePlugin), and prints one table with each figure's goal:
 //
 //   - time from starting `multireg run` to all N sockets published, and to all N registered
 //     in kubelet;
