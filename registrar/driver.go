@@ -72,7 +72,7 @@ type driver struct {
 	// verify is a device plugin's move being checked in kubelet's view (devicemoves.go).
 	verify *verification
 	// withdrawnAt is when the loop last removed a socket of its own from each registration
-	// path: kubelet may hold it until its next reconcile pass (freePath).
+	// path: kubelet may hold it until its next reconcile pass (freePath). nil until then.
 	withdrawnAt map[string]time.Time
 	// p paces registration attempts.
 	p *pacing
@@ -102,8 +102,6 @@ func newDriver(spec config.Driver, log *slog.Logger, w *fswatch.Watcher, cleanup
 		cleanup:  cleanup,
 		verdictC: make(chan struct{}, 1),
 		p:        newPacing(spec),
-
-		withdrawnAt: map[string]time.Time{},
 	}
 	if !spec.EndpointIsPattern() {
 		d.at = fixedTarget(spec)
