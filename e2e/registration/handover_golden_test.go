@@ -57,6 +57,9 @@ func TestHandoverGoldenV010(t *testing.T) {
 	cfg := e.WriteConfig(append(slices.Clone(ds), absent))
 	first := mrproc.StartWith(t, mrproc.Options{Bin: old}, cfg)
 	wait.For(t, registerTimeout, "every driver registered", func() bool { return registeredEverywhere(t, e, first, ds) })
+	for _, d := range ds {
+		e.AwaitNodeInfoRecorded(first, d) // the CSI driver's nodeInfo is in the golden file
+	}
 	before, events := e.sockets(ds), len(e.K.Events())
 
 	// From v0.1.0 as the holder: its batches and its release, to a hello in version 1.
