@@ -18,20 +18,30 @@ import (
 // memory the Go runtime gives back to the system only over minutes. A node's registrar must
 // not stay near its limit while everything else on the node starts, so it returns that memory
 // once the burst is over.
-// Variables, so that tests can shorten them.
-var (
+const (
 	burstLook  = 500 * time.Millisecond // how often the drivers are looked at
 	burstQuiet = 2 * time.Second        // no phase changed, and none awaits kubelet, for this long
 	burstMax   = 2 * time.Minute        // the memory is returned by then, whatever the drivers do
 )
 
+// burstEnd says when the start-up burst is over: burstLook, burstQuiet and burstMax, the
+// defaults (defaultBurstEnd), which the package's tests shorten.
+type burstEnd struct {
+	look, quiet, most time.Duration
+}
+
+// defaultBurstEnd is when the daemon's start-up burst is over.
+func defaultBurstEnd() burstEnd {
+	return burstEnd{look: burstLook, quiet: burstQuiet, most: burstMax}
+}
+
 // returnBurst returns the start-up burst's memory to the system once, when no driver has
-// changed phase for burstQuiet and none awaits kubelet's verdict (Serving), or burstMax after
-// it starts. It returns when ctx ends.
-func returnBurst(ctx context.Context, drivers func() []registrar.DriverStatus, log *slog.Logger) error {
-	look := time.NewTicker(burstLook)
+// changed phase for end.quiet and none awaits kubelet's verdict (Serving), or end.most after
+// it starts, looking at the drivers every end.look. It returns when ctx ends.
+func returnBurst(ctx context.Context, drivers func() []registrar.DriverStatus, end burstEnd, log *slog.Logger) error {
+	look := time.NewTicker(end.look)
 	defer look.Stop()
-	timeout := time.NewTimer(burstMax)
+	timeout := time.NewTimer(end.most)
 	defer timeout.Stop()
 	last, quiet := "", time.Now()
 wait:
@@ -47,7 +57,7 @@ wait:
 				last, quiet = sig, now
 				continue
 			}
-			if !serving && now.Sub(quiet) >= burstQuiet {
+			if !serving && now.Sub(quiet) >= end.quiet {
 				break wait
 			}
 		}

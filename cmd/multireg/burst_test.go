@@ -17,10 +17,6 @@ import (
 // TestReturnBurst: the start-up's memory is returned once no driver awaits kubelet and none
 // changed phase for a while — not while one is Serving — and only once.
 func TestReturnBurst(t *testing.T) {
-	look, quiet, most := burstLook, burstQuiet, burstMax
-	burstLook, burstQuiet, burstMax = 10*time.Millisecond, 50*time.Millisecond, time.Minute
-	t.Cleanup(func() { burstLook, burstQuiet, burstMax = look, quiet, most })
-
 	var mu sync.Mutex
 	phase := registrar.Serving
 	drivers := func() []registrar.DriverStatus {
@@ -28,11 +24,12 @@ func TestReturnBurst(t *testing.T) {
 		defer mu.Unlock()
 		return []registrar.DriverStatus{{Name: "a", Phase: phase}}
 	}
+	end := burstEnd{look: 10 * time.Millisecond, quiet: 50 * time.Millisecond, most: time.Minute}
 	var logs testkit.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- returnBurst(ctx, drivers, log) }()
+	go func() { done <- returnBurst(ctx, drivers, end, log) }()
 
 	const said = "start-up over"
 	testkit.Never(t, 300*time.Millisecond, "the memory returned while a driver awaits kubelet", func() bool { return strings.Contains(logs.String(), said) })

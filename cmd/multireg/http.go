@@ -242,6 +242,11 @@ func listenHTTP(addr string) (net.Listener, error) {
 // serveHTTP serves h on l until ctx ends, then shuts down, giving requests in flight a moment
 // to finish. It fails when serving fails.
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
+	return serveCapped(ctx, l, h, newConnCap(log), log)
+}
+
+// serveCapped is serveHTTP with its connections kept within cc.
+func serveCapped(ctx context.Context, l net.Listener, h http.Handler, cc *connCap, log *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: httpReadTimeout,
@@ -249,7 +254,7 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Lo
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-		ConnState:         newConnCap(log).track,
+		ConnState:         cc.track,
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()

@@ -22,12 +22,22 @@ import (
 // test ends, and returns its address.
 func serveTestHTTP(t *testing.T, h http.Handler) string {
 	t.Helper()
+	return serveTestHTTPWith(t, h, nil)
+}
+
+// serveTestHTTPWith is serveTestHTTP with the connection cap changed by lower, if not nil.
+func serveTestHTTPWith(t *testing.T, h http.Handler, lower func(*connCap)) string {
+	t.Helper()
 	l, err := listenHTTP("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	cc := newConnCap(testkit.Logger(t))
+	if lower != nil {
+		lower(cc)
+	}
 	testkit.RunUntilEnd(t, func(ctx context.Context) {
-		if err := serveHTTP(ctx, l, h, testkit.Logger(t)); err != nil {
+		if err := serveCapped(ctx, l, h, cc, testkit.Logger(t)); err != nil {
 			t.Error(err)
 		}
 	})
@@ -98,18 +108,13 @@ func TestHTTPConnectionsBounded(t *testing.T) {
 	}
 }
 
-// set sets *v to x until the test ends, after what the test started (registered before it).
-func set[T any](t *testing.T, v *T, x T) {
-	old := *v
-	*v = x
-	t.Cleanup(func() { *v = old })
-}
-
 // stallingServer serves /stall/N, whose handler returns only once its connection is closed,
-// and counts the requests in it and those that returned; other paths answer at once.
-func stallingServer(t *testing.T) (addr string, in, out *atomic.Int32) {
+// and counts the requests in it and those that returned; other paths answer at once. Its
+// connection cap keeps maxConns connections, and cuts requests in flight for stalled.
+func stallingServer(t *testing.T, maxConns int, stalled time.Duration) (addr string, in, out *atomic.Int32) {
 	in, out = new(atomic.Int32), new(atomic.Int32)
-	addr = serveTestHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	lower := func(cc *connCap) { cc.maxConns, cc.stalled = maxConns, stalled }
+	addr = serveTestHTTPWith(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/stall") {
 			in.Add(1)
 			<-r.Context().Done() // until its connection is closed
@@ -117,7 +122,7 @@ func stallingServer(t *testing.T) (addr string, in, out *atomic.Int32) {
 			return
 		}
 		w.Write([]byte("ok"))
-	}))
+	}), lower)
 	return addr, in, out
 }
 
@@ -153,10 +158,9 @@ func stall(t *testing.T, addr string, n int, in *atomic.Int32) []net.Conn {
 // httpStalled, a new one is served in place of the oldest: a client that never reads its
 // reply cannot keep a probe out.
 func TestHTTPStalledRequestsMakeRoom(t *testing.T) {
-	set(t, &httpMaxConns, 4)
-	set(t, &httpStalled, 0) // every request in flight is stalled at once
-	addr, in, out := stallingServer(t)
-	cs := stall(t, addr, httpMaxConns, in)
+	const maxConns = 4
+	addr, in, out := stallingServer(t, maxConns, 0) // every request in flight is stalled at once
+	cs := stall(t, addr, maxConns, in)
 	if got, err := getOwnConn(addr, "/healthz"); err != nil || got != http.StatusOK {
 		t.Fatalf("a request beside stalled ones: %d, %v", got, err)
 	}
@@ -176,10 +180,9 @@ func TestHTTPStalledRequestsMakeRoom(t *testing.T) {
 // cut for a new connection: the new one is closed instead, and a connection waiting for its
 // request is closed before either.
 func TestHTTPRequestsInFlightAreNotCut(t *testing.T) {
-	set(t, &httpMaxConns, 4)
-	set(t, &httpStalled, time.Hour)
-	addr, in, out := stallingServer(t)
-	cs := stall(t, addr, httpMaxConns-1, in)
+	const maxConns = 4
+	addr, in, out := stallingServer(t, maxConns, time.Hour)
+	cs := stall(t, addr, maxConns-1, in)
 	waiting, err := net.Dial("tcp", addr) // no request yet
 	if err != nil {
 		t.Fatal(err)

@@ -258,7 +258,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 		return dirErr
 	}, func(error) { stopDir() })
 	burstCtx, stopBurst := context.WithCancel(context.Background())
-	g.add(func() error { return returnBurst(burstCtx, sup.Status, log) }, func(error) { stopBurst() })
+	g.add(func() error { return returnBurst(burstCtx, sup.Status, defaultBurstEnd(), log) }, func(error) { stopBurst() })
 	rlCtx, stopRl := context.WithCancel(context.Background())
 	g.add(counted(&state.loops, func() error { return rl.Run(rlCtx) }), func(error) { stopRl() })
 	sigCtx, stopSig := context.WithCancel(ctx)

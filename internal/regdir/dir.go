@@ -60,6 +60,7 @@ type Dir struct {
 	closed      chan struct{}
 	once        sync.Once
 	timeouts    handover.Timeouts // bound the hand-overs served (Options.Handover)
+	check       time.Duration     // how often Run checks the lock: lockCheck; the package's tests shorten it
 }
 
 // Options say how Open takes the directory.
@@ -107,7 +108,7 @@ func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, op
 	}
 	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), applied: make(chan struct{}), closed: make(chan struct{}),
 		slots: make(chan struct{}, maxRequests), handed: make(chan error, 1), inflight: map[*net.UnixConn]struct{}{},
-		timeouts: opts.Handover}
+		timeouts: opts.Handover, check: lockCheck}
 	d.rec.log = log
 	d.listen(cfg.RegistrationDir)
 	return d, snap, nil
@@ -141,7 +142,7 @@ func takeDir(ctx context.Context, dir string, log *slog.Logger, opts Options) (*
 	if opts.Standby != nil {
 		opts.Standby(why)
 	}
-	l, err = acquireLock(ctx, dir, log)
+	l, err = acquireLock(ctx, dir, log, defaultPace())
 	return snap, l, err
 }
 
@@ -328,7 +329,7 @@ func (d *Dir) writeRecord(cfg *config.RegistrarConfig) error {
 // this process must then stop serving without touching the sockets, which are that
 // instance's; and a *HandedOver after a hand-over.
 func (d *Dir) Run(ctx context.Context, h handover.Holder) error {
-	check := time.NewTicker(lockCheck)
+	check := time.NewTicker(d.check)
 	defer check.Stop()
 	lastErr := "" // the last failure to check the lock, logged once
 	applied := d.applied

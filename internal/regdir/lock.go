@@ -33,8 +33,8 @@ var ErrDirLost = errors.New("another multireg took over the registration directo
 // lockGrace, so that a living holder re-locks it first; and when it does take a lock file
 // other than the one it saw held (the holder did not come back in time), it waits lockSettle
 // before it serves, so that a holder that was merely slow finds the directory lost and stops
-// first. Variables, so that tests can shorten them.
-var (
+// first.
+const (
 	// lockCheck is how often the holder makes sure it still holds the directory (Dir.Run, Dir.Check).
 	lockCheck = time.Second
 	// lockRetry paces a waiter's attempts.
@@ -47,6 +47,17 @@ var (
 	lockSettle = 2 * time.Second
 )
 
+// lockPace is how a waiter makes its way to the lock: lockRetry, lockGrace and lockSettle, the
+// defaults (defaultPace), which the package's tests shorten.
+type lockPace struct {
+	retry, grace, settle time.Duration
+}
+
+// defaultPace is the pace of every waiter of the process.
+func defaultPace() lockPace {
+	return lockPace{retry: lockRetry, grace: lockGrace, settle: lockSettle}
+}
+
 // dirLock is the exclusive hold of a registration directory: the lock file in it, flocked,
 // and the name under which it is checked. It is not safe for concurrent use: Dir serializes.
 type dirLock struct {
@@ -55,10 +66,10 @@ type dirLock struct {
 }
 
 // acquireLock takes the exclusive lock of dir, creating dir (mode 0750) if missing. While
-// another process holds it, it logs once that it waits and keeps trying until the lock is
-// free or ctx ends.
-func acquireLock(ctx context.Context, dir string, log *slog.Logger) (*dirLock, error) {
-	f, err := acquire(ctx, dir, log, true)
+// another process holds it, it logs once that it waits and keeps trying, at pace p, until the
+// lock is free or ctx ends.
+func acquireLock(ctx context.Context, dir string, log *slog.Logger, p lockPace) (*dirLock, error) {
+	f, err := acquire(ctx, dir, log, true, p)
 	if err != nil {
 		return nil, err
 	}
@@ -68,17 +79,18 @@ func acquireLock(ctx context.Context, dir string, log *slog.Logger) (*dirLock, e
 // tryLock takes the exclusive lock of dir, like acquireLock, but fails at once when another
 // process holds it.
 func tryLock(dir string, log *slog.Logger) (*dirLock, error) {
-	f, err := acquire(context.Background(), dir, log, false)
+	f, err := acquire(context.Background(), dir, log, false, defaultPace())
 	if err != nil {
 		return nil, err
 	}
 	return &dirLock{dir: dir, f: f}, nil
 }
 
-// acquire returns the lock file of dir, locked and verified to be the file at the path.
-func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool) (*os.File, error) {
-	a := &acquisition{dir: dir, path: filepath.Join(dir, LockName), log: log, wait: wait}
-	t := time.NewTicker(lockRetry)
+// acquire returns the lock file of dir, locked and verified to be the file at the path; a
+// waiter waits at pace p.
+func acquire(ctx context.Context, dir string, log *slog.Logger, wait bool, p lockPace) (*os.File, error) {
+	a := &acquisition{dir: dir, path: filepath.Join(dir, LockName), log: log, wait: wait, pace: p}
+	t := time.NewTicker(p.retry)
 	defer t.Stop()
 	for {
 		f, again, err := a.try(ctx)
@@ -101,6 +113,7 @@ type acquisition struct {
 	dir, path string
 	log       *slog.Logger
 	wait      bool // wait while another process holds the lock, rather than fail
+	pace      lockPace
 
 	seen    fsid.Key  // the lock file last seen held by another process
 	changed time.Time // when the file at the path was first seen to differ from seen
@@ -123,7 +136,7 @@ func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err erro
 		if a.changed.IsZero() {
 			a.changed = time.Now()
 		}
-		if time.Since(a.changed) < lockGrace {
+		if time.Since(a.changed) < a.pace.grace {
 			return nil, true, nil
 		}
 	}
@@ -143,12 +156,12 @@ func (a *acquisition) try(ctx context.Context) (f *os.File, again bool, err erro
 		// Not the file the other instance held: it lost its lock file and did not come back
 		// for it in time. If it still runs, it finds the directory lost within lockCheck and
 		// stops: let it, before serving.
-		a.log.Info("the lock file of the registration directory was replaced; waiting for its former holder to stop", "lock", a.path, "wait", lockSettle)
+		a.log.Info("the lock file of the registration directory was replaced; waiting for its former holder to stop", "lock", a.path, "wait", a.pace.settle)
 		select {
 		case <-ctx.Done():
 			f.Close()
 			return nil, false, ctx.Err()
-		case <-time.After(lockSettle):
+		case <-time.After(a.pace.settle):
 		}
 		if now, err := fsid.KeyAt(a.path); err != nil || now != held {
 			f.Close()
@@ -211,7 +224,7 @@ func (l *dirLock) refresh() error {
 	if cur, err := fsid.KeyAt(path); err == nil && cur == fsid.KeyOf(held) {
 		return nil
 	}
-	next, err := acquire(context.Background(), l.dir, slog.New(slog.DiscardHandler), false)
+	next, err := acquire(context.Background(), l.dir, slog.New(slog.DiscardHandler), false, defaultPace())
 	if errors.Is(err, errHeld) {
 		return fmt.Errorf("%w: the lock file %s was replaced or removed, and another process holds the new one", ErrDirLost, path)
 	}

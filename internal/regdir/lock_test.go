@@ -18,13 +18,13 @@ import (
 func TestLockWaitsAndTakesOver(t *testing.T) {
 	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	var logs testkit.Buffer
-	first, err := acquireLock(context.Background(), dir, logs.Logger())
+	first, err := acquireLock(context.Background(), dir, logs.Logger(), defaultPace())
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *dirLock, 1)
 	go func() {
-		l, err := acquireLock(context.Background(), dir, logs.Logger())
+		l, err := acquireLock(context.Background(), dir, logs.Logger(), defaultPace())
 		if err != nil {
 			t.Error(err)
 		}
@@ -50,14 +50,14 @@ func TestLockWaitsAndTakesOver(t *testing.T) {
 	}
 
 	// A waiting instance gives up when its context ends.
-	held, err := acquireLock(context.Background(), dir, logs.Logger())
+	held, err := acquireLock(context.Background(), dir, logs.Logger(), defaultPace())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := acquireLock(ctx, dir, logs.Logger()); err != context.DeadlineExceeded {
+	if _, err := acquireLock(ctx, dir, logs.Logger(), defaultPace()); err != context.DeadlineExceeded {
 		t.Errorf("acquireLock with an ended context: %v", err)
 	}
 }
@@ -111,14 +111,11 @@ func openDirWith(t *testing.T, dir string, opts Options) *Dir {
 	return d
 }
 
-// fastLock shortens the lock protocol's pauses for one test.
-func fastLock(t *testing.T) {
-	retry, grace, settle := lockRetry, lockGrace, lockSettle
-	lockRetry, lockGrace, lockSettle = 5*time.Millisecond, 150*time.Millisecond, 100*time.Millisecond
-	t.Cleanup(func() { lockRetry, lockGrace, lockSettle = retry, grace, settle })
-}
+// fastPace is the lock protocol's pace with its pauses shortened, for the tests.
+var fastPace = lockPace{retry: 5 * time.Millisecond, grace: 150 * time.Millisecond, settle: 100 * time.Millisecond}
 
-// waitingLock starts a second instance's acquireLock on dir and returns once it says it waits.
+// waitingLock starts a second instance's acquireLock on dir, at fastPace, and returns once it
+// says it waits.
 func waitingLock(t *testing.T, dir string, logs *testkit.Buffer) <-chan *dirLock {
 	t.Helper()
 	got := make(chan *dirLock, 1)
@@ -130,7 +127,7 @@ func waitingLock(t *testing.T, dir string, logs *testkit.Buffer) <-chan *dirLock
 	})
 	go func() {
 		defer close(done)
-		l, err := acquireLock(ctx, dir, logs.Logger())
+		l, err := acquireLock(ctx, dir, logs.Logger(), fastPace)
 		if err == nil {
 			got <- l
 		}
@@ -158,7 +155,6 @@ func holdsPath(t *testing.T, l *dirLock) bool {
 // new file, and not the old one when the holder lets go of it — and takes over only once the
 // holder exits.
 func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
-	fastLock(t)
 	for _, tc := range []struct {
 		name string
 		harm func(dir string) error
@@ -181,7 +177,7 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(testkit.ShortDir(t), "reg")
 			var logs testkit.Buffer
-			holder, err := acquireLock(context.Background(), dir, logs.Logger())
+			holder, err := acquireLock(context.Background(), dir, logs.Logger(), defaultPace())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,7 +187,7 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 			}
 			// The holder checks a few times, as its lockCheck ticker would, for longer than
 			// the waiter's grace and settle together.
-			deadline := time.Now().Add(3 * (lockGrace + lockSettle))
+			deadline := time.Now().Add(3 * (fastPace.grace + fastPace.settle))
 			for time.Now().Before(deadline) {
 				if err := holder.refresh(); err != nil {
 					t.Fatalf("the holder lost the directory: %v\n%s", err, logs.String())
@@ -200,7 +196,7 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 				case l := <-got:
 					l.release()
 					t.Fatalf("the waiting instance took the directory from its holder:\n%s", logs.String())
-				case <-time.After(lockGrace / 5):
+				case <-time.After(fastPace.grace / 5):
 				}
 			}
 			if !holdsPath(t, holder) {
@@ -224,10 +220,9 @@ func TestLockFileGoneWhileAnotherWaits(t *testing.T) {
 // directory: the waiter takes the new lock file after its grace and settle, and the holder's
 // next check says the directory is lost.
 func TestLockHolderTooSlow(t *testing.T) {
-	fastLock(t)
 	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	var logs testkit.Buffer
-	holder, err := acquireLock(context.Background(), dir, logs.Logger())
+	holder, err := acquireLock(context.Background(), dir, logs.Logger(), defaultPace())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +345,7 @@ func TestDirMovedToAnotherName(t *testing.T) {
 func TestLockRefresh(t *testing.T) {
 	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	log := testkit.Logger(t)
-	first, err := acquireLock(context.Background(), dir, log)
+	first, err := acquireLock(context.Background(), dir, log, defaultPace())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,11 +383,9 @@ func TestLockRefresh(t *testing.T) {
 // TestDirRunStopsWhenLost: Run keeps the directory while its lock file is merely replaced,
 // and ends with ErrDirLost once another instance holds the file at the path.
 func TestDirRunStopsWhenLost(t *testing.T) {
-	check := lockCheck
-	lockCheck = 10 * time.Millisecond
-	t.Cleanup(func() { lockCheck = check })
 	dir := filepath.Join(testkit.ShortDir(t), "reg")
 	d := openDir(t, dir)
+	d.check = 10 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ran := make(chan error, 1)
