@@ -22,6 +22,20 @@ import (
 // waits here most of its life: its state is a waiting, on the heap, and the work of each
 // wake-up is done in calls that return (see run).
 func (l *loop) await() event {
+	for {
+		if e := l.awaitNext(); e.kind != evNone {
+			return e
+		}
+		if e, ok := l.woke(l.c.sleep()); ok {
+			return e
+		}
+	}
+}
+
+// awaitNext readies the next sleep of the wait on cur (l.c), and returns the event that ends
+// the wait before it (None: none does). The first one begins the wait (l.w) with a look at the
+// endpoint.
+func (l *loop) awaitNext() event {
 	d, g, ws := l.d, l.cur, l.ws
 	w := l.w
 	if w == nil {
@@ -37,61 +51,119 @@ func (l *loop) await() event {
 			return event{kind: k}
 		}
 	}
-	var altC, spareC <-chan struct{}
+	// The view's channel is taken before the view is read: a reading in between wakes the
+	// sleep.
+	l.c = wakeups{view: w.watchView(), done: l.ctx.Done(), verdict: d.verdictC,
+		timeout: w.timeoutC, sock: ws.sock.C(), recheck: w.recheck.C, ep: ws.ep.C()}
+	if d.checkVerify(g) {
+		return event{kind: evDevicesDropped}
+	}
+	l.c.verify = w.verifyTimer()
 	if ws.alt != nil {
-		altC = ws.alt.C()
+		l.c.alt = ws.alt.C()
 	}
 	if ws.spare != nil {
-		spareC = ws.spare.C()
+		l.c.spare = ws.spare.C()
 	}
-	for {
-		viewC := w.watchView()
-		if d.checkVerify(g) {
-			return event{kind: evDevicesDropped}
-		}
-		verifyC := w.verifyTimer()
-		k := evNone
-		select {
-		case <-viewC:
-			if d.verify != nil && d.verify.until.IsZero() && d.ro != nil && g.registered {
-				// kubelet's view changed while the old registration stays: its instance
-				// may be gone.
-				k = w.look(0)
-			}
-		case <-verifyC:
-		case <-l.ctx.Done():
-			return l.stopped()
-		case <-d.verdictC:
-			switch v := d.takeVerdict(g); {
-			case v == nil:
-			case !v.Registered:
-				return event{kind: evRejected, err: v.Rejection()}
-			default:
-				return event{kind: evAccepted}
-			}
-		case <-w.timeoutC:
-			return event{kind: evTimeout}
-		case <-ws.sock.C():
-			if d.lookSockets(ws.sock.Take(), g) {
-				k = evSocketGone
-			}
-		case <-altC:
-			if d.lookSockets(ws.alt.Take(), g) {
-				k = evSocketGone
-			}
-		case <-spareC:
-			if d.lookSockets(ws.spare.Take(), g) {
-				k = evSocketGone
-			}
-		case <-w.recheck.C:
+	return event{kind: evNone}
+}
+
+// wakeups are what a wait selects on; nil channels never fire.
+type wakeups struct {
+	view, done, verdict, sock, alt, spare, ep <-chan struct{}
+	verify, timeout, recheck                  <-chan time.Time
+}
+
+// The wake-ups of a wait, as sleep reports them.
+const (
+	wakeView = iota
+	wakeVerify
+	wakeDone
+	wakeVerdict
+	wakeTimeout
+	wakeSock
+	wakeAlt
+	wakeSpare
+	wakeRecheck
+	wakeEp
+)
+
+// sleep blocks until one of c fires, and says which. A parked loop holds only run's frame and
+// this one (run calls it directly): a loop waits here most of its life, and the runtime keeps
+// an idle goroutine's stack at no less than four times what it holds. The work of a wake-up
+// is woke's, after it returns.
+//
+//go:noinline
+func (c *wakeups) sleep() int {
+	select {
+	case <-c.view:
+		return wakeView
+	case <-c.verify:
+		return wakeVerify
+	case <-c.done:
+		return wakeDone
+	case <-c.verdict:
+		return wakeVerdict
+	case <-c.timeout:
+		return wakeTimeout
+	case <-c.sock:
+		return wakeSock
+	case <-c.alt:
+		return wakeAlt
+	case <-c.spare:
+		return wakeSpare
+	case <-c.recheck:
+		return wakeRecheck
+	case <-c.ep:
+		return wakeEp
+	}
+}
+
+// woke acts on the wake-up which of a wait on cur, and returns the event that ends the wait,
+// if it does.
+//
+//go:noinline
+func (l *loop) woke(which int) (event, bool) {
+	d, g, ws, w := l.d, l.cur, l.ws, l.w
+	k := evNone
+	switch which {
+	case wakeView:
+		if d.verify != nil && d.verify.until.IsZero() && d.ro != nil && g.registered {
+			// kubelet's view changed while the old registration stays: its instance may be
+			// gone.
 			k = w.look(0)
-		case <-ws.ep.C():
-			k = w.look(ws.ep.Take())
 		}
-		if k != evNone {
-			return event{kind: k}
+	case wakeVerify:
+	case wakeDone:
+		return l.stopped(), true
+	case wakeVerdict:
+		switch v := d.takeVerdict(g); {
+		case v == nil:
+		case !v.Registered:
+			return event{kind: evRejected, err: v.Rejection()}, true
+		default:
+			return event{kind: evAccepted}, true
 		}
+	case wakeTimeout:
+		return event{kind: evTimeout}, true
+	case wakeSock:
+		if d.lookSockets(ws.sock.Take(), g) {
+			k = evSocketGone
+		}
+	case wakeAlt:
+		if d.lookSockets(ws.alt.Take(), g) {
+			k = evSocketGone
+		}
+	case wakeSpare:
+		if d.lookSockets(ws.spare.Take(), g) {
+			k = evSocketGone
+		}
+	case wakeRecheck:
+		k = w.look(0)
+	case wakeEp:
+		k = w.look(ws.ep.Take())
 	}
+	return event{kind: k}, k != evNone
 }
 
 // waiting is the state of a loop's wait on one generation.

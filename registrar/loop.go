@@ -28,8 +28,9 @@ type loop struct {
 	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
 	cur *generation
 	// w is the wait on cur while the loop awaits kubelet's verdict or serves a registration
-	// (await.go); nil in the other states.
+	// (await.go); nil in the other states. c is what its next sleep selects on.
 	w *waiting
+	c wakeups
 	// a is what a hand-over told of the sockets it gave the loop (stTakingOver only).
 	a *adoption
 	// err and retryIn are why the loop backs off and for how long (stBackingOff only); err is
@@ -54,7 +55,18 @@ func (d *driver) run(ctx context.Context) {
 	l := d.newLoop(ctx)
 	defer l.end()
 	for l.st != stStopped {
-		e := l.wake()
+		var e event
+		if l.st.awaits() && l.ctx.Err() == nil {
+			// await, inlined: a parked loop holds run's frame and sleep's only.
+			for e = l.awaitNext(); e.kind == evNone; e = l.awaitNext() {
+				var ok bool
+				if e, ok = l.woke(l.c.sleep()); ok {
+					break
+				}
+			}
+		} else {
+			e = l.wake()
+		}
 		if spec := d.takePolicy(); spec != nil {
 			l.step(event{kind: evReload, spec: spec})
 		}
