@@ -54,6 +54,9 @@ var stateNames = [...]string{
 
 func (s state) String() string { return stateNames[s] }
 
+// MarshalText names the state in JSON logs too.
+func (s state) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
 // awaits reports whether the loop waits on cur in s (await.go).
 func (s state) awaits() bool { return s == stAwaitingVerdict || s == stRegistered }
 
@@ -103,6 +106,9 @@ var eventNames = [...]string{
 }
 
 func (k eventKind) String() string { return eventNames[k] }
+
+// MarshalText names the event in JSON logs too.
+func (k eventKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
 
 // event is an eventKind with what it carries.
 type event struct {

@@ -1,8 +1,10 @@
 package registrar
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,4 +92,15 @@ func TestAbsentWhileBackingOff(t *testing.T) {
 		st := statusOf(s, d.Name)
 		return st.Phase == BackingOff && st.Absent && st.Ready()
 	})
+}
+
+// TestTransitionsLoggedByName: a JSON log names a transition's states and event, as a text log
+// does, not by number.
+func TestTransitionsLoggedByName(t *testing.T) {
+	var b strings.Builder
+	log := slog.New(slog.NewJSONHandler(&b, nil))
+	log.Info("transition", "from", stRegistered, "event", evRejected, "to", stBackingOff)
+	if want := `"from":"Registered","event":"Rejected","to":"BackingOff"`; !strings.Contains(b.String(), want) {
+		t.Errorf("JSON log %s, want %s", b.String(), want)
+	}
 }
