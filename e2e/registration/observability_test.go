@@ -115,6 +115,8 @@ func TestAbsentDriverDoesNotFailReadiness(t *testing.T) {
 	if after := e.Registrations([]driver{here}); after[here.Name] != before[here.Name] || fileid.Of(e.SocketPath(here)) != sock {
 		t.Errorf("the edit of another driver's required re-registered %s: registrations %d → %d", here.Name, before[here.Name], after[here.Name])
 	}
+	// The reload is logged once it is applied, which readiness may show first.
+	wait.For(t, registerTimeout, "the reload logged", func() bool { return p.Count("config reloaded", "") >= 1 })
 	if n := p.Count("config reloaded", ""); n != 1 {
 		t.Errorf("%d reloads logged, want 1", n)
 	}
