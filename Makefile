@@ -222,10 +222,11 @@ demo: build
 test: fmt-check vet unit fuzz build cross release-checks e2e manifests
 
 ## test-nightly: test, and what does not fit in a commit's CI run, which the scheduled workflow
-## (.github/workflows/nightly.yaml) runs every night: the end-to-end tests against kubelet 1.33
-## to 1.35 too, the image built twice (equal digests), the arm64 unit tests under emulation,
-## and the real single-node Kubernetes 1.37 and 1.35, built from source (as root).
-test-nightly: test e2e-older image-reproducible unit-arm64 e2e-node
+## (.github/workflows/nightly.yaml) runs every night: the monitoring objects with promtool, the
+## end-to-end tests against kubelet 1.33 to 1.35 too, the image built twice (equal digests),
+## the arm64 unit tests under emulation, and the real single-node Kubernetes 1.37 and 1.35,
+## built from source (as root).
+test-nightly: test monitoring e2e-older image-reproducible unit-arm64 e2e-node
 
 ## release-checks: what the release workflow builds, built here without network: every
 ## platform's binary, the image, the Dockerfile's image against it, the SBOMs, the binaries a
@@ -260,16 +261,21 @@ e2e-older:
 ## multireg configs validate, and their paths agree with the DaemonSet's mounts.
 ## (With promtool: `promtool check rules` and `promtool test rules` on the alerts, strict decoding
 ## of the monitoring objects into the Prometheus Operator's types: see `monitoring`.)
-manifests: promtool
-	PROMTOOL=$(PROMTOOL) $(MAKE) -C e2e/manifests fmt vet tidy-check test
+manifests:
+	$(MAKE) -C e2e/manifests fmt vet tidy-check test 'SKIP=$(PROMTOOL_TESTS)'
+
+# The manifest tests that run Prometheus's promtool, which takes minutes to build on a cold
+# cache: make monitoring runs them (test-nightly).
+PROMTOOL_TESTS = ^(TestPrometheusRules|TestPromtoolCatchesBrokenRules|TestMonitoringChart|TestMonitoringExamples|TestDashboardQueriesParse)$$
 
 ## promtool: Prometheus's promtool at $(PROMTOOL) (about 3.5 min cold on 2 cores, then cached).
 promtool:
 	e2e/monitoring/build-promtool.sh $(dir $(PROMTOOL)) >/dev/null
 
-## monitoring: the alerts, the chart's and examples' monitoring objects, and the dashboard, alone
-## and verbose (`make test` runs them too): promtool's unit tests of every alert, strict decoding
-## into the Operator's types, and every metric the dashboard names in a live /metrics.
+## monitoring: the alerts, the chart's and examples' monitoring objects, and the dashboard, with
+## Prometheus's promtool (make test-nightly; make test runs the rest of the manifest tests):
+## promtool's unit tests of every alert, strict decoding into the Operator's types, and every
+## metric the dashboard names in a live /metrics.
 monitoring: promtool
 	cd e2e/manifests && PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -run '^(TestPrometheusRules|TestPromtoolCatchesBrokenRules|TestMonitoring.*|TestDashboardQueriesParse)$$' .
 	cd e2e && $(GO) test -race -count=1 -v -run '^(TestDashboardMetricsExist|TestMetricNames)$$' ./registration
