@@ -203,11 +203,6 @@ func (c *RegistrarConfig) Summary() string {
 	return s + " in " + c.RegistrationDir
 }
 
-// socketPaths is SocketPaths.
-func (d Driver) socketPaths() []string {
-	return d.SocketPaths()
-}
-
 // SetSocketPaths sets the driver's registration socket paths in the registration directory
 // dir from its SocketName, type and endpoint: SocketPath; AltSocketPath for a driver that
 // rolls its registration over from one endpoint instance to the next (RollsOver); SparePath for a
@@ -238,7 +233,7 @@ func (d Driver) SocketPaths() []string {
 // SocketNames are the file names of the driver's registration sockets in the registration
 // directory: SocketName, and the second and third ones of a driver that has them.
 func (d Driver) SocketNames() []string {
-	paths := d.socketPaths()
+	paths := d.SocketPaths()
 	for i, p := range paths {
 		paths[i] = filepath.Base(p)
 	}

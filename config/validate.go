@@ -40,7 +40,7 @@ func resolve(f *file, look func(string) (fs.FileInfo, error)) (*RegistrarConfig,
 			shown = formatValue(DefaultSocketName(d.Name)) + " (default)"
 		}
 		errs = append(errs, d.resolve(p, dir, dpDirs, look)...)
-		for _, sp := range d.socketPaths() {
+		for _, sp := range d.SocketPaths() {
 			if n := len(sp); n > MaxSocketPathLen && checkSocket {
 				errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf(
 					"%s: socket path %q is %d bytes, more than the %d a unix socket path allows; set a shorter socketName or registrationDir",
@@ -54,7 +54,7 @@ func resolve(f *file, look func(string) (fs.FileInfo, error)) (*RegistrarConfig,
 		} else if d.Name != "" {
 			byName[d.Name] = i
 		}
-		for _, sp := range d.socketPaths() {
+		for _, sp := range d.SocketPaths() {
 			if j, dup := bySocket[sp]; dup && checkSocket {
 				errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
 					shown, sp, j, cfg.Drivers[j].Name)))

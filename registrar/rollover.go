@@ -76,8 +76,11 @@ func (d *driver) settleRollover(ctx context.Context, g *generation) {
 		return // no look can tell whether the old instance is gone
 	}
 	if d.ro == nil {
+		if d.spec.AltSocketPath == "" {
+			return
+		}
 		for _, p := range d.spec.SocketPaths() {
-			if p != g.path && d.spec.AltSocketPath != "" {
+			if p != g.path {
 				d.removeStale(p)
 			}
 		}
