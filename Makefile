@@ -48,7 +48,7 @@ QEMU_ARM64 ?= qemu-aarch64-static
 # Pinned tools, built from the Go module proxy and cached (hack/go-tool.sh).
 ACTIONLINT      := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 CYCLONEDX_GOMOD := github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
-FUZZTIME ?= 20s
+FUZZTIME ?= 2m
 # Prometheus's promtool, which checks and unit-tests the alerts: built from source once per
 # release and Go toolchain (e2e/monitoring/build-promtool.sh), then cached here.
 PROMTOOL ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/multireg/promtool/promtool
@@ -57,7 +57,7 @@ PROMTOOL ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/multireg/promtool/promtool
 KUBE     ?= 1.36
 MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$(KUBE))/go.mod -tags=kube$(subst .,,$(KUBE)),)
 
-.PHONY: all build cross demo test test-nightly e2e-older unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
+.PHONY: all build demo test test-nightly e2e-older unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
 	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
 	dockerfile-check build-args release-binaries faults-check
@@ -77,16 +77,10 @@ faults-check: build
 		echo "bin/multireg holds MULTIREG_TEST_ variables: fault injection in a release build" >&2; exit 1; fi
 	@if $(GO) version -m bin/multireg | grep -q multireg_faults; then \
 		echo "bin/multireg is built with the tag multireg_faults" >&2; exit 1; fi
-	@CGO_ENABLED=0 $(GO) build -tags grpcnotrace,multireg_faults -o bin/multireg-faults ./cmd/multireg
+	@EXTRA_TAGS=multireg_faults VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) hack/build-binary.sh bin/multireg-faults
 	@n=$$(grep -a -o 'MULTIREG_TEST_HANDOVER_[A-Z]*' bin/multireg-faults | sort -u | wc -l); rm -f bin/multireg-faults; \
 	if [ "$$n" -ne 2 ]; then echo "the fault-injecting build holds $$n of its 2 variables: faults-check proves nothing" >&2; exit 1; fi
 	@echo "bin/multireg: no fault injection"
-
-## cross: `multireg validate`, `status` and `version` build for macOS and Windows (laptops, CI
-## images); `run` is Linux's, and says so there.
-cross:
-	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/multireg
-	GOOS=windows GOARCH=amd64 $(GO) build -o /dev/null ./cmd/multireg
 
 ## binaries: the binary of every platform of the image, bin/platforms/<os>/<arch>[/<variant>]/.
 binaries:
@@ -214,19 +208,20 @@ actionlint:
 demo: build
 	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg -config ../examples/local/config.yaml
 
-## test: what CI runs on every commit (.ci/run), 41.5 minutes from a cold cache on 2 cores:
-## formatting, vet, unit tests with the race detector, a fuzz smoke run, the image's build
-## command, the build for macOS and Windows, what a release builds (release-checks), the
-## end-to-end tests against kubelet 1.36's and 1.37's real plugin managers, and the shipped
-## manifests and Helm chart.
-test: fmt-check vet unit fuzz build cross release-checks e2e manifests
+## test: what CI runs on every commit (.ci/run), about 27 minutes from a cold cache on 2 cores
+## (CONTRIBUTING.md): formatting, vet, unit tests with the race detector (the fuzz target's seed
+## corpus among them), the image's build command, what a release builds (release-checks, the
+## macOS and Windows binaries among them), the end-to-end tests against kubelet 1.37's real
+## plugin manager with the race detector, and the shipped manifests and Helm chart.
+test: fmt-check vet unit build release-checks e2e manifests
 
 ## test-nightly: test, and what does not fit in a commit's CI run, which the scheduled workflow
-## (.github/workflows/nightly.yaml) runs every night: the monitoring objects with promtool, the
-## end-to-end tests against kubelet 1.33 to 1.35 too, the image built twice (equal digests),
-## the arm64 unit tests under emulation, and the real single-node Kubernetes 1.37 and 1.35,
-## built from source (as root).
-test-nightly: test monitoring e2e-older image-reproducible unit-arm64 e2e-node
+## (.github/workflows/nightly.yaml) runs every night: the config parser fuzzed for FUZZTIME, the
+## monitoring objects with promtool, the end-to-end tests against kubelet 1.33 to 1.36 too
+## (1.36 with the race detector), the image built twice (equal digests), the arm64 unit tests
+## under emulation, and the real single-node Kubernetes 1.37 and 1.35, built from source (as
+## root).
+test-nightly: test fuzz monitoring e2e-older image-reproducible unit-arm64 e2e-node
 
 ## release-checks: what the release workflow builds, built here without network: every
 ## platform's binary, the image, the Dockerfile's image against it, the SBOMs, the binaries a
@@ -245,13 +240,15 @@ vet:
 unit:
 	$(GO) test -race -count=1 ./...
 
-## fuzz: run the config parser's fuzz target for FUZZTIME (default 20s).
+## fuzz: run the config parser's fuzz target for FUZZTIME (default 2m; test-nightly). Its seed
+## corpus runs in make unit, on every commit.
 fuzz:
 	$(GO) test ./config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 
-## e2e: the built binary against the real kubelet plugin managers of 1.36 (with the race
-## detector) and 1.37; e2e-older: against 1.33, 1.34 and 1.35 (test-nightly). (go test runs
-## vet's checks on the packages it tests; `make -C e2e vet` runs the full vet of every build.)
+## e2e: the built binary against kubelet 1.37's real plugin manager, with the race detector;
+## e2e-older: against 1.33, 1.34, 1.35 and 1.36 (1.36 with the race detector; test-nightly).
+## (go test runs vet's checks on the packages it tests; `make -C e2e vet` runs the full vet of
+## every build.)
 e2e:
 	$(MAKE) -C e2e test
 e2e-older:

@@ -12,6 +12,9 @@
 #   GOOS, GOARCH      cross-compile, as for go build; GOARM (arm), GOAMD64, GOARM64, GOPPC64
 #                     default to the baseline of each architecture, so that an environment's
 #                     setting never changes the bytes (make binaries sets GOARM=7)
+#   EXTRA_TAGS        build tags added to grpcnotrace, comma-separated: make faults-check
+#                     builds the fault-injecting build (multireg_faults) with the same flags, so
+#                     that it is compiled from the same cached packages; never set for a release
 #
 # Static (CGO_ENABLED=0: the image has no libc), stripped (-s -w) and reproducible: -trimpath
 # (no path of the build machine), -buildvcs=false (the commit is stamped explicitly, never read
@@ -36,6 +39,6 @@ cd "$(dirname "$0")/.."
 version=${VERSION:-$(hack/version.sh)}
 commit=${COMMIT:-$(hack/version.sh commit)}
 CGO_ENABLED=0 GOFLAGS='' GOAMD64=${GOAMD64:-v1} GOARM=${GOARM:-7} GOARM64=${GOARM64:-v8.0} GOPPC64=${GOPPC64:-power8} \
-	exec "${GO:-go}" build -trimpath -buildvcs=false -tags grpcnotrace \
+	exec "${GO:-go}" build -trimpath -buildvcs=false -tags "grpcnotrace${EXTRA_TAGS:+,$EXTRA_TAGS}" \
 	-ldflags "-s -w -X main.version=$version -X main.commit=$commit" \
 	-o "$out" ./cmd/multireg
