@@ -153,7 +153,26 @@ func Publish(path string, serve func(*net.UnixListener) (undo func(), err error)
 
 // PublishAs is Publish for a unix socket of network ("unix", or "unixpacket" for the
 // hand-over socket).
+//
+// A socket removed from path between its rename and the look that follows is published again
+// at once, as a served socket that is removed is; a second removal is the caller's error.
 func PublishAs(network, path string, serve func(*net.UnixListener) (undo func(), err error)) (*net.UnixListener, fsid.ID, error) {
+	l, id, err := publishOnce(network, path, serve)
+	if errors.Is(err, errRemovedAsPublished) {
+		l, id, err = publishOnce(network, path, serve)
+	}
+	return l, id, err
+}
+
+// errRemovedAsPublished: nothing was at the socket's path right after the rename that put it
+// there.
+var errRemovedAsPublished = errors.New("removed as it was published")
+
+// afterRename runs right after the rename that publishes a socket: its tests remove the socket
+// there.
+var afterRename = func(path string) {}
+
+func publishOnce(network, path string, serve func(*net.UnixListener) (undo func(), err error)) (*net.UnixListener, fsid.ID, error) {
 	dir := filepath.Dir(path)
 	if err := EnsureDir(dir); err != nil {
 		return nil, fsid.ID{}, err
@@ -195,7 +214,11 @@ func PublishAs(network, path string, serve func(*net.UnixListener) (undo func(),
 	if err := renameOnto(tmp, path, exists); err != nil {
 		return fail(err)
 	}
+	afterRename(path)
 	id, _, err := fsid.Stat(path) // the rename changed the change time: take the identity anew
+	if errors.Is(err, fs.ErrNotExist) {
+		return fail(fmt.Errorf("Publish %s: %w", path, errRemovedAsPublished))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("Publish %s: %w", path, err))
 	}
