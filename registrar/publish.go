@@ -60,11 +60,8 @@ func (d *driver) retire(g *generation) {
 	if err != nil {
 		d.log.Warn("remove registration socket", "socket", g.path, "err", err)
 	}
-	if removed && d.spec.AltSocketPath != "" {
-		if d.withdrawnAt == nil {
-			d.withdrawnAt = map[string]time.Time{}
-		}
-		d.withdrawnAt[g.path] = time.Now() // kubelet may hold it for a moment (freePath)
+	if removed {
+		d.markWithdrawn(g.path) // kubelet may hold it for a moment
 	}
 }
 
