@@ -98,5 +98,6 @@
 // socket served, an earlier run's, or one removed by someone else a moment ago. That one is
 // removed first, and the new one is published in a path kubelet no longer holds: the same path
 // once kubelet has let go of it (settling), or at once the driver's other path when it has two
-// (rollover.go: withdrawsFirst).
+// (rollover.go: withdrawsFirst). A socket kubelet rejected is none it holds: the next one
+// follows as soon as the backoff allows.
 package registrar

@@ -287,7 +287,7 @@ func (l *loop) afterWait(e event) state {
 	switch e.kind {
 	case evRejected:
 		d.record(evRejected)
-		d.retire(cur)
+		d.remove(cur) // kubelet holds no registration of it
 		l.cur = nil
 		return l.backOff(e.err)
 	case evTimeout:

@@ -86,7 +86,8 @@ const settleWait = "waiting until kubelet has let go of a registration path"
 // endpoint) for good and refuse it ever after. The socket kubelet may hold is removed first;
 // the next one is published in a path none was removed from within settling: for a driver
 // with one path, there again once kubelet has let go of it; for one with two (an endpoint
-// pattern), at once in the other, or once one settled when both were removed.
+// pattern), at once in the other, or once one settled when both were removed. A socket kubelet
+// rejected it holds no registration of: the next one follows at once.
 func TestDRAWithdrawsFirst(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -95,10 +96,11 @@ func TestDRAWithdrawsFirst(t *testing.T) {
 		// stale: the paths where an earlier run's socket is ("primary", "alt"); none: the
 		// loop's own registered socket is what kubelet holds.
 		stale []string
-		// gone: the registered socket is removed by someone else; otherwise the driver
+		// gone: the registered socket is removed by someone else; rejected: kubelet rejects
+		// the first socket (it then holds no registration of it); otherwise the driver
 		// restarts serving other health services, which kubelet learns only by a new
 		// registration (when stale is empty).
-		gone bool
+		gone, rejected bool
 		// wantAt: where the next socket is published; waits: after settleWait.
 		wantAt string
 		waits  bool
@@ -106,6 +108,7 @@ func TestDRAWithdrawsFirst(t *testing.T) {
 		{name: "earlier run's socket", stale: []string{"primary"}, wantAt: "primary", waits: true},
 		{name: "registered socket removed by someone", gone: true, wantAt: "primary", waits: true},
 		{name: "registered socket re-registered", wantAt: "primary", waits: true},
+		{name: "socket rejected", rejected: true, wantAt: "primary"},
 		{name: "pattern, earlier run's first socket", pattern: true, stale: []string{"primary"}, wantAt: "alt"},
 		{name: "pattern, earlier run's second socket", pattern: true, stale: []string{"alt"}, wantAt: "primary"},
 		{name: "pattern, earlier run's two sockets", pattern: true, stale: []string{"primary", "alt"}, wantAt: "primary", waits: true},
@@ -133,13 +136,17 @@ func TestDRAWithdrawsFirst(t *testing.T) {
 			s.Start(d)
 			if len(tt.stale) == 0 {
 				awaitSocket(t, d)
-				registerAndWait(t, s, d)
 				held["primary"] = mustID(t, d.SocketPath)
+				if tt.rejected {
+					register(t, d.SocketPath, false, "no")
+				} else {
+					registerAndWait(t, s, d)
+				}
 				if tt.gone {
 					if err := os.Remove(d.SocketPath); err != nil {
 						t.Fatal(err)
 					}
-				} else {
+				} else if !tt.rejected {
 					crash(t, s, d, e)
 					testkit.HealthEndpoint(t, d.LocalEndpoint, "v1")
 				}
