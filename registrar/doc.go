@@ -91,4 +91,13 @@
 // withdrawn once the new one is registered and the old instance is gone. A rollover is not a
 // state: the loop goes through its states for the new instance's socket while the rollover
 // keeps the previous one.
+//
+// # A DRA driver registered again
+//
+// Outside a rollover, a DRA driver's new socket never replaces one kubelet may hold: the
+// socket served, an earlier run's, or one removed by someone else a moment ago. That one is
+// removed first, and the new one is published in a path kubelet no longer holds: the same path
+// once kubelet has let go of it (settling), or at once the driver's other path when it has two
+// (rollover.go: withdrawsFirst). A socket kubelet rejected is none it holds: the next one
+// follows as soon as the backoff allows.
 package registrar

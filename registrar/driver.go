@@ -71,8 +71,9 @@ type driver struct {
 	ro *rollover
 	// verify is a device plugin's move being checked in kubelet's view (devicemoves.go).
 	verify *verification
-	// withdrawnAt is when the loop last removed a socket of its own from each registration
-	// path: kubelet may hold it until its next reconcile pass (freePath). nil until then.
+	// withdrawnAt is when the loop last removed, or lost, a socket kubelet may hold from each
+	// registration path: kubelet may hold it until its next reconcile pass (freePath,
+	// clearPath). Kept by drivers with several paths, and by DRA drivers; nil until then.
 	withdrawnAt map[string]time.Time
 	// p paces registration attempts.
 	p *pacing

@@ -152,10 +152,29 @@ func (l *loop) waitEndpoint() event {
 }
 
 // publish publishes the next generation: over cur, or where the driver's rollover puts it
-// (publishPath).
+// (publishPath); for a driver that withdraws first, once cur and every other socket kubelet may
+// hold for it are gone, in a path kubelet does not hold (clearPath).
 func (l *loop) publish() event {
 	d := l.d
 	d.nodeInfo = nil // asked again once kubelet has registered the new socket
+	if d.withdrawsFirst() {
+		if err := d.checkGuard(); err != nil {
+			return event{kind: evPublishFailed, err: err} // the sockets may be another instance's now
+		}
+		if l.cur != nil {
+			d.retire(l.cur)
+			l.cur = nil
+		}
+		path, ok := d.clearPath(l.ctx)
+		if !ok {
+			return l.stopped()
+		}
+		g, err := d.publish(path, nil)
+		if err != nil {
+			return event{kind: evPublishFailed, err: err}
+		}
+		return event{kind: evPublished, g: g}
+	}
 	g, err := d.publish(d.publishPath(l.cur), l.cur)
 	if err != nil {
 		return event{kind: evPublishFailed, err: err}

@@ -287,7 +287,7 @@ func (l *loop) afterWait(e event) state {
 	switch e.kind {
 	case evRejected:
 		d.record(evRejected)
-		d.retire(cur)
+		d.remove(cur) // kubelet holds no registration of it
 		l.cur = nil
 		return l.backOff(e.err)
 	case evTimeout:
@@ -300,6 +300,7 @@ func (l *loop) afterWait(e event) state {
 		// Recreate at once: the socket was removed or replaced by someone else.
 		d.record(evSocketGone)
 		cur.stop()
+		d.markWithdrawn(cur.path) // kubelet holds it until its next reconcile pass
 		l.cur = nil
 		d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
 		return stWaitingForEndpoint

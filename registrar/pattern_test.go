@@ -283,52 +283,6 @@ func TestPatternDRARolloverRejected(t *testing.T) {
 	}
 }
 
-// TestPatternDRARestartOverStaleSocket: after a restart of multireg, a socket the earlier run
-// left (kubelet may hold it, for the very endpoint to register, and refuses a second
-// registration of one endpoint) is published over in place: the second path's when only it is
-// there; when both are, the second is removed and the first published over.
-func TestPatternDRARestartOverStaleSocket(t *testing.T) {
-	for _, tt := range []struct {
-		name             string
-		primary, alt     bool
-		wantAt, wantGone string
-	}{
-		{"second only", false, true, "alt", ""},
-		{"both", true, true, "primary", "alt"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
-			startInstance(t, d, "dra-a.sock")
-			if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			paths := map[string]string{"primary": d.SocketPath, "alt": d.AltSocketPath}
-			stale := map[string]fsid.ID{}
-			for name, there := range map[string]bool{"primary": tt.primary, "alt": tt.alt} {
-				if there {
-					deadSocket(t, paths[name]) // the earlier run's, served by no one
-					stale[name] = mustID(t, paths[name])
-				}
-			}
-			s := runSupervisor(t, Options{})
-			s.Start(d)
-			at := paths[tt.wantAt]
-			testkit.Eventually(t, 5*time.Second, "a socket published over the stale one at "+tt.wantAt, func() bool {
-				id, _, err := fsid.Stat(at)
-				return err == nil && id != stale[tt.wantAt]
-			})
-			if tt.wantGone != "" && testkit.IsSocket(paths[tt.wantGone]) {
-				t.Errorf("the stale socket at %s is still there", tt.wantGone)
-			}
-			register(t, at, true, "")
-			testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(s, d.Name).Phase == Registered })
-			if st := statusOf(s, d.Name); st.Socket != at {
-				t.Errorf("status socket %q, want %q", st.Socket, at)
-			}
-		})
-	}
-}
-
 // rolledOver is a DRA pattern driver, on a supervisor of opts, after a rollover: dra-a still
 // runs, its registration kept on the first socket, and dra-b registered on the second.
 func rolledOver(t *testing.T, opts Options) (*Supervisor, config.Driver, *endpoint, *endpoint) {

@@ -55,17 +55,22 @@ func (d *driver) removeStale(path string) {
 
 // retire stops a generation and removes its socket, so that kubelet deregisters it.
 func (d *driver) retire(g *generation) {
+	if d.remove(g) {
+		d.markWithdrawn(g.path) // kubelet may hold it for a moment
+	}
+}
+
+// remove stops a generation and removes its socket, and reports whether it did: retire for a
+// generation kubelet holds no registration of, such as one it rejected (its failed
+// registration is no longer in its actual state from 1.36, and held nothing in its handler
+// before), whose next socket may follow at once.
+func (d *driver) remove(g *generation) bool {
 	g.stop()
 	removed, err := sockfile.RemoveIfOurs(g.path, g.id)
 	if err != nil {
 		d.log.Warn("remove registration socket", "socket", g.path, "err", err)
 	}
-	if removed && d.spec.AltSocketPath != "" {
-		if d.withdrawnAt == nil {
-			d.withdrawnAt = map[string]time.Time{}
-		}
-		d.withdrawnAt[g.path] = time.Now() // kubelet may hold it for a moment (freePath)
-	}
+	return removed
 }
 
 // publish creates the next socket generation at path and serves it. cur, if not nil, is the

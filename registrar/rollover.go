@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"io/fs"
 	"slices"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/podres"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // rollover is an endpoint's move to a new instance through the driver's second registration
@@ -116,10 +118,10 @@ func (d *driver) lookSockets(ev fswatch.Change, g *generation) bool {
 // publishPath is where the next generation is published: over cur, which it replaces, or for
 // a device plugin with several sockets in another one (swapsPaths); for a rollover, in a path
 // the previous generation does not hold, so that kubelet keeps a registration until the new one
-// is made. Otherwise a driver that rolls over publishes over a socket an earlier run of
-// multireg left (kubelet may hold it, for the very endpoint to register, and refuses a second
-// registration of one endpoint), keeping one: the first of the paths where a socket is, the
-// others' removed (kubelet still holds the first's meanwhile).
+// is made. Otherwise a device plugin that rolls over publishes over a socket an earlier run of
+// multireg left, keeping one: the first of the paths where a socket is, the others' removed
+// (kubelet still holds the first's meanwhile). A DRA driver outside a rollover publishes where
+// clearPath says instead (withdrawsFirst).
 func (d *driver) publishPath(cur *generation) string {
 	switch {
 	case cur != nil && d.swapsPaths():
@@ -182,4 +184,85 @@ func (d *driver) otherSocket(path string) string {
 		return d.spec.AltSocketPath
 	}
 	return d.spec.SocketPath
+}
+
+// withdrawsFirst reports whether the next generation is published only once every socket
+// kubelet may hold for the driver is gone, and in a path kubelet holds no registration of
+// (clearPath): a DRA driver's, outside a rollover.
+//
+// kubelet's DRA manager refuses a second registration of one (name, endpoint), and its plugin
+// manager can lose the first one's deregistration. Its reconciler looks for sockets to
+// unregister (gone, or recreated at their path) before it looks for sockets to register, each
+// pass from its own reading of the directory (pkg/kubelet/pluginmanager/reconciler,
+// reconcile): a socket recreated at a path kubelet holds, between the two looks, is registered
+// before the old one is unregistered. The registration replaces the old one's entry in
+// kubelet's actual state (operationexecutor's GenerateRegisterPluginFunc: AddPlugin, keyed by
+// path), the DRA manager refuses the endpoint it still holds, and from kubelet 1.36 the failed
+// registration removes the path's entry: nothing is left to deregister the old (name,
+// endpoint), and the DRA manager refuses every later registration of it until kubelet
+// restarts. A socket published in a path that holds none, once the old one is removed, is at
+// worst refused once, in the pass that unregisters the old one, and registered at the next
+// attempt.
+func (d *driver) withdrawsFirst() bool {
+	return d.spec.Type == config.DRAPlugin && d.ro == nil
+}
+
+// clearPath removes the sockets at the driver's paths that kubelet may hold (an earlier run's,
+// or one this run lost track of), and returns where to publish the next generation: the first
+// path from which no socket was withdrawn within settling, after waiting for one to settle if
+// each was. A driver with one path publishes there again once kubelet has let go of it; one
+// with two (an endpoint pattern) at once in the other. A socket another process serves, or a
+// file that is not a socket, is left alone, and its path returned: the publication there fails
+// and waits until it is gone, as for any driver (sockfile.ServedError, sockfile.NotSocketError).
+// It reports false when ctx ends first.
+func (d *driver) clearPath(ctx context.Context) (string, bool) {
+	for _, p := range d.spec.SocketPaths() {
+		id, mode, err := fsid.Stat(p)
+		if err != nil {
+			continue
+		}
+		if mode != fs.ModeSocket || sockfile.AnswersGetInfo(p) {
+			return p, true
+		}
+		removed, err := sockfile.RemoveIfOurs(p, id)
+		if err != nil {
+			d.log.Warn("remove stale registration socket", "socket", p, "err", err)
+		}
+		if removed {
+			d.markWithdrawn(p)
+			d.log.Info("removed a registration socket kubelet may hold; the next one is published once kubelet cannot hold its path", "socket", p)
+		}
+	}
+	paths := d.spec.SocketPaths()
+	next := paths[0]
+	for _, p := range paths {
+		if time.Since(d.withdrawnAt[p]) >= settling {
+			return p, true
+		}
+		if d.withdrawnAt[p].Before(d.withdrawnAt[next]) {
+			next = p
+		}
+	}
+	wait := settling - time.Since(d.withdrawnAt[next])
+	d.log.Debug("waiting until kubelet has let go of a registration path", "socket", next, "wait", wait.Round(time.Millisecond))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return "", false
+	case <-t.C:
+		return next, true
+	}
+}
+
+// markWithdrawn records that a socket kubelet may hold left path just now (freePath,
+// clearPath), for a driver with several paths or a DRA driver.
+func (d *driver) markWithdrawn(path string) {
+	if d.spec.AltSocketPath == "" && d.spec.Type != config.DRAPlugin {
+		return
+	}
+	if d.withdrawnAt == nil {
+		d.withdrawnAt = map[string]time.Time{}
+	}
+	d.withdrawnAt[path] = time.Now()
 }

@@ -5,16 +5,12 @@ package kubelet
 import (
 	"context"
 
-	"github.com/go-logr/logr"
-	"k8s.io/klog/v2"
-	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/pluginwatcher"
 )
 
-// runPluginManager runs pm until stopCh is closed, the way kubelet 1.35 and later run it:
-// Run(ctx, sourcesReady, stopCh). The plugin manager and its plugin watcher log through the
-// contextual logger of ctx, which sw watches for the start-up lines. From 1.37 the reconciler
-// runs until ctx is cancelled (and passes ctx on to every operation and handler call), where
-// 1.36 and older stop it with stopCh: the caller cancels ctx on Stop.
-func runPluginManager(ctx context.Context, pm pluginmanager.PluginManager, sw startWatch, stopCh <-chan struct{}) {
-	pm.Run(klog.NewContext(ctx, logr.FromSlogHandler(sw)), allSourcesReady{}, stopCh)
+// startWatcher starts the plugin watcher as kubelet 1.35 and later do (plugin_manager.go,
+// Run): Start(ctx, stopCh). It logs through the contextual logger of ctx, and watches until
+// stopCh is closed.
+func startWatcher(ctx context.Context, w *pluginwatcher.Watcher, stopCh <-chan struct{}) error {
+	return w.Start(ctx, stopCh)
 }

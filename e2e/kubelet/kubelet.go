@@ -1,7 +1,8 @@
 // Package kubelet is a fake kubelet for end-to-end tests: the real kubelet plugin manager
-// (k8s.io/kubernetes/pkg/kubelet/pluginmanager: plugin watcher, reconciler, operation executor)
-// with recording handlers for the CSIPlugin, DRAPlugin and DevicePlugin types in place of the
-// CSI volume plugin, the DRA manager and the device manager.
+// (k8s.io/kubernetes/pkg/kubelet/pluginmanager: plugin watcher, reconciler, operation executor,
+// assembled as kubelet assembles them, manager.go) with recording handlers for the CSIPlugin,
+// DRAPlugin and DevicePlugin types in place of the CSI volume plugin, the DRA manager and the
+// device manager.
 //
 // Everything kubelet does on the registration socket — inotify on the registry directory,
 // dial, GetInfo, ValidatePlugin, RegisterPlugin, NotifyRegistrationStatus, DeRegisterPlugin,
@@ -19,12 +20,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/version"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	"k8s.io/kubernetes/pkg/kubelet/config"
-	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 )
 
 // Options configure a [Kubelet]. The zero value is a kubelet that checks endpoints and logs
@@ -42,9 +42,6 @@ type Options struct {
 	SkipEndpointCheck bool
 	// EndpointTimeout bounds that connect. Zero means 1 s.
 	EndpointTimeout time.Duration
-	// StartTimeout bounds how long Start waits for the plugin manager to report that it watches
-	// the registry directory. Zero means 10 s.
-	StartTimeout time.Duration
 	// NoPodResources leaves out the pod-resources API that kubelet serves beside its
 	// plugins-registry directory (podresources.go): a kubelet too old, or not mounted.
 	NoPodResources bool
@@ -62,8 +59,9 @@ type Kubelet struct {
 
 	ctx    context.Context // cancelled by Stop: ends register delays, endpoint checks and (1.37) the reconciler
 	cancel context.CancelFunc
-	stopCh chan struct{} // closed by Stop: ends the plugin manager
-	done   chan struct{} // closed when the plugin manager's Run has returned
+	stopCh chan struct{} // closed by Stop: ends the plugin watcher and (1.36 and older) the reconciler
+	pm     *pluginManager
+	gate   *gate
 	calls  sync.WaitGroup
 	once   sync.Once
 
@@ -106,11 +104,6 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 	if endpointTimeout == 0 {
 		endpointTimeout = time.Second
 	}
-	startTimeout := opts.StartTimeout
-	if startTimeout == 0 {
-		startTimeout = 10 * time.Second
-	}
-
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k := &Kubelet{
 		dir:             registryDir,
@@ -120,7 +113,6 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		ctx:             kctx,
 		cancel:          cancel,
 		stopCh:          make(chan struct{}),
-		done:            make(chan struct{}),
 		fail:            map[string]int{},
 		delay:           map[string]time.Duration{},
 		csi:             map[string]*csiDriver{},
@@ -135,38 +127,26 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		}
 	}
 
-	pm := pluginmanager.NewPluginManager(registryDir, record.NewFakeRecorder(1000))
+	k.gate = &gate{stop: k.stopCh}
+	k.pm = newPluginManager(registryDir, k.gate)
 	for _, typ := range []string{registerapi.CSIPlugin, registerapi.DRAPlugin, registerapi.DevicePlugin} {
-		pm.AddHandler(typ, handler{k: k, typ: typ})
+		k.pm.rc.AddHandler(typ, handler{k: k, typ: typ})
 	}
-
-	sw := newStartWatch(log.Handler())
-	go func() {
-		defer close(k.done)
-		runPluginManager(kctx, pm, sw, k.stopCh)
-	}()
-
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	select {
-	case <-sw.Started():
-		log.Debug("kubelet plugin manager started", "dir", registryDir, "version", Version())
-		return k, nil
-	case <-k.done:
+	// As the plugin manager's Run: the watcher first, which walks the directory before it
+	// returns, then the reconciler. Both log through the contextual logger of kctx where the
+	// linked kubelet does.
+	lctx := klog.NewContext(kctx, logr.FromSlogHandler(log.Handler()))
+	if err := startWatcher(lctx, k.pm.watcher, k.stopCh); err != nil {
 		k.Stop()
-		return nil, fmt.Errorf("start kubelet plugin manager on %s: %w", registryDir, sw.err())
-	case <-ctx.Done():
-		k.Stop()
-		return nil, fmt.Errorf("start kubelet plugin manager on %s: %w", registryDir, ctx.Err())
-	case <-timer.C:
-		k.Stop()
-		return nil, fmt.Errorf("start kubelet plugin manager on %s: no %q log line within %v",
-			registryDir, msgStarted, startTimeout)
+		return nil, fmt.Errorf("start kubelet plugin manager on %s: %w", registryDir, err)
 	}
+	go runReconciler(lctx, k.pm.rc, k.stopCh)
+	log.Debug("kubelet plugin manager started", "dir", registryDir, "version", Version())
+	return k, nil
 }
 
-// Stop stops the plugin manager and blocks until its Run has returned and no handler call is
-// in progress; it cancels register delays and endpoint checks. It is idempotent.
+// Stop stops the plugin manager and blocks until no handler call is in progress; it cancels
+// register delays, endpoint checks and a held pass (HoldPass). It is idempotent.
 //
 // What Stop cannot wait for: the plugin manager does not wait for its reconciler goroutine nor
 // for the register and unregister operations already running (each a goroutine holding a
@@ -181,7 +161,6 @@ func (k *Kubelet) Stop() {
 		k.mu.Unlock()
 		k.cancel()
 		close(k.stopCh)
-		<-k.done
 		k.calls.Wait()
 		if k.podResources != nil {
 			k.podResources.Stop()
@@ -232,11 +211,3 @@ func (k *Kubelet) enter() bool {
 }
 
 var errStopped = errors.New("kubelet stopped")
-
-// allSourcesReady is the SourcesReady of a kubelet whose pod sources have all been seen.
-type allSourcesReady struct{}
-
-var _ config.SourcesReady = allSourcesReady{}
-
-func (allSourcesReady) AddSource(string) {}
-func (allSourcesReady) AllReady() bool   { return true }

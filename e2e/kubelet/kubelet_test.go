@@ -378,3 +378,55 @@ func TestStartFails(t *testing.T) {
 		t.Fatal("Start under a regular file succeeded")
 	}
 }
+
+// TestSocketReplacedBetweenLoops: a DRA plugin's socket renamed over its registered one
+// between the two loops of a reconcile pass (HoldPass forces it) is registered before the old
+// one is unregistered. The registration overwrites the old one's entry in kubelet's actual
+// state, and the DRA manager refuses the (name, endpoint) it still holds. Kubelet 1.36 and
+// later drop the failed entry: nothing ever deregisters the old registration, and kubelet's own
+// retries are refused too. 1.35 and older keep the entry, so removing the socket deregisters
+// the old registration.
+func TestSocketReplacedBetweenLoops(t *testing.T) {
+	t.Parallel()
+	dir := shortDir(t)
+	k := startKubelet(t, dir, kubelet.Options{})
+	const name = "replaced.example.com"
+	info := pluginInfo{Type: registerapi.DRAPlugin, Name: name, Endpoint: filepath.Join(dir, "dra.sock"), Versions: []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}}
+	listenEndpoint(t, info.Endpoint)
+	reg := filepath.Join(k.Dir(), "replaced-reg.sock")
+	servePlugin(t, reg, info)
+	wait.For(t, registerTimeout, "registered", func() bool { return k.Registered(name) })
+
+	h := k.HoldPass(reg, 30*time.Second)
+	select {
+	case <-h.Holding():
+	case <-time.After(registerTimeout):
+		t.Fatal("no reconcile pass held")
+	}
+	p := replacePlugin(t, reg, info)
+	if r := <-h.Result(); !r.Changed {
+		t.Fatalf("the pass was held %v and went on without seeing the socket replaced", r.Held)
+	}
+	wait.For(t, registerTimeout, "the new socket refused", func() bool { return len(p.Statuses()) >= 1 })
+	if s := p.Statuses()[0]; s.Registered || !strings.Contains(s.Error, "already registered for DRA driver plugin") {
+		t.Fatalf("the new socket was told %+v, want the refusal of an endpoint already registered", s)
+	}
+	if c := k.Counts(name); c.Deregistrations != 0 || !slices.Equal(k.RegisteredEndpoints(name), []string{info.Endpoint}) {
+		t.Fatalf("kubelet %+v, endpoints %v; want the old registration kept, never deregistered:%s", c, k.RegisteredEndpoints(name), kubelet.FormatEvents(k.EventsFor(name)))
+	}
+
+	if kubelet.RetriesRegisterFailures() {
+		wait.For(t, retryTimeout, "kubelet's own retry, refused", func() bool { return len(p.Statuses()) >= 2 })
+		if s := p.Statuses()[1]; s.Registered {
+			t.Errorf("kubelet's retry was told %+v, want a refusal", s)
+		}
+		if r := k.StateReport(); !strings.Contains(r, "never deregistered") || strings.Contains(r, reg+":") {
+			t.Errorf("state report, want the old registration marked and no entry for %s:\n%s", reg, r)
+		}
+		removePlugin(t, p) // nothing is left to deregister the old registration
+		wait.Never(t, 3*time.Second, "the old registration deregistered", func() bool { return k.Counts(name).Deregistrations != 0 })
+		return
+	}
+	removePlugin(t, p) // 1.35: the failed entry holds (name, endpoint), and its unregistration withdraws it
+	wait.For(t, registerTimeout, "the old registration deregistered", func() bool { return !k.Registered(name) })
+}

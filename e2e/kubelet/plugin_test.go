@@ -153,3 +153,26 @@ func (c *closableWriter) close() {
 	defer c.mu.Unlock()
 	c.closed = true
 }
+
+// replacePlugin serves info on a hidden name beside path, which kubelet ignores, and renames
+// that socket over path, as a registrar publishes a new socket over its old one.
+func replacePlugin(t *testing.T, path string, info pluginInfo) *testPlugin {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), ".new-"+filepath.Base(path))
+	p := servePlugin(t, tmp, info)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	p.path = path
+	return p
+}
+
+// removePlugin stops p and removes its socket (replacePlugin's listener does not know its
+// final name).
+func removePlugin(t *testing.T, p *testPlugin) {
+	t.Helper()
+	p.stop()
+	if err := os.Remove(p.path); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+}

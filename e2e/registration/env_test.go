@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
+	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
 )
@@ -52,4 +54,26 @@ func registeredIn(p *mrproc.Process, ds []driver) bool {
 		}
 	}
 	return true
+}
+
+// holdPass holds kubelet's next reconcile pass that leaves d's registration socket registered
+// between its two loops (kubelet.HoldPass), and returns once it does: what the test does next
+// happens between them.
+func (e *env) holdPass(t *testing.T, d driver) *kubelet.Hold {
+	t.Helper()
+	h := e.K.HoldPass(e.SocketPath(d), registerTimeout)
+	select {
+	case <-h.Holding():
+	case <-time.After(registerTimeout):
+		t.Fatalf("no reconcile pass of kubelet's held with %s registered", d.Name)
+	}
+	return h
+}
+
+// heldUntilChanged fails unless the pass h held went on because the socket's path changed.
+func (e *env) heldUntilChanged(t *testing.T, h *kubelet.Hold) {
+	t.Helper()
+	if r := <-h.Result(); !r.Changed {
+		t.Fatalf("kubelet's reconcile pass held %v went on without the socket's path changing", r.Held.Round(time.Millisecond))
+	}
 }

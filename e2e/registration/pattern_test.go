@@ -109,7 +109,8 @@ func TestEndpointPattern(t *testing.T) {
 		}
 
 		// multireg restarts: the earlier run's socket, which kubelet holds for dra-uid2 (and a
-		// second registration of one endpoint is refused), is published over, and registered.
+		// second registration of one endpoint is refused), is removed, and the driver registered
+		// through its other socket.
 		p.Signal(t, syscall.SIGTERM)
 		if code := p.Wait(t, exitTimeout); code != 0 {
 			t.Fatalf("exit code %d after SIGTERM, want 0", code)

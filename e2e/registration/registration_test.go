@@ -202,6 +202,33 @@ func TestRestartAndShutdown(t *testing.T) {
 	}
 }
 
+// 6b. SIGKILL, and the next run publishes a DRA driver's socket while kubelet's reconciler is
+// between its two loops (held there until the socket's path changes): kubelet never registers
+// a socket replacing the one it holds before it has unregistered that one, which would leave
+// the old registration in its DRA manager for good and the driver refused. The driver is
+// registered once more.
+func TestRestartBetweenReconcileLoops(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := []driver{{Name: "held.example.com", Type: "DRAPlugin"}}
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
+	counts := e.Registrations(ds)
+	p.Signal(t, syscall.SIGKILL)
+	p.Wait(t, exitTimeout)
+
+	h := e.holdPass(t, ds[0])
+	p = mrproc.Start(t, e.Cfg)
+	e.heldUntilChanged(t, h)
+	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
+		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
+	})
+	if c := e.K.Counts(ds[0].Name); c.Deregistrations != 1 {
+		t.Errorf("kubelet's calls: %+v, want the old registration deregistered", c)
+	}
+}
+
 // 7. A regular file at a driver's socket path is left untouched; the other drivers are not
 // affected.
 func TestFileInTheWayIsUntouched(t *testing.T) {

@@ -68,7 +68,7 @@ func NewWithoutKubelet(t *testing.T) *Env {
 	})
 	t.Cleanup(func() {
 		if t.Failed() && e.K != nil {
-			t.Logf("kubelet %s events:\n%s", kubelet.Version(), kubelet.FormatEvents(e.K.Events()))
+			t.Logf("kubelet %s events:\n%s\n%s", kubelet.Version(), kubelet.FormatEvents(e.K.Events()), e.K.StateReport())
 		}
 	})
 	return e
