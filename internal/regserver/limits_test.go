@@ -138,6 +138,20 @@ func TestStalledCallsMakeRoom(t *testing.T) {
 		p.body(1, 32<<10, 100)
 		ps = append(ps, p)
 	}
+	// kubelet's calls come after the flood's: every flood call admitted (and cut, beyond the
+	// limit) first. Otherwise, on a loaded machine, flood calls admitted after kubelet's
+	// Notify cut it in turn, once it is the oldest in flight.
+	testkit.Eventually(t, 10*time.Second, "every flood call admitted", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		began := 0
+		for _, u := range h.conns {
+			if u.began {
+				began++
+			}
+		}
+		return began == len(ps)
+	})
 	testkit.Register(t, gs[1].path, testkit.Kubelet136, true, "")
 	cut := 0
 	for _, p := range ps {
