@@ -157,6 +157,7 @@ func (l *loop) waitEndpoint() event {
 func (l *loop) publish() event {
 	d := l.d
 	d.nodeInfo = nil // asked again once kubelet has registered the new socket
+	var path string
 	if d.withdrawsFirst() {
 		if err := d.checkGuard(); err != nil {
 			return event{kind: evPublishFailed, err: err} // the sockets may be another instance's now
@@ -165,17 +166,14 @@ func (l *loop) publish() event {
 			d.retire(l.cur)
 			l.cur = nil
 		}
-		path, ok := d.clearPath(l.ctx)
-		if !ok {
+		var ok bool
+		if path, ok = d.clearPath(l.ctx); !ok {
 			return l.stopped()
 		}
-		g, err := d.publish(path, nil)
-		if err != nil {
-			return event{kind: evPublishFailed, err: err}
-		}
-		return event{kind: evPublished, g: g}
+	} else {
+		path = d.publishPath(l.cur)
 	}
-	g, err := d.publish(d.publishPath(l.cur), l.cur)
+	g, err := d.publish(path, l.cur)
 	if err != nil {
 		return event{kind: evPublishFailed, err: err}
 	}
