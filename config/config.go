@@ -9,6 +9,7 @@ package config
 import (
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -102,7 +103,29 @@ type RegistrarConfig struct {
 }
 
 // Driver is one plugin to register, with every default applied.
+//
+// Its fields come in four groups, and each field is in exactly one. The group says what a
+// change of the field does, and everything that compares, copies or carries a driver reads it
+// from here: a reload's Diff, the hand-over's RegistersAs and its wire, the loop taking a new
+// policy, the status, and the tests.
+//   - Registration: what kubelet sees of the driver, its GetInfo answer and the paths of its
+//     registration sockets. A change registers the driver anew.
+//   - Local: where this process reaches what kubelet reaches by its own path. kubelet sees
+//     nothing of it: the running loop goes on with its sockets, and reaches the driver there.
+//   - Policy: how the loop paces its attempts, and whether the driver's absence fails
+//     readiness. The running loop takes a change; kubelet sees nothing.
+//   - Display: what status shows, and nothing else reads.
 type Driver struct {
+	Registration
+	Local
+	Policy
+	Display
+}
+
+// Registration is what kubelet sees of a driver: a change of any of it registers the driver
+// anew (Diff's Changed), and a hand-over keeps a driver's sockets only when it is unchanged
+// (the hand-over's RegistersAs).
+type Registration struct {
 	// Name is the plugin name kubelet sees.
 	Name string
 	// Type is CSIPlugin, DRAPlugin or DevicePlugin.
@@ -110,8 +133,6 @@ type Driver struct {
 	// Endpoint is the path kubelet dials to reach the plugin (a host path). Its last element
 	// may be a pattern (EndpointIsPattern): kubelet is then given the matching socket's path.
 	Endpoint string
-	// LocalEndpoint is the same socket as this process sees it; it equals Endpoint unless set.
-	LocalEndpoint string
 	// SupportedVersions are advertised to kubelet in GetInfo.
 	SupportedVersions []string
 	// SocketName is the registration socket's file name in the registration directory.
@@ -126,6 +147,21 @@ type Driver struct {
 	// kubelet may still hold both others (a move's drop repaired while kubelet deregisters the
 	// old instance), so that kubelet registers it in the next reconcile pass.
 	SparePath string
+}
+
+// Local is where this process reaches what kubelet reaches by its own path: kubelet sees
+// nothing of it. A change moves the running loop there with its sockets (the Supervisor's
+// Update); a hand-over keeps the sockets whatever it says.
+type Local struct {
+	// LocalEndpoint is the driver's endpoint as this process sees it; it equals Endpoint
+	// unless set.
+	LocalEndpoint string
+}
+
+// Policy is how a driver's loop paces its attempts, and whether the driver's absence fails
+// readiness: none of it reaches kubelet. A running loop takes a change, a hand-over's
+// receiver runs its own.
+type Policy struct {
 	// Backoff paces retries after a failure.
 	Backoff Backoff
 	// RegistrationTimeout is how long to wait for kubelet's verdict after the socket
@@ -139,6 +175,12 @@ type Driver struct {
 	Required bool
 }
 
+// Display is what status shows of a driver, and nothing else reads: the loop and kubelet see
+// none of it. It has no field yet. A field added here is read from the drivers file (file.go),
+// shown in /status under its json tag (the status carries the group whole), and needs no other
+// change: a reload updates it in place, and a hand-over's receiver shows its own.
+type Display struct{}
+
 // Backoff is an exponential backoff policy. Retries never stop; a success resets it.
 type Backoff struct {
 	InitialInterval     time.Duration
@@ -147,38 +189,40 @@ type Backoff struct {
 	RandomizationFactor float64
 }
 
+// Change is what differs between two configurations of one driver, by group (Driver).
+type Change uint8
+
+const (
+	ChangeRegistration Change = 1 << iota // kubelet would see it: the driver is registered anew
+	ChangeLocal                           // where this process reaches the endpoint
+	ChangePolicy                          // the loop's pace, or readiness
+	ChangeDisplay                         // what status shows
+)
+
+// Changes reports which groups of fields differ between d and o.
+func (d Driver) Changes(o Driver) Change {
+	var c Change
+	for _, g := range []struct {
+		bit  Change
+		a, b any
+	}{
+		{ChangeRegistration, d.Registration, o.Registration},
+		{ChangeLocal, d.Local, o.Local},
+		{ChangePolicy, d.Policy, o.Policy},
+		{ChangeDisplay, d.Display, o.Display},
+	} {
+		if !reflect.DeepEqual(g.a, g.b) {
+			c |= g.bit
+		}
+	}
+	return c
+}
+
 // Equal reports whether two resolved drivers are the same in every field.
-func (d Driver) Equal(o Driver) bool {
-	return d.SameRegistration(o) && d.SamePolicy(o)
-}
+func (d Driver) Equal(o Driver) bool { return d.Changes(o) == 0 }
 
-// SameRegistration reports whether two resolved drivers register the same way: what kubelet
-// is told and where (name, type, endpoint and, for a pattern, how its matches are found,
-// advertised versions, the registration socket paths), and where multireg reaches the endpoint
-// (localEndpoint). Drivers that differ only in loop policy (SamePolicy) register the same way:
-// a running loop takes the new policy, and kubelet sees nothing.
-func (d Driver) SameRegistration(o Driver) bool {
-	return d.Name == o.Name &&
-		d.Type == o.Type &&
-		d.Endpoint == o.Endpoint &&
-		d.LocalEndpoint == o.LocalEndpoint &&
-		slices.Equal(d.SupportedVersions, o.SupportedVersions) &&
-		d.SocketName == o.SocketName &&
-		d.SocketPath == o.SocketPath &&
-		d.AltSocketPath == o.AltSocketPath &&
-		d.SparePath == o.SparePath
-}
-
-// SamePolicy reports whether two resolved drivers have the same loop policy: how their loop
-// paces its attempts (backoff, registrationTimeout), whether it waits for the endpoint
-// (waitForEndpoint), and whether the driver's absence fails readiness (required). None of it
-// reaches kubelet.
-func (d Driver) SamePolicy(o Driver) bool {
-	return d.Backoff == o.Backoff &&
-		d.RegistrationTimeout == o.RegistrationTimeout &&
-		d.WaitForEndpoint == o.WaitForEndpoint &&
-		d.Required == o.Required
-}
+// Equal reports whether two drivers register the same way with kubelet.
+func (r Registration) Equal(o Registration) bool { return reflect.DeepEqual(r, o) }
 
 // Summary describes the configuration in one line, e.g.
 // "4 drivers (2 CSIPlugin, 1 DRAPlugin, 1 DevicePlugin) in /var/lib/kubelet/plugins_registry".

@@ -46,15 +46,17 @@ defaults:
 		t.Fatal(err)
 	}
 	want := &RegistrarConfig{RegistrationDir: "/run/reg", Drivers: []Driver{{
-		Name: "a.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/a.sock", LocalEndpoint: "/host/a.sock",
-		SupportedVersions: []string{"1.2.0"}, SocketName: "s.sock", SocketPath: "/run/reg/s.sock",
-		Backoff:             Backoff{InitialInterval: 4 * time.Second, MaxInterval: 4 * time.Minute, Multiplier: 4, RandomizationFactor: 0.4},
-		RegistrationTimeout: 4 * time.Minute, WaitForEndpoint: true, Required: false,
+		Registration: Registration{Name: "a.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/a.sock",
+			SupportedVersions: []string{"1.2.0"}, SocketName: "s.sock", SocketPath: "/run/reg/s.sock"},
+		Local: Local{LocalEndpoint: "/host/a.sock"},
+		Policy: Policy{Backoff: Backoff{InitialInterval: 4 * time.Second, MaxInterval: 4 * time.Minute, Multiplier: 4, RandomizationFactor: 0.4},
+			RegistrationTimeout: 4 * time.Minute, WaitForEndpoint: true, Required: false},
 	}, {
-		Name: "b.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/b.sock", LocalEndpoint: "/run/b.sock",
-		SupportedVersions: []string{"1.0.0"}, SocketName: "b.csi.k8s.io-reg.sock", SocketPath: "/run/reg/b.csi.k8s.io-reg.sock",
-		Backoff:             Backoff{InitialInterval: 3 * time.Second, MaxInterval: 3 * time.Minute, Multiplier: 3, RandomizationFactor: 0.3},
-		RegistrationTimeout: 3 * time.Minute, WaitForEndpoint: false, Required: true,
+		Registration: Registration{Name: "b.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/b.sock",
+			SupportedVersions: []string{"1.0.0"}, SocketName: "b.csi.k8s.io-reg.sock", SocketPath: "/run/reg/b.csi.k8s.io-reg.sock"},
+		Local: Local{LocalEndpoint: "/run/b.sock"},
+		Policy: Policy{Backoff: Backoff{InitialInterval: 3 * time.Second, MaxInterval: 3 * time.Minute, Multiplier: 3, RandomizationFactor: 0.3},
+			RegistrationTimeout: 3 * time.Minute, WaitForEndpoint: false, Required: true},
 	}}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("resolved config:\n got: %+v\nwant: %+v", cfg, want)

@@ -7,12 +7,12 @@ type Plan struct {
 	Added []Driver
 	// Removed are drivers only in the old configuration, as they were configured there.
 	Removed []Driver
-	// Changed are drivers in both that register differently now (Driver.SameRegistration), as
-	// configured now: they are registered anew.
+	// Changed are drivers in both whose Registration differs, as configured now: they are
+	// registered anew.
 	Changed []Driver
-	// Updated are drivers in both that differ only in loop policy (backoff,
-	// registrationTimeout, waitForEndpoint, required: Driver.SamePolicy), as configured now:
-	// their running loop takes the new policy, and kubelet sees nothing.
+	// Updated are drivers in both whose Registration is the same and whose other fields
+	// (Local, Policy, Display) differ, as configured now: their running loop takes them, and
+	// kubelet sees nothing.
 	Updated []Driver
 }
 
@@ -24,7 +24,7 @@ func (p Plan) Empty() bool {
 // Diff compares two resolved configurations by driver name. A nil old configuration means
 // nothing runs yet; a nil new one means nothing should. Because drivers are compared after
 // defaults are folded in, a change of registrationDir marks every driver as changed, a change
-// of defaults marks every driver that inherits it as changed (or updated, for loop policy),
+// of defaults marks every driver that inherits it as updated (defaults set only Policy),
 // and an edit of comments or key order changes nothing.
 func Diff(old, new *RegistrarConfig) Plan {
 	var p Plan
@@ -42,7 +42,7 @@ func Diff(old, new *RegistrarConfig) Plan {
 			switch {
 			case !ok:
 				p.Added = append(p.Added, d)
-			case !prev.SameRegistration(d):
+			case !prev.Registration.Equal(d.Registration):
 				p.Changed = append(p.Changed, d)
 			case !prev.Equal(d):
 				p.Updated = append(p.Updated, d)

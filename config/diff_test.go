@@ -2,7 +2,6 @@ package config
 
 import (
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -147,10 +146,11 @@ defaults:
 			changed: []string{"b.csi.k8s.io"},
 		},
 		{
+			// Where this process reaches the endpoint: kubelet sees nothing of it.
 			name:    "one localEndpoint",
 			old:     diffBase,
 			new:     replace(diffBase, "endpoint: /run/a/csi.sock", "endpoint: /run/a/csi.sock\n    localEndpoint: /host/run/a/csi.sock"),
-			changed: []string{"a.csi.k8s.io"},
+			updated: []string{"a.csi.k8s.io"},
 		},
 		{
 			name:    "one socketName",
@@ -210,40 +210,46 @@ func TestDiffCarriesSpecs(t *testing.T) {
 
 func replace(s, old, new string) string { return strings.ReplaceAll(s, old, new) }
 
-// registrationFields and policyFields are every field of Driver: what kubelet is told and
-// where (SameRegistration), and how the loop runs (SamePolicy). A field added to Driver must be
-// added to one of them, and compared by it.
-var (
-	registrationFields = []string{"Name", "Type", "Endpoint", "LocalEndpoint", "SupportedVersions", "SocketName", "SocketPath", "AltSocketPath", "SparePath"}
-	policyFields       = []string{"Backoff", "RegistrationTimeout", "WaitForEndpoint", "Required"}
-)
+// groups are Driver's groups (config.go), each with what a change of one of its fields is.
+var groups = map[string]Change{
+	"Registration": ChangeRegistration,
+	"Local":        ChangeLocal,
+	"Policy":       ChangePolicy,
+	"Display":      ChangeDisplay,
+}
 
-// TestEveryDriverFieldDecidesOneThing: a Driver that differs from another in one field only
-// registers the same way exactly when the field is loop policy, has the same policy exactly
-// when it is not, and is never Equal to it.
-func TestEveryDriverFieldDecidesOneThing(t *testing.T) {
+// TestEveryDriverFieldIsClassified: Driver holds its groups and nothing else, and a Driver
+// that differs from another in one field differs in that field's group only, and is never
+// Equal to it. Diff, the hand-over's RegistersAs and the loop read a field's meaning from its
+// group, so a field outside them would mean nothing to any of them.
+func TestEveryDriverFieldIsClassified(t *testing.T) {
 	typ := reflect.TypeFor[Driver]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)
-		registration, policy := slices.Contains(registrationFields, f.Name), slices.Contains(policyFields, f.Name)
-		if registration == policy {
-			t.Errorf("Driver.%s is in %d of registrationFields and policyFields, want exactly one", f.Name, btoi(registration)+btoi(policy))
+		bit, ok := groups[f.Name]
+		if !ok || !f.Anonymous {
+			t.Errorf("config.Driver.%s is in none of Driver's groups: move it into the one that says what a change of it does (config.go) — "+
+				"Registration if kubelet sees it (a change registers the driver anew), Local if it is where this process reaches what kubelet reaches by its own path, "+
+				"Policy if it paces the loop or decides readiness, Display if status only shows it", f.Name)
 			continue
 		}
-		var a, b Driver
-		setNonZero(t, reflect.ValueOf(&b).Elem().Field(i), f.Name)
-		if got := a.SameRegistration(b); got != policy {
-			t.Errorf("Driver.%s differs: SameRegistration = %v, want %v", f.Name, got, policy)
-		}
-		if got := a.SamePolicy(b); got != registration {
-			t.Errorf("Driver.%s differs: SamePolicy = %v, want %v", f.Name, got, registration)
-		}
-		if a.Equal(b) {
-			t.Errorf("Driver.%s differs: Equal = true", f.Name)
+		for j := range f.Type.NumField() {
+			g := f.Type.Field(j)
+			var a, b Driver
+			setNonZero(t, reflect.ValueOf(&b).Elem().Field(i).Field(j), f.Name+"."+g.Name)
+			if got := a.Changes(b); got != bit {
+				t.Errorf("Driver.%s differs: Changes = %b, want %b (%s)", g.Name, got, bit, f.Name)
+			}
+			if a.Equal(b) {
+				t.Errorf("Driver.%s differs: Equal = true", g.Name)
+			}
+			if a.Registration.Equal(b.Registration) == (bit == ChangeRegistration) {
+				t.Errorf("Driver.%s differs: Registration.Equal = %v", g.Name, a.Registration.Equal(b.Registration))
+			}
 		}
 	}
-	if n := len(registrationFields) + len(policyFields); n != typ.NumField() {
-		t.Errorf("%d fields classified, Driver has %d", n, typ.NumField())
+	if len(groups) != typ.NumField() {
+		t.Errorf("Driver has %d fields, and %d groups are known here", typ.NumField(), len(groups))
 	}
 }
 
@@ -263,11 +269,4 @@ func setNonZero(t *testing.T, v reflect.Value, name string) {
 	default:
 		t.Fatalf("Driver.%s: no value for kind %s", name, v.Kind())
 	}
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -19,8 +19,9 @@ type file struct {
 	Drivers         []Driver // nil when the file leaves drivers out
 }
 
-// builtin holds the settings neither the driver nor the file's defaults set.
-var builtin = Driver{
+// builtin holds the settings neither the driver nor the file's defaults set: the defaults of
+// a driver's Policy, the one group that defaults may set.
+var builtin = Policy{
 	Backoff: Backoff{
 		InitialInterval:     DefaultInitialInterval,
 		MaxInterval:         DefaultMaxInterval,
@@ -34,7 +35,8 @@ var builtin = Driver{
 // The fields of each mapping, as the file names them. topFields is also the order in which
 // errors are reported.
 var (
-	topFields      = []string{"apiVersion", "kind", "registrationDir", "defaults", "drivers"}
+	topFields = []string{"apiVersion", "kind", "registrationDir", "defaults", "drivers"}
+	// settingsFields are a driver's Policy: what defaults may set for every driver.
 	settingsFields = []string{"backoff", "registrationTimeout", "waitForEndpoint", "required"}
 	backoffFields  = []string{"initialInterval", "maxInterval", "multiplier", "randomizationFactor"}
 	driverFields   = append([]string{"name", "type", "endpoint", "localEndpoint", "supportedVersions", "socketName"}, settingsFields...)
@@ -59,15 +61,15 @@ func (d *decoder) file(n *yaml.Node) *file {
 		}
 	})
 	if drivers != nil {
-		f.Drivers = list(d, drivers, field.NewPath("drivers"), defaults, func(n *yaml.Node, p *field.Path) Driver {
+		f.Drivers = list(d, drivers, field.NewPath("drivers"), Driver{Policy: defaults}, func(n *yaml.Node, p *field.Path) Driver {
 			return d.driver(n, p, defaults)
 		})
 	}
 	return &f
 }
 
-func (d *decoder) driver(n *yaml.Node, p *field.Path, defaults Driver) Driver {
-	dr := defaults
+func (d *decoder) driver(n *yaml.Node, p *field.Path, defaults Policy) Driver {
+	dr := Driver{Policy: defaults}
 	d.mapping(n, p, driverFields, func(k string, v *yaml.Node, p *field.Path) {
 		switch k {
 		case "name":
@@ -83,15 +85,15 @@ func (d *decoder) driver(n *yaml.Node, p *field.Path, defaults Driver) Driver {
 		case "socketName":
 			dr.SocketName = d.str(v, p)
 		default:
-			d.setting(&dr, k, v, p)
+			d.setting(&dr.Policy, k, v, p)
 		}
 	})
 	return dr
 }
 
 // setting reads one of the settings that defaults sets for every driver and a driver sets
-// for itself over the value dr holds, and checks it.
-func (d *decoder) setting(dr *Driver, k string, v *yaml.Node, p *field.Path) {
+// for itself (its Policy) over the value dr holds, and checks it.
+func (d *decoder) setting(dr *Policy, k string, v *yaml.Node, p *field.Path) {
 	switch k {
 	case "backoff":
 		d.backoff(&dr.Backoff, v, p)

@@ -219,21 +219,25 @@ func TestMinimalResolves(t *testing.T) {
 	want := &RegistrarConfig{
 		RegistrationDir: "/var/lib/kubelet/plugins_registry",
 		Drivers: []Driver{{
-			Name:              "nfs.csi.k8s.io",
-			Type:              "CSIPlugin",
-			Endpoint:          "/var/lib/kubelet/plugins/csi-nfsplugin/csi.sock",
-			LocalEndpoint:     "/var/lib/kubelet/plugins/csi-nfsplugin/csi.sock",
-			SupportedVersions: []string{"1.0.0"},
-			SocketName:        "nfs.csi.k8s.io-reg.sock",
-			SocketPath:        "/var/lib/kubelet/plugins_registry/nfs.csi.k8s.io-reg.sock",
-			Backoff: Backoff{
-				InitialInterval:     500 * time.Millisecond,
-				MaxInterval:         2 * time.Minute,
-				Multiplier:          2,
-				RandomizationFactor: 0.2,
+			Registration: Registration{
+				Name:              "nfs.csi.k8s.io",
+				Type:              "CSIPlugin",
+				Endpoint:          "/var/lib/kubelet/plugins/csi-nfsplugin/csi.sock",
+				SupportedVersions: []string{"1.0.0"},
+				SocketName:        "nfs.csi.k8s.io-reg.sock",
+				SocketPath:        "/var/lib/kubelet/plugins_registry/nfs.csi.k8s.io-reg.sock",
 			},
-			RegistrationTimeout: 2 * time.Minute,
-			WaitForEndpoint:     true,
+			Local: Local{LocalEndpoint: "/var/lib/kubelet/plugins/csi-nfsplugin/csi.sock"},
+			Policy: Policy{
+				Backoff: Backoff{
+					InitialInterval:     500 * time.Millisecond,
+					MaxInterval:         2 * time.Minute,
+					Multiplier:          2,
+					RandomizationFactor: 0.2,
+				},
+				RegistrationTimeout: 2 * time.Minute,
+				WaitForEndpoint:     true,
+			},
 		}},
 	}
 	if !reflect.DeepEqual(cfg, want) {

@@ -91,7 +91,7 @@ func TestRegistrationTimeoutGrows(t *testing.T) {
 		{3, 2 * time.Second, []time.Duration{6 * time.Second, 18 * time.Second, 54 * time.Second, 64 * time.Second}},
 		{2, 100000 * time.Hour, []time.Duration{200000 * time.Hour, 400000 * time.Hour, 800000 * time.Hour, 1600000 * time.Hour, math.MaxInt64, math.MaxInt64}}, // no overflow
 	} {
-		p := newPacing(config.Driver{RegistrationTimeout: tc.base, Backoff: config.Backoff{InitialInterval: time.Second, MaxInterval: time.Second, Multiplier: tc.multiplier}})
+		p := newPacing(config.Driver{Policy: config.Policy{RegistrationTimeout: tc.base, Backoff: config.Backoff{InitialInterval: time.Second, MaxInterval: time.Second, Multiplier: tc.multiplier}}})
 		for i, w := range tc.want {
 			if got := p.timedOut(); got != w {
 				t.Errorf("multiplier %v, base %s: timeout after %d timeouts = %s, want %s", tc.multiplier, tc.base, i+1, got, w)

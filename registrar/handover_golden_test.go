@@ -253,7 +253,7 @@ func TestStatusOnTheWire(t *testing.T) {
 	if z := zeroFields(reflect.ValueOf(full)); len(z) > 0 {
 		t.Fatalf("the test's status leaves %v zero", z)
 	}
-	b, err := json.Marshal(&handover.Driver{Spec: config.Driver{Name: full.Name}, Status: handedStatus(full)})
+	b, err := json.Marshal(&handover.Driver{Spec: config.Driver{Registration: config.Registration{Name: full.Name}}, Status: handedStatus(full)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestStatusOnTheWire(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	d := newDriver(config.Driver{Name: "b.example.com", Type: config.DevicePlugin, Endpoint: "/ep/b.sock", Required: false}, testkit.Logger(t), nil, false)
+	d := newDriver(config.Driver{Registration: config.Registration{Name: "b.example.com", Type: config.DevicePlugin, Endpoint: "/ep/b.sock"}}, testkit.Logger(t), nil, false)
 	got := d.inheritedStatus(back.Status)
 	want := full
 	want.Name, want.Type, want.Endpoint, want.Required, want.Kubelet = "b.example.com", config.DevicePlugin, "/ep/b.sock", false, nil

@@ -24,19 +24,23 @@ import (
 func testDriver(dir, name, typ, endpoint string) config.Driver {
 	reg := filepath.Join(dir, "reg")
 	return config.Driver{
-		Name:              name,
-		Type:              typ,
-		Endpoint:          endpoint,
-		LocalEndpoint:     endpoint,
-		SupportedVersions: config.DefaultVersions(typ),
-		SocketName:        config.DefaultSocketName(name),
-		SocketPath:        filepath.Join(reg, config.DefaultSocketName(name)),
-		Backoff: config.Backoff{
-			InitialInterval: 50 * time.Millisecond,
-			MaxInterval:     200 * time.Millisecond,
-			Multiplier:      2,
+		Registration: config.Registration{
+			Name:              name,
+			Type:              typ,
+			Endpoint:          endpoint,
+			SupportedVersions: config.DefaultVersions(typ),
+			SocketName:        config.DefaultSocketName(name),
+			SocketPath:        filepath.Join(reg, config.DefaultSocketName(name)),
 		},
-		WaitForEndpoint: true,
+		Local: config.Local{LocalEndpoint: endpoint},
+		Policy: config.Policy{
+			Backoff: config.Backoff{
+				InitialInterval: 50 * time.Millisecond,
+				MaxInterval:     200 * time.Millisecond,
+				Multiplier:      2,
+			},
+			WaitForEndpoint: true,
+		},
 	}
 }
 

@@ -6,11 +6,13 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
+	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/regserver"
@@ -173,7 +175,7 @@ func (d *driver) inherit(h *handover.Driver) int {
 	n := 0
 	a := &adoption{epID: h.EndpointID}
 	if d.spec.EndpointIsPattern() {
-		d.at = target{endpoint: h.Endpoint, local: h.LocalEndpoint}
+		d.at = handedTarget(d.spec, h.Endpoint)
 	}
 	d.nodeInfo = handedNodeInfo(h)
 	d.probed = a.epID
@@ -238,6 +240,17 @@ func (d *driver) boundedAttempt(at time.Time) time.Time {
 	return at
 }
 
+// handedTarget is the target another instance handed over as endpoint, what kubelet dials, as
+// this process reaches it: where spec's localEndpoint says. The other instance's own
+// localEndpoint is its own (config.Local): kubelet sees nothing of it, and this process may
+// reach the same socket by another path.
+func handedTarget(spec config.Driver, endpoint string) target {
+	if !spec.EndpointIsPattern() {
+		return fixedTarget(spec)
+	}
+	return target{endpoint: endpoint, local: filepath.Join(filepath.Dir(spec.LocalEndpoint), filepath.Base(endpoint))}
+}
+
 // handedNodeInfo decodes the NodeGetInfo answer h recorded; nil when none.
 func handedNodeInfo(h *handover.Driver) *csi.NodeGetInfoResponse {
 	if len(h.NodeInfo) == 0 {
@@ -276,7 +289,7 @@ func (d *driver) adoptSocket(hs *handover.Socket) (*generation, error) {
 		return nil, fmt.Errorf("not a unix socket")
 	}
 	l.SetUnlinkOnClose(false)
-	t := target{endpoint: hs.Endpoint, local: hs.LocalEndpoint}
+	t := handedTarget(d.spec, hs.Endpoint)
 	versions := hs.Versions
 	if versions == nil { // a predecessor that did not say: it advertised the configured ones
 		versions = d.spec.SupportedVersions

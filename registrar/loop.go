@@ -188,15 +188,12 @@ func (l *loop) dropWaiting() {
 	}
 }
 
-// applyPolicy takes spec's loop policy (config.Driver.SamePolicy): what spec registers is what
-// the loop registers already. Every wait from the next one on follows it; a wait under way (a
+// applyPolicy takes spec's loop policy (config.Policy): what spec registers is what the loop
+// registers already. Every wait from the next one on follows it; a wait under way (a
 // backoff interval, a registration timeout, a probe's interval) runs its course.
 func (l *loop) applyPolicy(spec config.Driver) {
 	d := l.d
-	d.spec.Backoff = spec.Backoff
-	d.spec.RegistrationTimeout = spec.RegistrationTimeout
-	d.spec.WaitForEndpoint = spec.WaitForEndpoint
-	d.spec.Required = spec.Required
+	d.spec.Policy = spec.Policy
 	d.p.setPolicy(spec)
 	l.probeB = newBackoff(spec.Backoff)
 	if !nodeInfoTracked(d.spec) {

@@ -13,7 +13,7 @@ import (
 // registration on the new backoff, and keeps a timeout grown after timeouts grown by as much
 // over the new registrationTimeout, within its bound; an ungrown one is the new one.
 func TestPolicyGoesOnWhereTheCurveStood(t *testing.T) {
-	old := config.Driver{RegistrationTimeout: time.Second, Backoff: config.Backoff{InitialInterval: time.Second, MaxInterval: time.Hour, Multiplier: 2}}
+	old := config.Driver{Policy: config.Policy{RegistrationTimeout: time.Second, Backoff: config.Backoff{InitialInterval: time.Second, MaxInterval: time.Hour, Multiplier: 2}}}
 	p := newPacing(old)
 	for range 3 { // 1s, 2s, 4s
 		p.wait()

@@ -101,7 +101,10 @@ type Supervisor struct {
 
 // handle is one running loop.
 type handle struct {
-	d      *driver
+	d *driver
+	// spec is the driver as the supervisor was last given it (Start, Update): what the next
+	// Update compares with. The loop's own copy is the loop's.
+	spec   config.Driver
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
@@ -168,12 +171,13 @@ func (s *Supervisor) end(cause error) {
 func (s *Supervisor) Start(d config.Driver) {
 	s.enter()
 	defer s.leave()
-	s.start(d, nil)
+	s.start(d, nil, true)
 }
 
 // start is Start, with what a hand-over gave the driver (h), if anything: otherwise what
-// Inherit holds for it.
-func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
+// Inherit holds for it. counted: the sockets taken from hd are counted as a hand-over's
+// (Adopted); a loop moved in this process (move) takes its own.
+func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 	s.mu.Lock()
 	if hd == nil {
 		hd = s.inherited.Take(d.Name)
@@ -187,7 +191,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	}
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
-	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), cancel: cancel, done: make(chan struct{})}
+	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), spec: d, cancel: cancel, done: make(chan struct{})}
 	h.d.guard, h.d.slots, h.d.hub, h.d.moves = s.guard, s.slots, s.hub, s.moves
 	if s.probe != nil {
 		h.d.probe = s.probe
@@ -199,7 +203,9 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	switch {
 	case hd == nil:
 	case hd.RegistersAs(d):
-		s.adopted.Add(int64(h.d.inherit(hd)))
+		if n := h.d.inherit(hd); counted {
+			s.adopted.Add(int64(n))
+		}
 	default:
 		h.d.log.Info("the driver registers differently than in the instance that handed it over; registering anew")
 		hd.Retire(h.d.log)
@@ -219,18 +225,41 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver) {
 	}
 }
 
-// Update gives the running loop of d's name its new loop policy (config.Driver.SameRegistration
-// holds; backoff, registrationTimeout, waitForEndpoint, required), which the loop takes at its
-// next step. Nothing is published and kubelet is not touched. It is a no-op for unknown names.
+// Update gives the running loop of d's name what changed in d besides its registration
+// (config.Driver: Registration is the same), and kubelet sees nothing: a new Policy (and
+// Display) the loop takes at its next step; a new Local moves the loop there, its sockets
+// kept as a hand-over keeps them (move). It is a no-op for unknown names.
 func (s *Supervisor) Update(d config.Driver) {
 	s.enter()
 	defer s.leave()
 	s.mu.Lock()
 	h, ok := s.running[d.Name]
-	s.mu.Unlock()
+	var was config.Driver
 	if ok {
+		was, h.spec = h.spec, d
+	}
+	s.mu.Unlock()
+	switch {
+	case !ok:
+	case was.Changes(d)&config.ChangeLocal != 0:
+		s.move(h, d)
+	default:
 		h.d.updatePolicy(d)
 	}
+}
+
+// move restarts h's loop as d, which differs from it in where this process reaches the
+// endpoint (config.Local), the way a hand-over restarts it in another process: the loop
+// stops and hands over its sockets and state, and the new one serves them and goes on, its
+// endpoint probed where d says. kubelet sees nothing.
+func (s *Supervisor) move(h *handle, d config.Driver) {
+	h.cancel(errHandOff)
+	<-h.done
+	hd := h.d.handed
+	h.d.handed = nil
+	h.d.log.Info("where this process reaches the driver's endpoint changed; the loop goes on there with its sockets",
+		"localEndpoint", d.LocalEndpoint)
+	s.start(d, hd, false)
 }
 
 // Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and
@@ -362,7 +391,7 @@ func (s *Supervisor) Detach() *handover.Snapshot {
 // descriptors.
 func (s *Supervisor) Resume(snap *handover.Snapshot) {
 	for _, h := range snap.TakeAll() {
-		s.start(h.Spec, h)
+		s.start(h.Spec, h, false)
 	}
 	s.adopted.Store(0) // the loops serve their own sockets again
 	s.mu.Lock()

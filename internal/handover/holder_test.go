@@ -18,7 +18,7 @@ func TestBatchesFitAMessage(t *testing.T) {
 	for i := range 300 {
 		name := fmt.Sprintf("d%d.example.com", i)
 		st := Status{LastError: long[:min(i*25, len(long))]}
-		ds = append(ds, &Driver{Spec: config.Driver{Name: name, Type: config.CSIPlugin}, Status: st})
+		ds = append(ds, &Driver{Spec: config.Driver{Registration: config.Registration{Name: name, Type: config.CSIPlugin}}, Status: st})
 	}
 	n := 0
 	for _, b := range batches(ds) {

@@ -168,7 +168,7 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 	for _, hs := range sockets {
 		files = append(files, hs.File)
 	}
-	d := &Driver{Spec: config.Driver{Name: "gone.example.com"}, Sockets: sockets}
+	d := &Driver{Spec: config.Driver{Registration: config.Registration{Name: "gone.example.com"}}, Sockets: sockets}
 	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
 	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
 	if err != nil {
@@ -278,7 +278,7 @@ func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
 		}
 		t.Cleanup(func() { l.Close() })
 		hs := handedSocket(t, l, path)
-		return &Driver{Spec: config.Driver{Name: name}, Sockets: []*Socket{hs}}, hs.File
+		return &Driver{Spec: config.Driver{Registration: config.Registration{Name: name}}, Sockets: []*Socket{hs}}, hs.File
 	}
 	first, firstFile := socket("first.example.com")
 	second, secondFile := socket("second.example.com")

@@ -2,7 +2,7 @@ package handover
 
 import (
 	"encoding/json"
-	"slices"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -115,7 +115,16 @@ func (h *Driver) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
+	// Which keys of the spec were sent: a field of the registration that was not is the
+	// receiver's own (RegistersAs).
+	var keys struct {
+		Spec map[string]json.RawMessage `json:"spec"`
+	}
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return err
+	}
 	*h = w.driver()
+	h.unsent = unsentOf(keys.Spec)
 	return nil
 }
 
@@ -158,7 +167,7 @@ func (w *wireDriver) driver() Driver {
 		Timeout:       w.Timeout,
 		Failures:      w.Failures,
 	}
-	h.Spec, h.unsent = w.Spec.driver()
+	h.Spec = w.Spec.driver()
 	for _, ws := range w.Sockets {
 		if ws == nil { // fill refuses the batch
 			h.Sockets = append(h.Sockets, nil)
@@ -202,29 +211,24 @@ func specWire(d config.Driver) wireSpec {
 	}
 }
 
-// driver is the configuration w says, and which of the fields that decide a registration
-// (registration) it did not say: those are the receiver's own (RegistersAs). The others it
-// did not say are zero: the receiver runs its own configuration's.
-func (w *wireSpec) driver() (config.Driver, unsent) {
+// driver is the configuration w says. The fields it did not say are zero: the receiver runs
+// its own configuration's (and RegistersAs counts its own for the registration's).
+func (w *wireSpec) driver() config.Driver {
 	var d config.Driver
-	var u unsent
 	d.Name = w.Name
-	str := func(p *string, f unsent) string {
+	str := func(p *string) string {
 		if p == nil {
-			u |= f
 			return ""
 		}
 		return *p
 	}
-	d.Type = str(w.Type, unsentType)
-	d.Endpoint = str(w.Endpoint, unsentEndpoint)
-	d.LocalEndpoint = str(w.LocalEndpoint, 0)
-	d.SocketName = str(w.SocketName, 0)
-	d.SocketPath = str(w.SocketPath, unsentSocketPath)
-	d.AltSocketPath = str(w.AltSocketPath, unsentAltSocketPath)
-	if d.SupportedVersions = w.SupportedVersions; d.SupportedVersions == nil {
-		u |= unsentVersions
-	}
+	d.Type = str(w.Type)
+	d.Endpoint = str(w.Endpoint)
+	d.LocalEndpoint = str(w.LocalEndpoint)
+	d.SocketName = str(w.SocketName)
+	d.SocketPath = str(w.SocketPath)
+	d.AltSocketPath = str(w.AltSocketPath)
+	d.SupportedVersions = w.SupportedVersions
 	if b := w.Backoff; b != nil {
 		d.Backoff = config.Backoff{InitialInterval: b.InitialInterval, MaxInterval: b.MaxInterval,
 			Multiplier: b.Multiplier, RandomizationFactor: b.RandomizationFactor}
@@ -238,7 +242,7 @@ func (w *wireSpec) driver() (config.Driver, unsent) {
 	if w.Required != nil {
 		d.Required = *w.Required
 	}
-	return d, u
+	return d
 }
 
 // statusWire is st on the wire, its last error cut to maxLastError bytes of valid UTF-8.
@@ -261,46 +265,36 @@ func (w wireID) id() fsid.ID {
 	return fsid.ID{Dev: w.Dev, Ino: w.Ino, Ctime: syscall.NsecToTimespec(w.CSec*1e9 + w.CNsec)}
 }
 
-// unsent lists the fields that decide a registration which a predecessor did not send.
-type unsent uint8
+// unsent lists the fields of config.Registration that a predecessor did not send, by name
+// (the spec's keys are the fields' names): the receiver's own count for them.
+type unsent []string
 
-const (
-	unsentType unsent = 1 << iota
-	unsentEndpoint
-	unsentVersions
-	unsentSocketPath
-	unsentAltSocketPath
-)
-
-// RegistersAs reports whether own, this instance's configuration of the handed driver,
-// registers it with kubelet as the instance that handed it over did: the same name, type,
-// endpoint, advertised versions and registration socket paths, all that kubelet sees of a
-// registration. The loop's policy (backoff, registrationTimeout, waitForEndpoint, required)
-// and where this process reaches the endpoint (localEndpoint) do not count: own's apply to the
-// loop that goes on. A field the predecessor did not send counts as own's.
-func (h *Driver) RegistersAs(own config.Driver) bool {
-	s := h.Spec
-	for _, f := range []struct {
-		bit  unsent
-		fill func()
-	}{
-		{unsentType, func() { s.Type = own.Type }},
-		{unsentEndpoint, func() { s.Endpoint = own.Endpoint }},
-		{unsentVersions, func() { s.SupportedVersions = own.SupportedVersions }},
-		{unsentSocketPath, func() { s.SocketPath = own.SocketPath }},
-		{unsentAltSocketPath, func() { s.AltSocketPath = own.AltSocketPath }},
-	} {
-		if h.unsent&f.bit != 0 {
-			f.fill()
+// unsentOf lists the fields of config.Registration whose key is not in spec, a driver's spec
+// as sent: a field a predecessor's version does not carry (SparePath: the receiver derives it
+// from the rest), or that it left out.
+func unsentOf(spec map[string]json.RawMessage) unsent {
+	var u unsent
+	typ := reflect.TypeFor[config.Registration]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		if v, ok := spec[name]; !ok || string(v) == "null" {
+			u = append(u, name)
 		}
 	}
-	return sameKubeletRegistration(s, own)
+	return u
 }
 
-// sameKubeletRegistration reports whether a and b register the same way with kubelet: the
-// fields of a driver that kubelet sees (GetInfo's answer and the registration socket's path).
-func sameKubeletRegistration(a, b config.Driver) bool {
-	return a.Name == b.Name && a.Type == b.Type && a.Endpoint == b.Endpoint &&
-		slices.Equal(a.SupportedVersions, b.SupportedVersions) &&
-		a.SocketPath == b.SocketPath && a.AltSocketPath == b.AltSocketPath
+// RegistersAs reports whether own, this instance's configuration of the handed driver,
+// registers it with kubelet as the instance that handed it over did: the same
+// config.Registration, all that kubelet sees of a registration. The rest of the driver (where
+// this process reaches the endpoint, the loop's policy, what status shows) does not count:
+// own's applies to the loop that goes on. A field of the registration the predecessor did not
+// send counts as own's.
+func (h *Driver) RegistersAs(own config.Driver) bool {
+	theirs := h.Spec.Registration
+	tv, ov := reflect.ValueOf(&theirs).Elem(), reflect.ValueOf(own.Registration)
+	for _, name := range h.unsent {
+		tv.FieldByName(name).Set(ov.FieldByName(name))
+	}
+	return theirs.Equal(own.Registration)
 }

@@ -56,18 +56,22 @@ func fullDriver() *Driver {
 	}
 	return &Driver{
 		Spec: config.Driver{
-			Name:                "gpu.example.com",
-			Type:                config.DRAPlugin,
-			Endpoint:            "/var/lib/kubelet/plugins/gpu.example.com/dra-*.sock",
-			LocalEndpoint:       "/host/plugins/gpu.example.com/dra-*.sock",
-			SupportedVersions:   []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"},
-			SocketName:          "gpu.example.com-reg.sock",
-			SocketPath:          "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock",
-			AltSocketPath:       "/var/lib/kubelet/plugins_registry/gpu.example.com-reg-2.sock",
-			Backoff:             config.Backoff{InitialInterval: time.Second, MaxInterval: 2 * time.Minute, Multiplier: 2, RandomizationFactor: 0.2},
-			RegistrationTimeout: 2 * time.Minute,
-			WaitForEndpoint:     true,
-			Required:            true,
+			Registration: config.Registration{
+				Name:              "gpu.example.com",
+				Type:              config.DRAPlugin,
+				Endpoint:          "/var/lib/kubelet/plugins/gpu.example.com/dra-*.sock",
+				SupportedVersions: []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"},
+				SocketName:        "gpu.example.com-reg.sock",
+				SocketPath:        "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock",
+				AltSocketPath:     "/var/lib/kubelet/plugins_registry/gpu.example.com-reg-2.sock",
+			},
+			Local: config.Local{LocalEndpoint: "/host/plugins/gpu.example.com/dra-*.sock"},
+			Policy: config.Policy{
+				Backoff:             config.Backoff{InitialInterval: time.Second, MaxInterval: 2 * time.Minute, Multiplier: 2, RandomizationFactor: 0.2},
+				RegistrationTimeout: 2 * time.Minute,
+				WaitForEndpoint:     true,
+				Required:            true,
+			},
 		},
 		Endpoint:      "/var/lib/kubelet/plugins/gpu.example.com/dra-2.sock",
 		LocalEndpoint: "/host/plugins/gpu.example.com/dra-2.sock",
@@ -283,8 +287,8 @@ func TestGoldenFilesDecode(t *testing.T) {
 				drivers = append(drivers, m.Drivers...)
 			}
 			for _, d := range drivers {
-				if d.unsent != 0 || d.Spec.Name == "" || d.Spec.SocketPath == "" || len(d.Spec.SupportedVersions) == 0 {
-					t.Errorf("%s: a configuration read as %+v (unsent %b)", d.Spec.Name, d.Spec, d.unsent)
+				if !slices.Equal(d.unsent, unsent{"SparePath"}) || d.Spec.Name == "" || d.Spec.SocketPath == "" || len(d.Spec.SupportedVersions) == 0 {
+					t.Errorf("%s: a configuration read as %+v (unsent %v)", d.Spec.Name, d.Spec, d.unsent)
 				}
 				if d.Status.Phase == "" || d.Status.Since.IsZero() || d.Status.Results == nil {
 					t.Errorf("%s: a status read as %+v", d.Spec.Name, d.Status)
@@ -342,7 +346,7 @@ func v010Drivers(t *testing.T) ([]map[string]any, []*Driver) {
 
 // loopPolicy are the keys of a driver's configuration on the wire that only its loop reads,
 // and where this process reaches its endpoint: never what kubelet sees.
-var loopPolicy = []string{"Backoff", "RegistrationTimeout", "WaitForEndpoint", "Required", "LocalEndpoint", "SocketName"}
+var loopPolicy = []string{"Backoff", "RegistrationTimeout", "WaitForEndpoint", "Required", "LocalEndpoint"}
 
 // TestV010TakenOverAsItRegistered: each driver v0.1.0 handed over (version 1's golden file)
 // registers as this instance's configuration of it does when the two agree on what kubelet
@@ -363,7 +367,7 @@ func TestV010TakenOverAsItRegistered(t *testing.T) {
 		}
 		own.Backoff = config.Backoff{InitialInterval: 3 * time.Second, MaxInterval: time.Hour, Multiplier: 3}
 		own.RegistrationTimeout, own.WaitForEndpoint, own.Required = 0, !own.WaitForEndpoint, !own.Required
-		own.LocalEndpoint, own.SocketName = "/host"+own.LocalEndpoint, "other-"+own.SocketName
+		own.LocalEndpoint = "/host" + own.LocalEndpoint
 		if !d.RegistersAs(own) {
 			t.Errorf("%s: registers otherwise than v0.1.0 did, with only the loop policy changed", own.Name)
 		}
@@ -405,43 +409,57 @@ func TestV010TakenOverAsItRegistered(t *testing.T) {
 	}
 }
 
-// kubeletVisible are the fields of config.Driver that kubelet sees of a registration: GetInfo's
-// answer (name, type, endpoint, versions) and the registration sockets' paths. Every other
-// field is the loop's own, or where this process reaches the endpoint.
-var kubeletVisible = []string{"Name", "Type", "Endpoint", "SupportedVersions", "SocketPath", "AltSocketPath"}
+// leaf is a field of config.Driver inside its group (config.go).
+type leaf struct {
+	group string
+	field reflect.StructField
+	index []int // in config.Driver
+}
 
-// TestSpecOnTheWire: every field of config.Driver is on the wire under its own name (the key
-// v0.1.0 sent), and comes back as it was sent; a field added to config.Driver fails here until
-// it is carried (a new protocol version, TestGoldenOfTheCurrentVersion) and classified. Only
-// the fields kubelet sees decide whether a driver registers as the receiver's: a change of any
-// other does not, and a field not sent counts as the receiver's.
+// leaves are the fields of config.Driver, group by group.
+func leaves() []leaf {
+	var ls []leaf
+	typ := reflect.TypeFor[config.Driver]()
+	for i := range typ.NumField() {
+		g := typ.Field(i)
+		for j := range g.Type.NumField() {
+			ls = append(ls, leaf{group: g.Name, field: g.Type.Field(j), index: []int{i, j}})
+		}
+	}
+	return ls
+}
+
+// TestSpecOnTheWire: every field of config.Driver's groups that a peer needs is on the wire
+// under its own name (the key v0.1.0 sent), and comes back as it was sent: a field added to a
+// group fails here until it is carried (a new protocol version, TestGoldenOfTheCurrentVersion)
+// or said to need no carrying. A change of a field of the Registration group, and only of it,
+// decides that a driver no longer registers as the receiver's; a field not sent counts as the
+// receiver's.
 func TestSpecOnTheWire(t *testing.T) {
 	full := filled(t, reflect.TypeFor[config.Driver]()).Interface().(config.Driver)
-	// derived: fields the receiver derives from its own configuration and never takes from
-	// the wire. SparePath, a device plugin's third registration socket, follows from
-	// SocketName, the type and the endpoint; a socket handed over from it is taken when it is
-	// one of the receiver's own paths.
-	derived := []string{"SparePath"}
-	for _, name := range derived {
-		reflect.ValueOf(&full).Elem().FieldByName(name).SetZero()
+	// notCarried: fields the receiver takes from its own configuration, never from the wire.
+	// SparePath, a device plugin's third registration socket, follows from SocketName, the
+	// type and the endpoint; a socket handed over from it is taken when it is one of the
+	// receiver's own paths. Display is what the receiver's status shows of its own file.
+	notCarried := func(l leaf) bool { return l.group == "Display" || l.field.Name == "SparePath" }
+	for _, l := range leaves() {
+		if notCarried(l) {
+			reflect.ValueOf(&full).Elem().FieldByIndex(l.index).SetZero()
+			if _, on := reflect.TypeFor[wireSpec]().FieldByName(l.field.Name); on {
+				t.Errorf("config.%s.%s is the receiver's own, yet on the wire", l.group, l.field.Name)
+			}
+			continue
+		}
+		w, ok := reflect.TypeFor[wireSpec]().FieldByName(l.field.Name)
+		if !ok || strings.Split(w.Tag.Get("json"), ",")[0] != l.field.Name {
+			t.Errorf("config.%s.%s is not on the hand-over's wire under its name: carry it in wireSpec (a new protocol version), or say here why not",
+				l.group, l.field.Name)
+		}
 	}
-	for _, pair := range [][2]reflect.Type{
-		{reflect.TypeFor[config.Driver](), reflect.TypeFor[wireSpec]()},
-		{reflect.TypeFor[config.Backoff](), reflect.TypeFor[wireBackoff]()},
-	} {
-		for i := range pair[0].NumField() {
-			f := pair[0].Field(i)
-			if pair[0] == reflect.TypeFor[config.Driver]() && slices.Contains(derived, f.Name) {
-				if _, on := pair[1].FieldByName(f.Name); on {
-					t.Errorf("%s.%s is derived by the receiver, yet on the wire", pair[0], f.Name)
-				}
-				continue
-			}
-			w, ok := pair[1].FieldByName(f.Name)
-			if !ok || strings.Split(w.Tag.Get("json"), ",")[0] != f.Name {
-				t.Errorf("%s.%s is not on the hand-over's wire under its name: carry it in %s (a new protocol version), or say here why not",
-					pair[0], f.Name, pair[1].Name())
-			}
+	for i := range reflect.TypeFor[config.Backoff]().NumField() {
+		f := reflect.TypeFor[config.Backoff]().Field(i)
+		if w, ok := reflect.TypeFor[wireBackoff]().FieldByName(f.Name); !ok || w.Tag.Get("json") != f.Name {
+			t.Errorf("config.Backoff.%s is not on the hand-over's wire under its name", f.Name)
 		}
 	}
 	b, err := json.Marshal(&Driver{Spec: full})
@@ -452,32 +470,30 @@ func TestSpecOnTheWire(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(back.Spec, full) || back.unsent != 0 {
-		t.Errorf("configuration after the wire:\n%+v (unsent %b)\nwant\n%+v", back.Spec, back.unsent, full)
+	if !reflect.DeepEqual(back.Spec, full) || !slices.Equal(back.unsent, unsent{"SparePath"}) {
+		t.Errorf("configuration after the wire:\n%+v (unsent %v)\nwant\n%+v", back.Spec, back.unsent, full)
 	}
-	for i := range reflect.TypeFor[config.Driver]().NumField() {
-		f := reflect.TypeFor[config.Driver]().Field(i)
-		if slices.Contains(derived, f.Name) {
+	for _, l := range leaves() {
+		if notCarried(l) {
 			continue
 		}
 		own := full
-		v := reflect.ValueOf(&own).Elem().FieldByIndex(f.Index)
-		v.Set(reflect.Zero(f.Type))
-		visible := slices.Contains(kubeletVisible, f.Name)
+		reflect.ValueOf(&own).Elem().FieldByIndex(l.index).SetZero()
+		visible := l.group == "Registration"
 		if got := back.RegistersAs(own); got == visible {
-			t.Errorf("config.Driver.%s changed: RegistersAs = %v, want %v (kubelet sees it: %v)", f.Name, got, !visible, visible)
+			t.Errorf("config.%s.%s changed: RegistersAs = %v, want %v", l.group, l.field.Name, got, !visible)
 		}
 		// Not sent: the receiver's own.
 		var obj map[string]map[string]any
 		json.Unmarshal(b, &obj)
-		delete(obj["spec"], f.Name)
+		delete(obj["spec"], l.field.Name)
 		nb, _ := json.Marshal(obj)
 		var unsent Driver
 		if err := json.Unmarshal(nb, &unsent); err != nil {
 			t.Fatal(err)
 		}
-		if f.Name != "Name" && !unsent.RegistersAs(full) {
-			t.Errorf("config.Driver.%s not sent: RegistersAs = false, want the receiver's own to count", f.Name)
+		if l.field.Name != "Name" && !unsent.RegistersAs(full) {
+			t.Errorf("config.%s.%s not sent: RegistersAs = false, want the receiver's own to count", l.group, l.field.Name)
 		}
 	}
 }

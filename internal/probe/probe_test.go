@@ -20,7 +20,7 @@ func TestEndpointAnyPath(t *testing.T) {
 	for _, name := range []string{"a#b", "a%25b", "a%zz", "a?b", "a b", "a #%25?b"} {
 		ep := filepath.Join(dir, name, name+".sock")
 		testkit.StartEndpoint(t, ep, "nfs.csi.k8s.io")
-		d := config.Driver{Name: "nfs.csi.k8s.io", Type: config.CSIPlugin, LocalEndpoint: ep}
+		d := config.Driver{Registration: config.Registration{Name: "nfs.csi.k8s.io", Type: config.CSIPlugin}, Local: config.Local{LocalEndpoint: ep}}
 		if err := Endpoint(context.Background(), d); err != nil {
 			t.Errorf("probe of %q: %v", ep, err)
 		}
