@@ -1,9 +1,6 @@
 package registrar
 
 import (
-	"context"
-	"fmt"
-	"path/filepath"
 	"time"
 
 	"multireg.dev/multireg/internal/fsid"
@@ -11,13 +8,15 @@ import (
 )
 
 // How a loop waits on the socket it serves while it awaits kubelet's verdict or serves a
-// registration: kubelet's verdict, its timeout, the sockets and the endpoint watched.
+// registration: kubelet's verdict, its timeout, the sockets and the endpoint watched. The wait
+// reports what it saw (awaitEvents); what follows is the table's.
 
 // await serves cur until something ends or changes the wait, and returns that event: kubelet's
 // verdict (Accepted, Rejected with the error that says so), the registration timeout (only
-// while the verdict is awaited), the socket removed or replaced (SocketGone), the endpoint,
-// probed as d.probed, gone (EndpointDown), restarted or (a pattern) moved, or kubelet's view
-// of a device plugin's move (DevicesDropped). The wait (l.w) lasts as long as the loop waits
+// while the verdict is awaited), the socket removed or replaced (SocketGone), a rollover's
+// previous socket removed (PrevSocketGone) or its old instance gone (OldInstanceGone), the
+// endpoint gone (EndpointDown), restarted or (a pattern) moved, or kubelet's view of a device
+// plugin's move (DevicesDropped, MoveVerified). The wait (l.w) lasts as long as the loop waits
 // on cur: a step that keeps the loop there (EndpointDown, Accepted) goes on with it. The loop
 // waits here most of its life: its state is a waiting, on the heap, and the work of each
 // wake-up is done in calls that return (see run).
@@ -36,29 +35,36 @@ func (l *loop) await() event {
 // the wait before it (None: none does). The first one begins the wait (l.w) with a look at the
 // endpoint.
 func (l *loop) awaitNext() event {
-	d, g, ws := l.d, l.cur, l.ws
+	g, ws := l.cur, l.ws
 	w := l.w
 	if w == nil {
-		w = d.newWaiting(l.ctx, g, l.st == stRegistered)
+		w = newWaiting(g, l.ep.probed, l.p.timeout, l.st == stRegistered)
 		l.w = w
-		if k := w.look(0); k != evNone { // a first look: is the endpoint up?
+		if k := l.look(0); k != evNone { // a first look: is the endpoint up?
 			return event{kind: k}
+		}
+	}
+	if w.sockAgain {
+		// A rollover's previous socket went at the last wake-up: g's own is looked at too.
+		w.sockAgain = false
+		if l.socks.replaced(0, g) {
+			return event{kind: evSocketGone}
 		}
 	}
 	if w.moveOnVerdict && g.registered {
 		w.moveOnVerdict = false
-		if k := w.look(0); k != evNone {
+		if k := l.look(0); k != evNone {
 			return event{kind: k}
 		}
 	}
 	// The view's channel is taken before the view is read: a reading in between wakes the
 	// sleep.
-	l.c = wakeups{view: w.watchView(), done: l.ctx.Done(), verdict: d.verdictC,
+	l.c = wakeups{view: l.mv.watchView(), done: l.ctx.Done(), verdict: l.d.verdictC,
 		timeout: w.timeoutC, sock: ws.sock.C(), recheck: w.recheck.C, ep: ws.ep.C()}
-	if d.checkVerify(g) {
-		return event{kind: evDevicesDropped}
+	if k := l.mv.check(g, l.ro != nil, l.st == stRegistered); k != evNone {
+		return event{kind: k}
 	}
-	l.c.verify = w.verifyTimer()
+	l.c.verify = l.mv.timer(w)
 	if ws.alt != nil {
 		l.c.alt = ws.alt.C()
 	}
@@ -124,20 +130,20 @@ func (c *wakeups) sleep() int {
 //
 //go:noinline
 func (l *loop) woke(which int) (event, bool) {
-	d, g, ws, w := l.d, l.cur, l.ws, l.w
+	g, ws := l.cur, l.ws
 	k := evNone
 	switch which {
 	case wakeView:
-		if d.verify != nil && d.verify.until.IsZero() && d.ro != nil && g.registered {
+		if v := l.mv.v; v != nil && v.until.IsZero() && l.ro != nil && g.registered {
 			// kubelet's view changed while the old registration stays: its instance may be
 			// gone.
-			k = w.look(0)
+			k = l.look(0)
 		}
 	case wakeVerify:
 	case wakeDone:
 		return l.stopped(), true
 	case wakeVerdict:
-		switch v := d.takeVerdict(g); {
+		switch v := l.d.takeVerdict(g); {
 		case v == nil:
 		case !v.Registered:
 			return event{kind: evRejected, err: v.Rejection()}, true
@@ -147,29 +153,35 @@ func (l *loop) woke(which int) (event, bool) {
 	case wakeTimeout:
 		return event{kind: evTimeout}, true
 	case wakeSock:
-		if d.lookSockets(ws.sock.Take(), g) {
-			k = evSocketGone
-		}
+		k = l.lookSockets(ws.sock.Take())
 	case wakeAlt:
-		if d.lookSockets(ws.alt.Take(), g) {
-			k = evSocketGone
-		}
+		k = l.lookSockets(ws.alt.Take())
 	case wakeSpare:
-		if d.lookSockets(ws.spare.Take(), g) {
-			k = evSocketGone
-		}
+		k = l.lookSockets(ws.spare.Take())
 	case wakeRecheck:
-		k = w.look(0)
+		k = l.look(0)
 	case wakeEp:
-		k = w.look(ws.ep.Take())
+		k = l.look(ws.ep.Take())
 	}
 	return event{kind: k}, k != evNone
 }
 
+// lookSockets looks at the loop's sockets after a wake-up (ev) of one of their paths:
+// PrevSocketGone when a rollover's previous socket is no longer the file at its path (kubelet
+// has withdrawn that registration; g's own is looked at next), SocketGone when g's is not.
+func (l *loop) lookSockets(ev fswatch.Change) eventKind {
+	if l.ro != nil && l.socks.replaced(0, l.ro.prev) {
+		l.w.sockAgain = true
+		return evPrevSocketGone
+	}
+	if l.socks.replaced(ev, l.cur) {
+		return evSocketGone
+	}
+	return evNone
+}
+
 // waiting is the state of a loop's wait on one generation.
 type waiting struct {
-	d        *driver
-	ctx      context.Context
 	g        *generation
 	timeout  *time.Timer      // nil without a registration timeout
 	timeoutC <-chan time.Time // nil once kubelet registered g, or without a timeout
@@ -177,10 +189,13 @@ type waiting struct {
 	// may not answer yet, or the target may stop answering without its file going.
 	recheck   *time.Timer
 	recheckIn time.Duration
-	// The endpoint's socket as this wait knows it; d.probed stays the one the registration
-	// was made or kept with until the loop probes the endpoint again, so that a hand-over in
-	// between tells the next instance of a restart.
+	// The endpoint's socket as this wait knows it; endpoint.probed stays the one the
+	// registration was made or kept with until the loop probes the endpoint again, so that a
+	// hand-over in between tells the next instance of a restart.
 	epID fsid.ID
+	// sockAgain: a rollover's previous socket went (PrevSocketGone); g's own socket is looked
+	// at before the next sleep.
+	sockAgain bool
 	// moveOnVerdict: a newer instance answered while kubelet was registering g; the pattern
 	// is looked at again once the verdict is in (see look).
 	moveOnVerdict bool
@@ -189,13 +204,13 @@ type waiting struct {
 	verifyEnd *time.Timer
 }
 
-// newWaiting begins a wait on g: with the registration timeout in force unless kubelet has
-// registered g already (registered).
-func (d *driver) newWaiting(ctx context.Context, g *generation, registered bool) *waiting {
-	w := &waiting{d: d, ctx: ctx, g: g, recheck: time.NewTimer(time.Hour), epID: d.probed}
+// newWaiting begins a wait on g, the endpoint's socket last probed being epID: with a
+// registration timeout (0: none) unless kubelet has registered g already (registered).
+func newWaiting(g *generation, epID fsid.ID, timeout time.Duration, registered bool) *waiting {
+	w := &waiting{g: g, recheck: time.NewTimer(time.Hour), epID: epID}
 	w.recheck.Stop()
-	if d.p.timeout > 0 && !registered {
-		w.timeout = time.NewTimer(d.p.timeout)
+	if timeout > 0 && !registered {
+		w.timeout = time.NewTimer(timeout)
 		w.timeoutC = w.timeout.C
 	}
 	return w
@@ -219,82 +234,38 @@ func (w *waiting) lift() {
 	}
 }
 
-// watchView returns what wakes a wait while a device plugin's move is verified
-// (devicemoves.go): kubelet's view changing; nil otherwise. It is taken before the view is
-// read, so that a reading in between wakes the next select.
-func (w *waiting) watchView() <-chan struct{} {
-	if w.d.verify == nil {
-		return nil
-	}
-	return w.d.moves.view.Changed()
-}
-
-// verifyTimer returns what fires when a verified move needs a look though the view reads the
-// same: the end of the verification, or the moment a drop seen too recently can be decided;
-// nil when no move is verified, or while the old registration stays.
-func (w *waiting) verifyTimer() <-chan time.Time {
-	v := w.d.verify
-	if v == nil || v.until.IsZero() {
-		return nil
-	}
-	at := v.until
-	if !v.decideAt.IsZero() && v.decideAt.Before(at) {
-		at = v.decideAt
-	}
-	if w.verifyEnd == nil {
-		w.verifyEnd = time.NewTimer(time.Until(at))
-	} else {
-		w.verifyEnd.Reset(time.Until(at))
-	}
-	return w.verifyEnd.C
-}
-
 // look looks at the endpoint after a wake-up (ev; 0: none) and returns the event it sees:
-// EndpointMoved, EndpointRestarted, EndpointDown, or None.
-func (w *waiting) look(ev fswatch.Change) eventKind {
-	d, g := w.d, w.g
-	if d.spec.EndpointIsPattern() {
-		to, others := d.moved(w.ctx)
+// EndpointMoved, OldInstanceGone (a rollover's, once kubelet has registered cur: Registered),
+// EndpointRestarted, EndpointDown, or None.
+func (l *loop) look(ev fswatch.Change) eventKind {
+	g, w, ep := l.cur, l.w, &l.ep
+	if l.d.spec.EndpointIsPattern() {
+		to, others := ep.newer(l.ctx)
 		switch {
 		case to == "":
-		case d.rollsOver() && !g.registered && g.awaiting():
+		case l.socks.rollsOver(l.ro != nil) && !g.registered && g.awaiting():
 			// kubelet asked g's GetInfo and its verdict is on its way: it may hold g's
 			// registration already. Moving now would withdraw it; the new instance is
 			// registered beside it once the verdict is in (await looks again then).
 			if !w.moveOnVerdict {
-				d.log.Info("a newer instance answers; it is registered beside this one once kubelet's verdict on this one is in",
-					"endpoint", d.at.local, "newer", to)
+				l.log.Info("a newer instance answers; it is registered beside this one once kubelet's verdict on this one is in",
+					"endpoint", ep.at.local, "newer", to)
 			}
 			w.moveOnVerdict = true
 		default:
-			d.log.Info("driver endpoint moved", "from", d.at.local, "to", to)
+			l.log.Info("driver endpoint moved", "from", ep.at.local, "to", to)
 			return evEndpointMoved
 		}
-		if d.ro != nil && g.registered {
-			d.settleRollover(w.ctx, g)
-			others = others || d.ro != nil
+		if l.st == stRegistered && l.ro != nil {
+			if ep.gone(l.ctx, l.ro.prev.at) {
+				return evOldInstanceGone
+			}
+			others = true
 		}
 		w.recheckIn = nextRecheck(w.recheckIn, ev != 0, others)
 		if w.recheckIn > 0 {
 			w.recheck.Reset(w.recheckIn)
 		}
 	}
-	return d.endpointChange(ev, &w.epID)
-}
-
-// timedOut grows the registration timeout for the next attempt, and returns the error of the
-// attempt whose timeout passed.
-func (d *driver) timedOut() error {
-	allowed := d.p.timeout
-	return fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, d.p.timedOut())
-}
-
-// socketReplaced looks at g's socket after a wake-up (ev) and reports whether another file, or
-// none, is at its path.
-func (d *driver) socketReplaced(ev fswatch.Change, g *generation) bool {
-	if ev&fswatch.DirGone != 0 {
-		d.log.Warn("registration directory removed or moved", "dir", filepath.Dir(g.path))
-	}
-	id, _, err := fsid.Stat(g.path)
-	return err != nil || id != g.id
+	return ep.change(ev, &w.epID)
 }

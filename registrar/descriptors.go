@@ -33,7 +33,7 @@ func (s *Supervisor) Descriptors() Descriptors {
 	s.mu.Lock()
 	n := len(s.running)
 	s.mu.Unlock()
-	return Descriptors{Budget: s.hub.Budget(), Needed: n}
+	return Descriptors{Budget: s.env.hub.Budget(), Needed: n}
 }
 
 // checkDescriptors warns once when the drivers stop fitting in the descriptor budget, and

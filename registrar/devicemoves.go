@@ -95,20 +95,10 @@ func (m *deviceMoves) dropped(log *slog.Logger, resource string, had int) {
 	}
 }
 
-// devices is what kubelet's view says of the driver's resource: its allocatable devices,
-// since when, and whether the view has read kubelet and it answers.
-func (d *driver) devices() (int, time.Time, bool) {
-	if d.moves == nil {
-		return 0, time.Time{}, false
-	}
-	r, up, _ := d.moves.view.State()
-	n, since, ok := r.Count(d.spec.Name)
-	return n, since, ok && up
-}
-
 // verification is a device plugin's move being checked in kubelet's view, from the moment the
-// new instance is registered beside the old one (a rollover: d.ro) until verifyFor after the
-// old registration is withdrawn.
+// new instance is registered beside the old one (a rollover: loop.ro) until verifyFor after the
+// old registration is withdrawn. The wait on cur records its readings (moveCheck.check); the
+// transitions start and end it.
 type verification struct {
 	had   int       // the most devices kubelet held for the resource during the move
 	gen   uint64    // the generation whose registration is verified, once the old one went
@@ -119,85 +109,155 @@ type verification struct {
 	decideAt time.Time
 }
 
-// startVerify begins watching kubelet's view for a device plugin whose new instance is being
-// registered beside the old one (d.ro); without a view there is nothing to watch.
-func (d *driver) startVerify() {
-	d.verify = nil
-	if d.spec.Type != config.DevicePlugin || d.moves == nil || d.moves.view == nil || d.ro == nil {
-		return
-	}
-	n, _, _ := d.devices()
-	d.verify = &verification{had: n}
+// moveCheck is a loop's verification of a device plugin's move (v; nil when none), with what
+// checking it reads: the driver, and kubelet's view (moves). Only the loop's goroutine uses it.
+type moveCheck struct {
+	d     *driver
+	moves *deviceMoves
+	v     *verification
 }
 
-// verifySwap begins verifying a device plugin's move registered in the other path while its
+// devices is what kubelet's view says of the driver's resource: its allocatable devices,
+// since when, and whether the view has read kubelet and it answers.
+func (m *moveCheck) devices() (int, time.Time, bool) {
+	if m.moves == nil {
+		return 0, time.Time{}, false
+	}
+	r, up, _ := m.moves.view.State()
+	n, since, ok := r.Count(m.d.spec.Name)
+	return n, since, ok && up
+}
+
+// viewed reports whether there is a view of kubelet to verify a move in.
+func (m *moveCheck) viewed() bool { return m.moves != nil && m.moves.view != nil }
+
+// start begins watching kubelet's view for a device plugin whose new instance is being
+// registered beside the old one (rolling: a rollover keeps the old registration); without a
+// view there is nothing to watch.
+func (m *moveCheck) start(rolling bool) {
+	m.v = nil
+	if m.d.spec.Type != config.DevicePlugin || !m.viewed() || !rolling {
+		return
+	}
+	n, _, _ := m.devices()
+	m.v = &verification{had: n}
+}
+
+// startSwap begins verifying a device plugin's move registered in the other path while its
 // old registration's socket went (swapsPaths): kubelet's view is read quickly for verifyFor,
 // and a drop registers the new instance again, once (the registration that repairs a drop is
 // not verified in turn).
-func (d *driver) verifySwap(g *generation) {
-	d.verify = nil
-	if d.moves == nil || d.moves.view == nil {
+func (m *moveCheck) startSwap(g *generation) {
+	m.v = nil
+	if !m.viewed() {
 		return
 	}
-	n, _, _ := d.devices()
-	d.verify = &verification{had: n}
-	d.withdrawn(g)
+	n, _, _ := m.devices()
+	m.v = &verification{had: n}
+	m.withdrawn(g)
 }
 
 // withdrawn notes that the old registration of a verified move was withdrawn while g is the
 // registration kubelet holds: kubelet's view is read quickly for verifyFor.
-func (d *driver) withdrawn(g *generation) {
-	if d.verify == nil {
+func (m *moveCheck) withdrawn(g *generation) {
+	if m.v == nil {
 		return
 	}
-	d.verify.gen, d.verify.until = g.gen, time.Now().Add(verifyFor)
-	d.moves.view.Quick(verifyFor)
+	m.v.gen, m.v.until = g.gen, time.Now().Add(verifyFor)
+	m.moves.view.Quick(verifyFor)
 }
 
-// checkVerify reads kubelet's view for a move being verified while the loop waits on g. It
-// reports true when the resource's devices dropped after the old registration was withdrawn,
-// while kubelet holds g: g must be registered again. A verification that saw no drop for
-// verifyFor ends; one whose move ended otherwise (another generation, no old registration
-// left to withdraw) is dropped.
-func (d *driver) checkVerify(g *generation) bool {
-	v := d.verify
+// check reads kubelet's view for a move being verified while the loop waits on g, and records
+// what it read. It returns DevicesDropped when the resource's devices dropped after the old
+// registration was withdrawn while kubelet holds g (registered: the loop is Registered): g must
+// be registered again; and MoveVerified when the move needs no more reading: no drop for
+// verifyFor, or the move ended otherwise (another generation, or no old registration left to
+// withdraw: !rolling).
+func (m *moveCheck) check(g *generation, rolling, registered bool) eventKind {
+	v := m.v
 	if v == nil {
-		return false
+		return evNone
 	}
-	n, since, ok := d.devices()
+	n, since, ok := m.devices()
 	if v.until.IsZero() { // the old registration stays: kubelet holds the resource through it
-		if d.ro == nil {
-			d.verify = nil // the move ended without a withdrawal to verify
-		} else if ok {
+		if !rolling {
+			return evMoveVerified // the move ended without a withdrawal to verify
+		}
+		if ok {
 			v.had = max(v.had, n)
 		}
-		return false
+		return evNone
 	}
 	if g.gen != v.gen {
-		d.verify = nil // another generation since: nothing of the move to verify
-		return false
+		return evMoveVerified // another generation since: nothing of the move to verify
 	}
 	v.seen = v.seen || ok
 	if ok {
 		v.had = max(v.had, n) // a view read before the move may not have shown them yet
 	}
 	v.decideAt = time.Time{}
-	if ok && n == 0 && v.had > 0 && g.registered {
+	if ok && n == 0 && v.had > 0 && registered {
 		if time.Since(since) >= droppedFor {
-			d.verify = nil
-			d.moves.dropped(d.log, d.spec.Name, v.had)
-			return true
+			return evDevicesDropped
 		}
 		v.decideAt = since.Add(droppedFor)
 	}
 	if !time.Now().Before(v.until) {
-		d.verify = nil
-		switch {
-		case !v.seen:
-			d.log.Warn("the move was not verified: kubelet's pod-resources API did not answer after the old registration was withdrawn")
-		case v.had > 0:
-			d.log.Info("kubelet kept the resource's devices through the move", "devices", n)
-		}
+		return evMoveVerified
 	}
-	return false
+	return evNone
+}
+
+// end ends the verification of a move; one that lasted its whole time says what it saw.
+func (m *moveCheck) end() {
+	v := m.v
+	m.v = nil
+	if v == nil || v.until.IsZero() || time.Now().Before(v.until) {
+		return
+	}
+	n, _, _ := m.devices()
+	switch {
+	case !v.seen:
+		m.d.log.Warn("the move was not verified: kubelet's pod-resources API did not answer after the old registration was withdrawn")
+	case v.had > 0:
+		m.d.log.Info("kubelet kept the resource's devices through the move", "devices", n)
+	}
+}
+
+// dropped ends the verification of a move whose devices kubelet dropped, and records what that
+// says of kubelet.
+func (m *moveCheck) dropped() {
+	had := m.v.had
+	m.v = nil
+	m.moves.dropped(m.d.log, m.d.spec.Name, had)
+}
+
+// watchView returns what wakes a wait while a device plugin's move is verified: kubelet's view
+// changing; nil otherwise. It is taken before the view is read, so that a reading in between
+// wakes the next select.
+func (m *moveCheck) watchView() <-chan struct{} {
+	if m.v == nil {
+		return nil
+	}
+	return m.moves.view.Changed()
+}
+
+// timer returns what fires when a verified move needs a look though the view reads the same:
+// the end of the verification, or the moment a drop seen too recently can be decided; nil when
+// no move is verified, or while the old registration stays. The timer is w's.
+func (m *moveCheck) timer(w *waiting) <-chan time.Time {
+	v := m.v
+	if v == nil || v.until.IsZero() {
+		return nil
+	}
+	at := v.until
+	if !v.decideAt.IsZero() && v.decideAt.Before(at) {
+		at = v.decideAt
+	}
+	if w.verifyEnd == nil {
+		w.verifyEnd = time.NewTimer(time.Until(at))
+	} else {
+		w.verifyEnd.Reset(time.Until(at))
+	}
+	return w.verifyEnd.C
 }

@@ -19,7 +19,7 @@ type devicePluginMove struct {
 	t       *testing.T
 	s       *Supervisor
 	d       config.Driver
-	old     *endpoint
+	old     *servedEndpoint
 	kubelet *testkit.PodResources // nil: no pod-resources API
 	view    *podres.View
 	first   fsid.ID // dp.1's registration socket
@@ -104,7 +104,7 @@ func (m *devicePluginMove) onlySocket() string {
 // awaitAfter waits for a move registered in place of the old registration (awaitSwap) while
 // the old instance runs, then stops the old instance: its exit changes nothing. It returns the
 // registration's path.
-func (m *devicePluginMove) awaitAfter(from, instance string, old *endpoint) string {
+func (m *devicePluginMove) awaitAfter(from, instance string, old *servedEndpoint) string {
 	to := m.awaitSwap(from, instance)
 	id := mustID(m.t, to)
 	old.Stop()
@@ -368,17 +368,18 @@ func TestKubeletViewNotForOtherTypes(t *testing.T) {
 // wait), not only at the end of the verification.
 func TestVerifyTimerDecidesARecentDrop(t *testing.T) {
 	now := time.Now()
-	w := &waiting{d: &driver{verify: &verification{had: 2, until: now.Add(time.Hour), decideAt: now.Add(20 * time.Millisecond)}}}
+	w := &waiting{}
+	m := &moveCheck{v: &verification{had: 2, until: now.Add(time.Hour), decideAt: now.Add(20 * time.Millisecond)}}
 	defer func() { w.verifyEnd.Stop() }()
 	select {
-	case <-w.verifyTimer():
+	case <-m.timer(w):
 	case <-time.After(10 * time.Second):
 		t.Fatal("the wait looks again only at the end of the verification, an hour away")
 	}
-	w.d.verify.decideAt = time.Time{}
-	w.d.verify.until = time.Now().Add(20 * time.Millisecond)
+	m.v.decideAt = time.Time{}
+	m.v.until = time.Now().Add(20 * time.Millisecond)
 	select {
-	case <-w.verifyTimer():
+	case <-m.timer(w):
 	case <-time.After(10 * time.Second):
 		t.Fatal("the end of the verification does not wake the wait")
 	}

@@ -1,21 +1,18 @@
 package registrar
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
-	csi "github.com/container-storage-interface/spec/lib/go/csi"
-
 	"multireg.dev/multireg/config"
-	"multireg.dev/multireg/internal/fsid"
-	"multireg.dev/multireg/internal/fswatch"
-	"multireg.dev/multireg/internal/handover"
-	"multireg.dev/multireg/internal/probe"
 	"multireg.dev/multireg/internal/regserver"
 )
+
+// What a driver's loop shares with the rest of the process: its configuration, what reaches
+// it from other goroutines (kubelet's verdicts, a new policy) and the status it shows them
+// (status.go). The loop's own state is the loop's (loop.go).
 
 // Why a loop's context ends, as its cause.
 var (
@@ -23,94 +20,43 @@ var (
 	errRemoved = errors.New("driver removed from the configuration")
 	// errShutdown: the process stops; sockets stay unless cleanup was asked for.
 	errShutdown = errors.New("shutting down")
-	// errHandOff: the loop's sockets and state go to another instance (internal/handover); the
-	// sockets stay, listening, and the loop keeps a copy of each (detach).
-	errHandOff = errors.New("handing over to another instance")
+	// errHandOver: the loop's sockets and state go to another instance (internal/handover),
+	// or to the loop that goes on in this process (Supervisor.move); the sockets stay,
+	// listening, and the loop hands over a copy of each (handOver).
+	errHandOver = errors.New("handing over to another instance")
 )
 
-// driver is one driver's registration loop. It owns its socket generations and every
-// failure: nothing it does blocks another driver.
+// driver is one driver as its loop, the registration servers and the supervisor share it.
 type driver struct {
-	// spec is the driver as configured. What it registers never changes; its loop policy
-	// (Backoff, RegistrationTimeout, WaitForEndpoint, Required) changes in the loop's goroutine
-	// only, when the loop takes a Reload (loop.applyPolicy).
-	spec    config.Driver
-	log     *slog.Logger
-	w       *fswatch.Watcher
-	probe   func(context.Context, config.Driver) error
-	cleanup bool // remove the socket on shutdown too
-	// guard, if set, must pass before a socket is published: the process still holds the
-	// registration directory.
-	guard func() error
-	// slots bound the calls to endpoints in flight across the supervisor's loops.
-	slots probe.Slots
-	// hub serves the loop's sockets, with the supervisor's other loops'.
-	hub *regserver.Hub
-	// moves is what the supervisor's loops know of how kubelet takes a device plugin's move
-	// to a new endpoint, with kubelet's view of device-plugin resources (devicemoves.go).
-	moves *deviceMoves
+	// spec is the driver as configured. Its Registration never changes; its Policy changes in
+	// the loop's goroutine only, when the loop takes a Reload (reload).
+	spec config.Driver
+	log  *slog.Logger
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
-	// Only the loop's goroutine uses these.
-	// at is the endpoint registered, or to register (pattern.go); zero for a pattern not yet
-	// matched.
-	at target
-	// nodeInfo is what a CSI driver answered NodeGetInfo once kubelet registered the current
-	// socket (restart.go); nil when not asked or not answered.
-	nodeInfo *csi.NodeGetInfoResponse
-	// health are the DRAResourceHealth services the driver's endpoint serves, advertised after
-	// its versions (health.go); nil when none, or not asked.
-	health []string
-	// healthKnown: health is what the driver answered, an instance of it asked earlier by this
-	// loop, or what a hand-over told of; a silent endpoint keeps it (health.go).
-	healthKnown bool
-	// healthOf is the endpoint socket health was asked of (or a hand-over told of).
-	healthOf fsid.ID
-	// ro is the endpoint's rollover to a new instance under way, if any (rollover.go).
-	ro *rollover
-	// verify is a device plugin's move being checked in kubelet's view (devicemoves.go).
-	verify *verification
-	// withdrawnAt is when the loop last removed, or lost, a socket kubelet may hold from each
-	// registration path: kubelet may hold it until its next reconcile pass (freePath,
-	// clearPath). Kept by drivers with several paths, and by DRA drivers; nil until then.
-	withdrawnAt map[string]time.Time
-	// p paces registration attempts.
-	p *pacing
-	// probed is the endpoint's socket as last probed ready; zero when it was not there.
-	probed fsid.ID
-	// adopted is what a hand-over gave the loop to start from (inherit.go); the loop takes it
-	// when it starts. handed is what the loop hands over when it stops for one (detach).
-	adopted *adoption
-	handed  *handover.Driver
-
-	// guards: gen, lastGen, pending, policy, st. The fields above it are the loop goroutine's,
-	// or set by newDriver and the supervisor before the loop starts.
+	// guards: gen, lastGen, pending, policy, st, shown. The fields above it are set before the
+	// loop starts, and spec's Policy is the loop goroutine's.
 	mu      sync.Mutex
 	gen     uint64             // the current socket generation; verdicts for others are dropped
 	lastGen uint64             // the newest generation numbered: each socket gets its own number
 	pending *regserver.Verdict // the latest verdict for gen
 	policy  *config.Driver     // a loop policy not yet taken by the loop (updatePolicy)
 	st      DriverStatus
+	shown   shownState // what the status's phase is derived from (show)
 }
 
-func newDriver(spec config.Driver, log *slog.Logger, w *fswatch.Watcher, cleanup bool) *driver {
+func newDriver(spec config.Driver, log *slog.Logger) *driver {
 	d := &driver{
 		spec:     spec,
 		log:      log.With("driver", spec.Name),
-		w:        w,
-		probe:    probe.Endpoint,
-		cleanup:  cleanup,
 		verdictC: make(chan struct{}, 1),
-		p:        newPacing(spec),
-	}
-	if !spec.EndpointIsPattern() {
-		d.at = fixedTarget(spec)
+		shown:    shownState{st: stWaitingForEndpoint, waits: spec.WaitForEndpoint},
 	}
 	d.st = DriverStatus{
 		Name:        spec.Name,
 		Type:        spec.Type,
-		Phase:       WaitingForEndpoint,
+		Display:     spec.Display,
 		Socket:      spec.SocketPath,
 		Endpoint:    spec.Endpoint,
 		Required:    spec.Required,
@@ -118,9 +64,7 @@ func newDriver(spec config.Driver, log *slog.Logger, w *fswatch.Watcher, cleanup
 		Results:     map[string]int{},
 		Recreations: map[string]int{},
 	}
-	if !spec.WaitForEndpoint {
-		d.st.Phase = Serving
-	}
+	d.st.Phase = d.shown.phase(spec.Type, false)
 	return d
 }
 
@@ -164,14 +108,38 @@ func (d *driver) makeCurrent(g *generation) {
 	}
 }
 
-// updatePolicy gives the loop spec's loop policy: spec registers as the loop does
-// (config.Driver.SameRegistration holds), so nothing is published and kubelet sees nothing.
-// Required is in the status at once; the loop takes the rest at its next step (the Reload
-// event). It never blocks.
+// nextGen numbers the generation about to be published and makes it current, before its
+// socket can be dialled, so that no verdict for it is mistaken for a stale one; the attempt is
+// counted before the socket is visible, so that whoever sees the socket sees the attempt too.
+// It returns the number, and the generation that was current, which undoGen restores.
+func (d *driver) nextGen() (gen, prev uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	prev = d.gen
+	d.lastGen++
+	d.gen, d.pending = d.lastGen, nil
+	d.st.Attempts++
+	return d.gen, prev
+}
+
+// undoGen makes prev current again after generation gen could not be published: an older
+// socket may still serve (a driver restart), and its verdicts count again.
+func (d *driver) undoGen(gen, prev uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gen == gen {
+		d.gen = prev
+	}
+}
+
+// updatePolicy gives the loop spec's loop policy and what status shows of it (its Policy and
+// Display: spec registers as the loop does, so nothing is published and kubelet sees nothing).
+// The status shows it at once; the loop takes the rest at its next step (the Reload event). It
+// never blocks.
 func (d *driver) updatePolicy(spec config.Driver) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.st.Required = spec.Required
+	d.st.Required, d.st.Display = spec.Required, spec.Display
 	d.policy = &spec
 }
 

@@ -6,10 +6,44 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/fswatch"
 	"multireg.dev/multireg/internal/probe"
 )
+
+// The driver's endpoint as its loop knows it, and the wait for it to answer (waitEndpoint):
+// the wait reports what it saw (EndpointUp, EndpointRenamed), and the transitions take it.
+// Matching an endpoint pattern is pattern.go's, the device health services health.go's and
+// what a restart keeps restart.go's.
+
+// endpoint is the driver's endpoint as its loop knows it. Only the loop's goroutine uses it.
+type endpoint struct {
+	d   *driver
+	env *env
+	// at is the endpoint registered, or to register (pattern.go); zero for a pattern not yet
+	// matched.
+	at target
+	// probed is the endpoint's socket as last probed ready; zero when it was not there. It
+	// stays the one the registration was made or kept with until the loop takes the next
+	// answer, so that a hand-over in between tells the next instance of a restart.
+	probed fsid.ID
+	// health is what the loop knows of the DRAResourceHealth services the endpoint serves
+	// (health.go).
+	health healthKnowledge
+	// nodeInfo is what a CSI driver answered NodeGetInfo once kubelet registered the current
+	// socket (restart.go); nil when not asked or not answered.
+	nodeInfo *csi.NodeGetInfoResponse
+}
+
+func newEndpoint(d *driver, e *env) endpoint {
+	ep := endpoint{d: d, env: e}
+	if !d.spec.EndpointIsPattern() {
+		ep.at = fixedTarget(d.spec)
+	}
+	return ep
+}
 
 // Probes after the endpoint's socket appears: 50ms, 100ms, … 1.6s, then the backoff.
 const (
@@ -17,52 +51,54 @@ const (
 	quickProbeMax = 1600 * time.Millisecond
 )
 
-// readyEndpoint returns the identity of the endpoint's socket once the driver is ready to be
-// registered: at once when the driver does not wait for its endpoint (zero when the socket is
-// not there), else when waitEndpoint says so.
-func (d *driver) readyEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *fswatch.Subscription, cur *generation) (fsid.ID, error) {
-	if !d.spec.WaitForEndpoint {
-		id, _, err := fsid.Stat(d.at.local)
-		d.setPresence(err)
-		return id, nil
+// waitEndpoint waits until the driver is ready to be registered, and reports it (EndpointUp,
+// with what the wait saw), or that it answers under another name while cur is served
+// (EndpointRenamed: that socket must go first).
+func (l *loop) waitEndpoint() event {
+	up, err := l.ep.waitUp(l.ctx, l.probeB, l.ws.ep, l.cur != nil)
+	if _, renamed := errors.AsType[*probe.NameMismatchError](err); renamed {
+		return event{kind: evEndpointRenamed, err: err}
 	}
-	return d.waitEndpoint(ctx, b, ep, cur)
+	if err != nil {
+		return l.stopped()
+	}
+	return event{kind: evEndpointUp, up: up}
 }
 
-// waitEndpoint probes the endpoint until it is ready, backing off between probes and
-// probing again at once when the endpoint's socket is created. It returns the endpoint's
-// identity. It fails only when ctx ends or, while an older socket still serves
-// (cur), when the CSI driver reports another name: that socket must go first.
-func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff, ep *fswatch.Subscription, cur *generation) (fsid.ID, error) {
-	serving := cur != nil
-	lastErr := ""
-	// A restarted driver whose registration may stay (restart.go) stays Registered while it
-	// comes up: kubelet still holds it. Otherwise the loop waits for its endpoint.
-	phase := WaitingForEndpoint
-	if d.keepsOnRestart(cur) {
-		phase = Registered
+// waitUp returns what the loop registers once the driver is ready: at once when the driver
+// does not wait for its endpoint (its socket's identity zero when not there); otherwise once a
+// probe of the endpoint passes, backing off between probes and probing again at once when the
+// endpoint's socket is created. It fails only when ctx ends or, while a socket is served
+// (serving), when the CSI driver reports another name.
+func (ep *endpoint) waitUp(ctx context.Context, b *backoff.ExponentialBackOff, sub *fswatch.Subscription, serving bool) (*endpointUp, error) {
+	d := ep.d
+	if !d.spec.WaitForEndpoint {
+		id, _, err := fsid.Stat(ep.at.local)
+		d.setPresence(err)
+		return &endpointUp{id: id, target: ep.at}, nil
 	}
+	lastErr := ""
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
 	// or registering its services: probe again soon, a few times, before the backoff goes on.
 	var quick time.Duration
 	var quickFor fsid.ID // the endpoint socket a quick series was started for
 	for {
-		ep.Take() // what happened before this look is seen by it
-		id, statErr, err := d.lookTarget(ctx)
+		sub.Take() // what happened before this look is seen by it
+		id, t, statErr, err := ep.lookTarget(ctx)
+		var health *healthAnswer
 		if err == nil {
-			err = d.lookHealth(ctx, id)
+			health, err = ep.askHealth(ctx, t, id)
 		}
 		d.setPresence(statErr)
 		if ctx.Err() != nil {
-			return fsid.ID{}, ctx.Err()
+			return nil, ctx.Err()
 		}
 		if err == nil {
 			if statErr != nil {
 				id = fsid.ID{}
 			}
 			d.setEndpointUp(true)
-			b.Reset()
-			return id, nil
+			return &endpointUp{id: id, target: t, health: health}, nil
 		}
 		_, mismatch := errors.AsType[*probe.NameMismatchError](err)
 		d.setEndpointUp(mismatch) // a driver that answers under another name is up
@@ -77,9 +113,9 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		} else {
 			wait = next(b)
 		}
-		d.update(phase, err.Error(), time.Now().Add(wait))
+		d.report(err.Error(), time.Now().Add(wait))
 		if mismatch && serving {
-			return fsid.ID{}, err
+			return nil, err
 		}
 		// Each distinct reason is a warning once; its repetitions are debug.
 		if msg := err.Error(); msg != lastErr {
@@ -90,14 +126,14 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 		}
 		// Woken when the socket is created, or may have been: a watch was renewed, or moved
 		// closer to it as a directory on the way appeared.
-		woken, ok := sleepUntil(ctx, wait, ep, func(ev fswatch.Change) bool {
+		woken, ok := sleepUntil(ctx, wait, sub, func(ev fswatch.Change) bool {
 			if ev&fswatch.Changed != 0 { // removed, perhaps: the driver left the node
-				d.lookPresence()
+				ep.lookPresence()
 			}
 			return ev&(fswatch.Created|fswatch.Lost) != 0
 		})
 		if !ok {
-			return fsid.ID{}, ctx.Err()
+			return nil, ctx.Err()
 		}
 		if woken {
 			quick = quickProbeMin
@@ -105,19 +141,30 @@ func (d *driver) waitEndpoint(ctx context.Context, b *backoff.ExponentialBackOff
 	}
 }
 
-// lookPresence records whether the endpoint's file is there now.
-func (d *driver) lookPresence() {
-	d.setPresence(d.present())
+// takeUp makes what a wait for the endpoint saw (up) what the loop knows of the endpoint: the
+// target it registers, and the device health services it serves. The socket probed (probed)
+// is taken once the transition has decided what becomes of the registration.
+func (ep *endpoint) takeUp(up *endpointUp) {
+	ep.setTarget(up.target)
+	if up.health != nil {
+		ep.takeHealth(up.health)
+	}
 }
 
-// endpointChange looks at the endpoint's socket after a wake-up (ev; 0 for a first look) and
-// returns what changed: EndpointRestarted when the driver restarted (its socket was created
-// anew, or, when events may have been lost, it is no longer the file probed: *probed; set here
-// when zero, the socket was not there when probed), EndpointDown when the socket went since the
-// last look, None otherwise. A change of attributes (a chmod) is no restart. It records whether
-// the endpoint is there.
-func (d *driver) endpointChange(ev fswatch.Change, probed *fsid.ID) eventKind {
-	id, _, err := fsid.Stat(d.at.local)
+// lookPresence records whether the endpoint's file is there now.
+func (ep *endpoint) lookPresence() {
+	ep.d.setPresence(ep.present())
+}
+
+// change looks at the endpoint's socket after a wake-up (ev; 0 for a first look) and returns
+// what changed: EndpointRestarted when the driver restarted (its socket was created anew, or,
+// when events may have been lost, it is no longer the file probed: *probed; set here when
+// zero, the socket was not there when probed), EndpointDown when the socket went since the
+// last look, None otherwise. A change of attributes (a chmod) is no restart. It records
+// whether the endpoint is there.
+func (ep *endpoint) change(ev fswatch.Change, probed *fsid.ID) eventKind {
+	d := ep.d
+	id, _, err := fsid.Stat(ep.at.local)
 	if !d.spec.EndpointIsPattern() {
 		d.setPresence(err)
 	}

@@ -228,7 +228,7 @@ func TestHandOverFromV010(t *testing.T) {
 // notHanded are the fields of DriverStatus a hand-over does not carry: the receiver's own
 // configuration says them (name, type, endpoint, required), or the receiver reads them anew
 // (kubelet's view).
-var notHanded = []string{"Name", "Type", "Endpoint", "Required", "Kubelet"}
+var notHanded = []string{"Name", "Type", "Display", "Endpoint", "Required", "Kubelet"}
 
 // TestStatusOnTheWire: every field of DriverStatus is carried by a hand-over (handover.Status,
 // on the wire as internal/handover says) or listed in notHanded; a field added to DriverStatus
@@ -261,8 +261,8 @@ func TestStatusOnTheWire(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	d := newDriver(config.Driver{Registration: config.Registration{Name: "b.example.com", Type: config.DevicePlugin, Endpoint: "/ep/b.sock"}}, testkit.Logger(t), nil, false)
-	got := d.inheritedStatus(back.Status)
+	d := newDriver(config.Driver{Registration: config.Registration{Name: "b.example.com", Type: config.DevicePlugin, Endpoint: "/ep/b.sock"}}, testkit.Logger(t))
+	got := d.takenStatus(back.Status)
 	want := full
 	want.Name, want.Type, want.Endpoint, want.Required, want.Kubelet = "b.example.com", config.DevicePlugin, "/ep/b.sock", false, nil
 	if !reflect.DeepEqual(got, want) {
@@ -274,7 +274,7 @@ func TestStatusOnTheWire(t *testing.T) {
 func zeroFields(v reflect.Value) []string {
 	var out []string
 	for i := range v.NumField() {
-		if v.Field(i).IsZero() {
+		if f := v.Field(i); f.IsZero() && (f.Kind() != reflect.Struct || f.NumField() > 0) { // an empty struct is never set
 			out = append(out, v.Type().Field(i).Name)
 		}
 	}

@@ -366,27 +366,22 @@ func TestHandOverHostileRequests(t *testing.T) {
 	}
 }
 
-// TestDetachTakesALateVerdict: a verdict that reaches the loop as it stops for a hand-over is
-// not lost: a registration is handed over as such, and a rejection retires the socket and
+// TestHandOverTakesALateVerdict: a verdict that reaches the loop as it stops for a hand-over is
+// not lost: a registration is handed over as such, and a rejection withdraws the socket and
 // hands over the backoff, as the loop would have.
-func TestDetachTakesALateVerdict(t *testing.T) {
+func TestHandOverTakesALateVerdict(t *testing.T) {
 	for _, registered := range []bool{true, false} {
 		t.Run(fmt.Sprint("registered=", registered), func(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			spec := handoverDrivers(t, dir)[1] // the device plugin
-			d := newDriver(spec, testkit.Logger(t), nil, false)
-			hub, err := regserver.NewHub(testkit.Logger(t))
+			l := bareLoop(t, spec)
+			g, err := l.socks.publish(spec.SocketPath, nil, l.ep.at, l.ep.versions())
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer hub.Close()
-			d.hub = hub
-			g, err := d.publish(spec.SocketPath, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.notify(regserver.Verdict{Gen: g.gen, Registered: registered, Msg: "no"})
-			h := d.detach(g)
+			l.cur, l.st = g, stAwaitingVerdict
+			l.d.notify(regserver.Verdict{Gen: g.gen, Registered: registered, Msg: "no"})
+			h := l.handOverState()
 			defer h.Close()
 			st := h.Status
 			if registered {

@@ -22,53 +22,77 @@ import (
 // what a hand-over told. With nothing known, silence counts as served (probe.HealthServices
 // says why), and the log says that silence decided.
 
-// versions are the versions the loop advertises: the driver's, and the health services its
-// endpoint serves when it detects them.
-func (d *driver) versions() []string {
-	if len(d.health) == 0 {
-		return d.spec.SupportedVersions
-	}
-	return slices.Concat(d.spec.SupportedVersions, d.health)
+// healthKnowledge is what a loop knows of the DRAResourceHealth services its driver's
+// endpoint serves.
+type healthKnowledge struct {
+	// services are those advertised after the driver's versions; nil when none, or not
+	// asked.
+	services []string
+	// known: services is what the driver answered, an instance of it asked earlier by this
+	// loop, or what a hand-over told of; a silent endpoint keeps it.
+	known bool
+	// of is the endpoint socket they were asked of (or a hand-over told of).
+	of fsid.ID
 }
 
-// lookHealth asks the driver's endpoint, the loop's target, whose socket is ep, which health
-// services it serves, when the driver detects them (config.Driver.DetectsHealth), and keeps
-// the answer for the next socket generation's GetInfo. A change is logged. The endpoint is
-// asked once per socket: again only after the driver restarted (or another match of a pattern
-// is the target).
-func (d *driver) lookHealth(ctx context.Context, ep fsid.ID) error {
-	if !d.spec.DetectsHealth() || ep != (fsid.ID{}) && ep == d.healthOf {
-		return nil
+// healthAnswer is what a wait for the endpoint found of its health services: those served,
+// decided (decideHealth), for the endpoint socket of.
+type healthAnswer struct {
+	services []string
+	of       fsid.ID
+}
+
+// versions are the versions the loop advertises: the driver's, and the health services its
+// endpoint serves when it detects them.
+func (ep *endpoint) versions() []string {
+	if len(ep.health.services) == 0 {
+		return ep.d.spec.SupportedVersions
+	}
+	return slices.Concat(ep.d.spec.SupportedVersions, ep.health.services)
+}
+
+// askHealth asks the driver's endpoint at t, whose socket is id, which health services it
+// serves, when the driver detects them (config.Driver.DetectsHealth): nil when it does not, or
+// when id is the socket asked already (the endpoint is asked once per socket: again only after
+// the driver restarted, or another match of a pattern is the target).
+func (ep *endpoint) askHealth(ctx context.Context, t target, id fsid.ID) (*healthAnswer, error) {
+	if !ep.d.spec.DetectsHealth() || id != (fsid.ID{}) && id == ep.health.of {
+		return nil, nil
 	}
 	var h probe.Health
-	err := d.slots.Do(ctx, func() (err error) {
-		h, err = probe.HealthServices(ctx, d.at.local)
+	err := ep.env.slots.Do(ctx, func() (err error) {
+		h, err = probe.HealthServices(ctx, t.local)
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	served := d.decideHealth(h)
-	if !slices.Equal(served, d.health) {
-		d.log.Info("device health services the DRA driver serves, advertised to kubelet", "services", served, "was", d.health)
+	return &healthAnswer{services: ep.decideHealth(h), of: id}, nil
+}
+
+// takeHealth keeps what the endpoint answered of its health services for the next socket
+// generation's GetInfo. A change is logged.
+func (ep *endpoint) takeHealth(a *healthAnswer) {
+	if !slices.Equal(a.services, ep.health.services) {
+		ep.d.log.Info("device health services the DRA driver serves, advertised to kubelet", "services", a.services, "was", ep.health.services)
 	}
-	d.health, d.healthKnown, d.healthOf = served, true, ep
-	return nil
+	ep.health = healthKnowledge{services: a.services, known: true, of: a.of}
 }
 
 // decideHealth returns the services h finds served: those the driver answered, and for each
 // that stayed silent, what the loop knows of it, or served when it knows nothing.
-func (d *driver) decideHealth(h probe.Health) []string {
+func (ep *endpoint) decideHealth(h probe.Health) []string {
+	log := ep.d.log
 	var served []string
 	for _, v := range h {
 		ok := v.Served
 		if v.Silent {
-			if d.healthKnown {
-				ok = slices.Contains(d.health, v.Service)
-				d.log.Info("no answer to NodeWatchResources within the probe's bound; keeping what the driver answered before",
+			if ep.health.known {
+				ok = slices.Contains(ep.health.services, v.Service)
+				log.Info("no answer to NodeWatchResources within the probe's bound; keeping what the driver answered before",
 					"service", v.Service, "served", ok, "bound", probe.Timeout)
 			} else {
-				d.log.Info("no answer to NodeWatchResources within the probe's bound, and none before; taken as served: the stream stays open, so a handler runs",
+				log.Info("no answer to NodeWatchResources within the probe's bound, and none before; taken as served: the stream stays open, so a handler runs",
 					"service", v.Service, "bound", probe.Timeout)
 			}
 		}
@@ -80,14 +104,15 @@ func (d *driver) decideHealth(h probe.Health) []string {
 }
 
 // adoptHealth takes from a hand-over the health services the other instance advertised
-// (versions, its current socket's) for the endpoint socket it last probed (ep), so that the
+// (versions, its current socket's) for the endpoint socket it last probed (id), so that the
 // loop asks the endpoint again only once that socket changes: a hand-over asks the drivers
 // nothing. A predecessor that did not say what it advertised (an older release) is not taken
 // at its word: the endpoint is asked.
-func (d *driver) adoptHealth(versions []string, ep fsid.ID) {
-	n := len(d.spec.SupportedVersions)
-	if !d.spec.DetectsHealth() || versions == nil || ep == (fsid.ID{}) || len(versions) < n || !slices.Equal(versions[:n], d.spec.SupportedVersions) {
+func (ep *endpoint) adoptHealth(versions []string, id fsid.ID) {
+	own := ep.d.spec.SupportedVersions
+	n := len(own)
+	if !ep.d.spec.DetectsHealth() || versions == nil || id == (fsid.ID{}) || len(versions) < n || !slices.Equal(versions[:n], own) {
 		return
 	}
-	d.health, d.healthKnown, d.healthOf = slices.Clone(versions[n:]), true, ep
+	ep.health = healthKnowledge{services: slices.Clone(versions[n:]), known: true, of: id}
 }

@@ -97,7 +97,7 @@ const kept = "driver endpoint restarted; kubelet reconnects to it by itself, the
 // registeredDRA starts a DRA driver whose endpoint o describes, on a supervisor logging into
 // log, registers it, checks that kubelet was told the driver's versions and then want's health
 // services, and returns the endpoint and its registration socket.
-func registeredDRA(t *testing.T, log *testkit.Buffer, o testkit.HealthOptions, want ...string) (*Supervisor, config.Driver, *endpoint, fsid.ID) {
+func registeredDRA(t *testing.T, log *testkit.Buffer, o testkit.HealthOptions, want ...string) (*Supervisor, config.Driver, *servedEndpoint, fsid.ID) {
 	t.Helper()
 	dir := testkit.ShortDir(t)
 	d := testDriver(dir, "gpu.example.com", config.DRAPlugin, filepath.Join(dir, "ep", "dra.sock"))
@@ -190,7 +190,7 @@ func TestHandOverAsksNoHealth(t *testing.T) {
 	reg := filepath.Join(dir, "reg")
 	d := testDriver(dir, "gpu.example.com", config.DRAPlugin, filepath.Join(dir, "ep", "dra.sock"))
 	calls := new(atomic.Int32)
-	serve := func() *endpoint {
+	serve := func() *servedEndpoint {
 		return serveEndpoint(t, d.LocalEndpoint, func(srv *grpc.Server) {
 			drahealthv1.RegisterDRAResourceHealthServer(srv, testkit.HealthV1{Send: true, Calls: calls})
 		})

@@ -17,6 +17,8 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
+	"multireg.dev/multireg/internal/probe"
+	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/testkit"
 )
 
@@ -55,7 +57,7 @@ var fixtureDrivers = map[string]struct{ name, socket string }{
 // type typ, served at ep/ (a CSI driver's answers with the driver's name), and the driver
 // (see testDriver and fixtureDrivers), started on a supervisor that runs until the test ends.
 // before, if not nil, runs before the driver starts and may adjust it.
-func setup(t *testing.T, typ string, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+func setup(t *testing.T, typ string, before func(*config.Driver)) (*Supervisor, config.Driver, *servedEndpoint) {
 	t.Helper()
 	return setupDriver(t, typ, true, before)
 }
@@ -67,13 +69,13 @@ func setupWaiting(t *testing.T, typ string, before func(*config.Driver)) (*Super
 	return s, d
 }
 
-func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+func setupDriver(t *testing.T, typ string, serve bool, before func(*config.Driver)) (*Supervisor, config.Driver, *servedEndpoint) {
 	t.Helper()
 	return setupOpts(t, typ, serve, Options{}, before)
 }
 
 // setupOpts is setupDriver with a supervisor of opts.
-func setupOpts(t *testing.T, typ string, serve bool, opts Options, before func(*config.Driver)) (*Supervisor, config.Driver, *endpoint) {
+func setupOpts(t *testing.T, typ string, serve bool, opts Options, before func(*config.Driver)) (*Supervisor, config.Driver, *servedEndpoint) {
 	t.Helper()
 	dir := testkit.ShortDir(t)
 	n := fixtureDrivers[typ]
@@ -81,7 +83,7 @@ func setupOpts(t *testing.T, typ string, serve bool, opts Options, before func(*
 	if before != nil {
 		before(&d)
 	}
-	var e *endpoint
+	var e *servedEndpoint
 	if serve {
 		csiName := ""
 		if typ == config.CSIPlugin {
@@ -188,17 +190,17 @@ func registerAs(t testing.TB, socket, agent string, ok bool, msg string) *regist
 	return testkit.Register(t, socket, agent, ok, msg)
 }
 
-// endpoint is a driver's endpoint served in the test (testkit.Endpoint).
-type endpoint = testkit.Endpoint
+// servedEndpoint is a driver's endpoint served in the test (testkit.Endpoint).
+type servedEndpoint = testkit.Endpoint
 
 // startEndpoint serves a driver endpoint at path (testkit.StartEndpoint).
-func startEndpoint(t testing.TB, path, csiName string) *endpoint {
+func startEndpoint(t testing.TB, path, csiName string) *servedEndpoint {
 	t.Helper()
 	return testkit.StartEndpoint(t, path, csiName)
 }
 
 // serveEndpoint serves, at path, the services that register registers.
-func serveEndpoint(t testing.TB, path string, register func(*grpc.Server)) *endpoint {
+func serveEndpoint(t testing.TB, path string, register func(*grpc.Server)) *servedEndpoint {
 	t.Helper()
 	return testkit.ServeEndpoint(t, path, register)
 }
@@ -222,7 +224,7 @@ func (n node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGe
 
 // startCSINode serves a CSI driver's endpoint at path as startEndpoint does, with the Node
 // service too, whose NodeGetInfo answers nodeID; calls counts its NodeGetInfo calls.
-func startCSINode(t *testing.T, path, name, nodeID string) (e *endpoint, calls *atomic.Int32) {
+func startCSINode(t *testing.T, path, name, nodeID string) (e *servedEndpoint, calls *atomic.Int32) {
 	t.Helper()
 	calls = new(atomic.Int32)
 	e = serveEndpoint(t, path, func(srv *grpc.Server) {
@@ -293,4 +295,19 @@ func registerSlowly(ctx context.Context, path string, delay time.Duration) error
 		return fmt.Errorf("NotifyRegistrationStatus: %w", err)
 	}
 	return nil
+}
+
+// bareLoop is a loop of spec in its first state that no goroutine runs, serving on a hub of
+// its own (closed when the test ends), for the tests that drive its parts by hand.
+func bareLoop(t testing.TB, spec config.Driver) *loop {
+	t.Helper()
+	hub, err := regserver.NewHub(testkit.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hub.Close() })
+	d := newDriver(spec, testkit.Logger(t))
+	e := &env{hub: hub, moves: &deviceMoves{mode: config.MovesAuto}, probe: probe.Endpoint}
+	return &loop{d: d, env: e, ctx: context.Background(), log: d.log, ep: newEndpoint(d, e), socks: sockets{d: d, env: e},
+		mv: moveCheck{d: d, moves: e.moves}, p: newPacing(spec), probeB: newBackoff(spec.Backoff)}
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"multireg.dev/multireg/internal/fsid"
-	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -18,19 +17,14 @@ import (
 func TestPublishThatCannotServeKeepsTheSocket(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	spec := handoverDrivers(t, dir)[1] // the device plugin
-	d := newDriver(spec, testkit.Logger(t), nil, false)
-	h, err := regserver.NewHub(testkit.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.hub = h
-	cur, err := d.publish(spec.SocketPath, nil)
+	l := bareLoop(t, spec)
+	cur, err := l.socks.publish(spec.SocketPath, nil, l.ep.at, l.ep.versions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cur.stop()
-	h.Close()
-	if _, err := d.publish(d.publishPath(cur), cur); err == nil || !strings.Contains(err.Error(), "stopping") {
+	l.env.hub.Close()
+	if _, err := l.socks.publish(l.socks.publishPath(cur, nil, l.socks.swapsPaths(l.ro != nil), l.socks.rollsOver(l.ro != nil)), cur, l.ep.at, l.ep.versions()); err == nil || !strings.Contains(err.Error(), "stopping") {
 		t.Fatalf("publish with the hub stopped: %v, want the error that says so", err)
 	}
 	if id, _, err := fsid.Stat(cur.path); err != nil || id != cur.id {

@@ -43,7 +43,7 @@ func kubeletView(r podres.Reading, st DriverStatus) *KubeletView {
 // ctx ends. It reads only the device plugins' phases, and nothing while kubelet's view does
 // not answer.
 func (s *Supervisor) watchKubelet(ctx context.Context) {
-	if s.moves.view == nil {
+	if s.env.moves.view == nil {
 		return
 	}
 	t := time.NewTicker(podres.Period)
@@ -55,7 +55,7 @@ func (s *Supervisor) watchKubelet(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		r, up := s.moves.view.Last()
+		r, up := s.env.moves.view.Last()
 		if !up {
 			continue
 		}

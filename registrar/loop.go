@@ -3,128 +3,174 @@ package registrar
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/internal/fswatch"
+	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/probe"
+	"multireg.dev/multireg/internal/regserver"
 )
 
-// A driver's loop: what it holds between its steps, and what it waits for in each state (its
-// activity, which returns the event that ends the wait). step (machine.go) acts on the event.
+// A driver's loop: everything it holds between its steps, in one struct, and its run. What it
+// waits for in each state and what each event does are the table's (machine.go); the waits are
+// in endpoint.go, await.go and the end of this file, the acts in transitions.go.
 
-// loop is the state of a driver's loop between its steps.
+// env is what the loops of a supervisor share: set before a loop starts, never changed.
+type env struct {
+	w     *fswatch.Watcher
+	hub   *regserver.Hub
+	slots probe.Slots
+	// moves is what the loops know of how kubelet takes a device plugin's move to a new
+	// endpoint, with kubelet's view of device-plugin resources (devicemoves.go).
+	moves *deviceMoves
+	// guard, if set, must pass before a socket is published: the process still holds the
+	// registration directory.
+	guard func() error
+	// probe asks an endpoint whether it is ready (probe.Endpoint; tests replace it).
+	probe   func(context.Context, config.Driver) error
+	cleanup bool // remove the sockets on shutdown too
+}
+
+// loop is a driver's loop: its state, and everything the loop's goroutine alone uses.
 type loop struct {
 	d   *driver
+	env *env
 	ctx context.Context
+	log *slog.Logger
 	st  state
-	// Two curves of the same policy: waiting for the endpoint (probeB), reset when it answers,
-	// and registering (d.p), reset when kubelet accepts. A long outage of the endpoint must not
-	// make the first registration failure after it wait the longest interval.
-	probeB *backoff.ExponentialBackOff
-	ws     watches
 
 	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
 	cur *generation
+	// ro is the endpoint's rollover to a new instance under way, if any (rollover.go).
+	ro *rollover
+	// mv is a device plugin's move being checked in kubelet's view (devicemoves.go).
+	mv moveCheck
+	// ep is the driver's endpoint as the loop knows it (endpoint.go).
+	ep endpoint
+	// socks are the driver's registration sockets' paths, and what the loop withdrew from
+	// them (sockets.go).
+	socks sockets
+	// Two curves of the same policy: waiting for the endpoint (probeB), reset when it answers,
+	// and registering (p), reset when kubelet accepts. A long outage of the endpoint must not
+	// make the first registration failure after it wait the longest interval.
+	p      *pacing
+	probeB *backoff.ExponentialBackOff
+	ws     watches
+
 	// w is the wait on cur while the loop awaits kubelet's verdict or serves a registration
 	// (await.go); nil in the other states. c is what its next sleep selects on.
 	w *waiting
 	c wakeups
 	// a is what a hand-over told of the sockets it gave the loop (stTakingOver only).
 	a *adoption
+	// pub is where and from when the next generation is published (stPublishing only).
+	pub publication
 	// err and retryIn are why the loop backs off and for how long (stBackingOff only); err is
-	// nil when a hand-over gave the loop the rest of a wait another instance began.
+	// nil when a hand-over gave the loop the rest of a wait another instance began. retryAt
+	// is when the wait ends.
 	err     error
 	retryIn time.Duration
+	retryAt time.Time
 	// verifySwap: the next generation registers a device plugin's new instance in place of
 	// the old one's registration (swapsPaths): kubelet's view is read to verify the move
 	// (devicemoves.go).
 	verifySwap bool
+	// handed is what the loop hands over when it ends for a hand-over (handOver).
+	handed *handover.Driver
+}
+
+// publication is where the next generation goes, and from when: a DRA driver's path once
+// kubelet has let go of it (sockets.go: clearPaths). err, if set, is why it cannot be
+// published: the attempt fails.
+type publication struct {
+	path string
+	at   time.Time
+	err  error
 }
 
 // run is the loop: it waits for what its state waits for, and steps on the event that ends the
-// wait, until the loop stops (ctx ends). It returns only when everything it started has
-// stopped.
+// wait, until the loop stops. It returns only when everything it started has stopped.
 //
 // Its state is a loop, on the heap, and each wait and step is a call that returns before the
 // next: the loop spends most of its life in await, and the runtime shrinks an idle goroutine's
 // stack to what it holds there. With every step's locals on it, each of 1000 drivers would
 // hold 8 KiB or more instead of 4.
-func (d *driver) run(ctx context.Context) {
-	l := d.newLoop(ctx)
-	defer l.end()
+//
+// It returns what the loop handed over when it ended for a hand-over (HandOver), or nil.
+func (d *driver) run(ctx context.Context, e *env, a *adoption) *handover.Driver {
+	l := newLoop(ctx, d, e, a)
+	defer l.ws.close()
 	for l.st != stStopped {
-		var e event
+		var ev event
 		if l.st.awaits() && l.ctx.Err() == nil {
 			// await, inlined: a parked loop holds run's frame and sleep's only.
-			for e = l.awaitNext(); e.kind == evNone; e = l.awaitNext() {
+			for ev = l.awaitNext(); ev.kind == evNone; ev = l.awaitNext() {
 				var ok bool
-				if e, ok = l.woke(l.c.sleep()); ok {
+				if ev, ok = l.woke(l.c.sleep()); ok {
 					break
 				}
 			}
+			ev = l.cut(ev)
 		} else {
-			e = l.wake()
+			ev = l.wake()
 		}
 		if spec := d.takePolicy(); spec != nil {
 			l.step(event{kind: evReload, spec: spec})
 		}
-		l.step(e)
+		l.step(ev)
 	}
+	return l.handed
 }
 
-// newLoop starts the loop in the state a hand-over gave it (inherit.go), or waiting for the
-// endpoint.
-func (d *driver) newLoop(ctx context.Context) *loop {
-	l := &loop{d: d, ctx: ctx, st: stWaitingForEndpoint, probeB: newBackoff(d.spec.Backoff), ws: d.subscribe()}
-	if a := d.adopted; a != nil {
-		d.adopted = nil
-		switch {
-		case a.cur != nil:
-			l.st, l.cur, l.a = stTakingOver, a.cur, a
-		case !a.nextAttempt.IsZero():
-			// A backing-off driver: it waits until the next attempt the other instance had
-			// planned.
-			l.st, l.retryIn = stBackingOff, time.Until(a.nextAttempt)
-		}
+// newLoop is the loop of d, in the state a hand-over gave it (a: handover.go), or waiting for
+// the endpoint.
+func newLoop(ctx context.Context, d *driver, e *env, a *adoption) *loop {
+	spec := d.spec
+	l := &loop{
+		d: d, env: e, ctx: ctx, log: d.log, st: stWaitingForEndpoint,
+		ep:     newEndpoint(d, e),
+		mv:     moveCheck{d: d, moves: e.moves},
+		socks:  sockets{d: d, env: e},
+		p:      newPacing(spec),
+		probeB: newBackoff(spec.Backoff),
+		ws:     subscribe(e.w, spec),
 	}
-	d.startVerify() // a move handed over under way is verified as one begun here
-	d.log.Debug("loop starts", "state", l.st)
+	if a != nil {
+		l.takeAdoption(a)
+	}
+	l.mv.start(l.ro != nil) // a move handed over under way is verified as one begun here
+	d.show(l.shown())
+	l.log.Debug("loop starts", "state", l.st)
 	return l
 }
 
-// end stops what the loop started, as the cause of its context's end says (shutdown), then its
-// watches. A policy not yet taken is taken first: a hand-over hands the driver over with it.
-func (l *loop) end() {
-	if spec := l.d.takePolicy(); spec != nil {
-		l.applyPolicy(*spec)
-	}
-	l.dropWaiting()
-	l.d.shutdown(context.Cause(l.ctx), l.cur)
-	l.ws.close()
-}
-
-// wake waits for what the loop's state waits for, and returns the event that ends the wait. A
-// loop whose context has ended waits for nothing: it stops.
+// wake waits for what the loop's state waits for, and returns the event that ends the wait
+// (cut: the end of the loop, when it cut the wait short).
 func (l *loop) wake() event {
 	if l.ctx.Err() != nil {
 		return l.stopped()
 	}
-	switch l.st {
-	case stWaitingForEndpoint, stTakingOver, stRestarting, stFallingBack:
-		return l.waitEndpoint()
-	case stPublishing:
-		return l.publish()
-	case stAwaitingVerdict, stRegistered:
-		return l.await()
-	case stBackingOff:
-		if !l.d.sleepBackoff(l.ctx, l.retryIn, l.err, l.ws) {
-			return l.stopped()
-		}
-		return event{kind: evBackoffOver}
+	return l.cut(waits[l.st].wait(l))
+}
+
+// cut returns e, what a wait reported, or the end of the loop when the loop's context ended
+// while the wait looked: a look cut short decides nothing. kubelet's verdict is taken as it
+// is: kubelet holds the registration, or refused it, whatever this process does next. A wait
+// that reports what its state does not declare (waits) is a programming error.
+func (l *loop) cut(e event) event {
+	if l.ctx.Err() != nil && e.kind != evAccepted && e.kind != evRejected {
+		return l.stopped()
 	}
-	return l.stopped()
+	if !reports(l.st, e.kind) {
+		panic(fmt.Sprintf("registrar: a wait in %s reported %s, which the state does not declare (machine.go: waits)", l.st, e.kind))
+	}
+	return e
 }
 
 // stopped is the event of the loop's context's end, by its cause.
@@ -132,52 +178,10 @@ func (l *loop) stopped() event {
 	switch cause := context.Cause(l.ctx); {
 	case errors.Is(cause, errRemoved):
 		return event{kind: evRemoved}
-	case errors.Is(cause, errHandOff):
-		return event{kind: evHandOff}
+	case errors.Is(cause, errHandOver):
+		return event{kind: evHandOver}
 	}
 	return event{kind: evShutdown}
-}
-
-// waitEndpoint waits until the endpoint answers (EndpointUp), or answers under another name
-// while cur is served (EndpointRenamed: that socket must go first).
-func (l *loop) waitEndpoint() event {
-	ep, err := l.d.readyEndpoint(l.ctx, l.probeB, l.ws.ep, l.cur)
-	if _, renamed := errors.AsType[*probe.NameMismatchError](err); renamed {
-		return event{kind: evEndpointRenamed, err: err}
-	}
-	if err != nil {
-		return l.stopped()
-	}
-	return event{kind: evEndpointUp, ep: ep}
-}
-
-// publish publishes the next generation: over cur, or where the driver's rollover puts it
-// (publishPath); for a driver that withdraws first, once cur and every other socket kubelet may
-// hold for it are gone, in a path kubelet does not hold (clearPath).
-func (l *loop) publish() event {
-	d := l.d
-	d.nodeInfo = nil // asked again once kubelet has registered the new socket
-	var path string
-	if d.withdrawsFirst() {
-		if err := d.checkGuard(); err != nil {
-			return event{kind: evPublishFailed, err: err} // the sockets may be another instance's now
-		}
-		if l.cur != nil {
-			d.retire(l.cur)
-			l.cur = nil
-		}
-		var ok bool
-		if path, ok = d.clearPath(l.ctx); !ok {
-			return l.stopped()
-		}
-	} else {
-		path = d.publishPath(l.cur)
-	}
-	g, err := d.publish(path, l.cur)
-	if err != nil {
-		return event{kind: evPublishFailed, err: err}
-	}
-	return event{kind: evPublished, g: g}
 }
 
 // dropWaiting ends the wait on cur, if one was under way.
@@ -188,17 +192,42 @@ func (l *loop) dropWaiting() {
 	}
 }
 
-// applyPolicy takes spec's loop policy (config.Policy): what spec registers is what the loop
-// registers already. Every wait from the next one on follows it; a wait under way (a
-// backoff interval, a registration timeout, a probe's interval) runs its course.
-func (l *loop) applyPolicy(spec config.Driver) {
-	d := l.d
-	d.spec.Policy = spec.Policy
-	d.p.setPolicy(spec)
-	l.probeB = newBackoff(spec.Backoff)
-	if !nodeInfoTracked(d.spec) {
-		d.nodeInfo = nil // not asked of a driver multireg does not talk to: its next restart registers it again
+// shown is what the status shows of the loop's state (driver.show).
+func (l *loop) shown() shownState {
+	s := shownState{st: l.st, rolling: l.ro != nil, waits: l.d.spec.WaitForEndpoint}
+	switch {
+	case l.st == stTakingOver && l.a != nil:
+		s.handed = l.a.phase
+	case l.st == stBackingOff:
+		s.retryAt = l.retryAt
 	}
-	d.log.Info("loop policy updated; the registration stays", "backoff", spec.Backoff, "registrationTimeout", spec.RegistrationTimeout,
-		"waitForEndpoint", spec.WaitForEndpoint, "required", spec.Required)
+	return s
 }
+
+// waitPath waits until the next generation's path is free (l.pub), and reports it.
+func (l *loop) waitPath() event {
+	if wait := time.Until(l.pub.at); wait > 0 {
+		l.log.Debug("waiting until kubelet has let go of a registration path", "socket", l.pub.path, "wait", wait.Round(time.Millisecond))
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-l.ctx.Done():
+			return l.stopped()
+		case <-t.C:
+		}
+	}
+	return event{kind: evPathFree}
+}
+
+// waitBackoff waits for the backoff interval, or for what blocks the socket's path to go.
+func (l *loop) waitBackoff() event {
+	if !l.socks.sleepBackoff(l.ctx, l.retryIn, l.err, l.ws, &l.ep) {
+		return l.stopped()
+	}
+	return event{kind: evBackoffOver}
+}
+
+// settling is how long kubelet may still hold a registration socket after multireg removed
+// it: it deregisters the socket in its next reconcile pass (every second), and registers
+// nothing in that path within the same pass.
+const settling = 2 * podres.Period

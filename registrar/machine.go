@@ -2,14 +2,19 @@ package registrar
 
 import (
 	"fmt"
-	"time"
+	"slices"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 )
 
-// The driver's loop as a state machine: its states, the events that move it, and step, the one
-// place that moves it. The package comment has the table; transitions lists it for the tests.
+// The driver's loop as a state machine: its states, the events that move it, what it waits
+// for in each state, and the table of transitions that step looks up. The table is the loop:
+// step does what a row says and nothing else moves the loop; the package comment's table and
+// docs/architecture.md's diagram are written from it (go generate; transitions_doc_test.go
+// fails while they are not).
+//
+//go:generate go test -run ^TestTransitionDocs$ . -args -update
 
 // state is where a driver's loop stands between two steps: what it waits for, and what the
 // socket it serves (loop.cur) is to kubelet.
@@ -20,7 +25,7 @@ const (
 	// waitForEndpoint). cur, if any, is served until a new generation replaces it.
 	stWaitingForEndpoint state = iota
 	// stTakingOver: the loop serves sockets a hand-over gave it; once the endpoint answers, what
-	// the other instance told of them decides whether they are kept (loop.takeOver).
+	// the other instance told of them decides whether they are kept (takeOver).
 	stTakingOver
 	// stRestarting: kubelet holds cur and the driver restarted; once it answers again, its type
 	// decides whether the registration stays (restart.go).
@@ -28,7 +33,8 @@ const (
 	// stFallingBack: a rollover's new instance went; cur, the previous registration, is again
 	// the one kubelet holds, kept once the endpoint answers if it is still the one to register.
 	stFallingBack
-	// stPublishing: the loop publishes a new generation.
+	// stPublishing: the loop waits until the path of its next generation is free (loop.pub),
+	// then publishes it.
 	stPublishing
 	// stAwaitingVerdict: cur is published and kubelet's verdict has not come.
 	stAwaitingVerdict
@@ -38,9 +44,11 @@ const (
 	stBackingOff
 	// stStopped: the loop ended.
 	stStopped
+
+	numStates
 )
 
-var stateNames = [...]string{
+var stateNames = [numStates]string{
 	stWaitingForEndpoint: "WaitingForEndpoint",
 	stTakingOver:         "TakingOver",
 	stRestarting:         "Restarting",
@@ -60,7 +68,7 @@ func (s state) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 // awaits reports whether the loop waits on cur in s (await.go).
 func (s state) awaits() bool { return s == stAwaitingVerdict || s == stRegistered }
 
-// eventKind is what moves a loop from one state to the next.
+// eventKind is what ends a wait of the loop, and moves it.
 type eventKind uint8
 
 const (
@@ -70,39 +78,45 @@ const (
 	evEndpointDown                       // the endpoint's socket went
 	evEndpointRestarted                  // the endpoint's socket was created anew: the driver restarted
 	evEndpointMoved                      // another socket matching the endpoint pattern is the one to register
-	evPublished                          // a new generation is published
-	evPublishFailed                      // it could not be
+	evPathFree                           // the next generation's path is free: it is published
 	evAccepted                           // kubelet's verdict: registered
 	evRejected                           // kubelet's verdict: rejected
 	evTimeout                            // no verdict within the registration timeout in force
 	evSocketGone                         // cur's socket was removed or replaced by someone else
+	evPrevSocketGone                     // a rollover's previous socket was removed or replaced by someone else
+	evOldInstanceGone                    // a rollover's old instance is gone: its registration is no longer needed
 	evDevicesDropped                     // kubelet dropped a moved device plugin's devices (devicemoves.go)
+	evMoveVerified                       // a device plugin's move needs no more reading of kubelet's view
 	evBackoffOver                        // the backoff interval passed, or what blocked the socket's path went
-	evReload                             // a new loop policy of the driver (a reload that needs no new registration)
-	evRemoved                            // the driver left the configuration, or a reload restarts it
+	evReload                             // a new loop policy of the driver (an edit that needs no new registration)
+	evRemoved                            // the driver left the configuration, or an edit registers it anew
 	evShutdown                           // the process stops
-	evHandOff                            // the loop's sockets go to another instance (detach)
+	evHandOver                           // the loop's sockets go to another instance, or to the loop that goes on in this one
+
+	numEvents
 )
 
-var eventNames = [...]string{
+var eventNames = [numEvents]string{
 	evNone:              "None",
 	evEndpointUp:        "EndpointUp",
 	evEndpointRenamed:   "EndpointRenamed",
 	evEndpointDown:      "EndpointDown",
 	evEndpointRestarted: "EndpointRestarted",
 	evEndpointMoved:     "EndpointMoved",
-	evPublished:         "Published",
-	evPublishFailed:     "PublishFailed",
+	evPathFree:          "PathFree",
 	evAccepted:          "Accepted",
 	evRejected:          "Rejected",
 	evTimeout:           "Timeout",
 	evSocketGone:        "SocketGone",
+	evPrevSocketGone:    "PrevSocketGone",
+	evOldInstanceGone:   "OldInstanceGone",
 	evDevicesDropped:    "DevicesDropped",
+	evMoveVerified:      "MoveVerified",
 	evBackoffOver:       "BackoffOver",
 	evReload:            "Reload",
 	evRemoved:           "Removed",
 	evShutdown:          "Shutdown",
-	evHandOff:           "HandOff",
+	evHandOver:          "HandOver",
 }
 
 func (k eventKind) String() string { return eventNames[k] }
@@ -110,269 +124,184 @@ func (k eventKind) String() string { return eventNames[k] }
 // MarshalText names the event in JSON logs too.
 func (k eventKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
 
-// event is an eventKind with what it carries.
+// event is an eventKind with what the wait saw.
 type event struct {
 	kind eventKind
-	err  error          // Rejected, PublishFailed, EndpointRenamed: what to report
-	ep   fsid.ID        // EndpointUp: the endpoint's socket as probed
-	g    *generation    // Published: the new generation
+	err  error          // Rejected, EndpointRenamed: what to report
+	up   *endpointUp    // EndpointUp: the endpoint as probed
 	spec *config.Driver // Reload: the driver with its new loop policy
 }
 
-// anyState stands for every state but stStopped in transitions.
-const anyState = stStopped + 1
+// endpointUp is what a wait for the endpoint saw when it answered.
+type endpointUp struct {
+	id     fsid.ID // the endpoint's socket; zero when it is not there (waitForEndpoint false)
+	target target  // the socket to register: the newest match that answers, for a pattern
+	// health is what the endpoint answered of the device health services it serves, when it
+	// was asked (health.go); nil otherwise.
+	health *healthAnswer
+}
 
-// transition is one row of the table: from a state, on an event, to a state.
-type transition struct {
+// The events that end the loop, from any state: the cause of its context's end (stopped).
+var endEvents = []eventKind{evRemoved, evShutdown, evHandOver}
+
+// waits are what the loop waits for in each state: the function that waits (wake calls it),
+// and the events that end its wait, besides the end of the loop (endEvents). A wait only
+// reports what it saw; the row of the table for the state and the event acts on it.
+var waits = [numStates]struct {
+	wait  func(*loop) event
+	emits []eventKind
+}{
+	stWaitingForEndpoint: {(*loop).waitEndpoint, []eventKind{evEndpointUp, evEndpointRenamed}},
+	stTakingOver:         {(*loop).waitEndpoint, []eventKind{evEndpointUp, evEndpointRenamed}},
+	stRestarting:         {(*loop).waitEndpoint, []eventKind{evEndpointUp, evEndpointRenamed}},
+	// A DRA driver or a device plugin: only a CSI driver answers under a name.
+	stFallingBack: {(*loop).waitEndpoint, []eventKind{evEndpointUp}},
+	stPublishing:  {(*loop).waitPath, []eventKind{evPathFree}},
+	// The registration timeout is armed only while the verdict is awaited; a rollover settles,
+	// and a move's drop is repaired, only once kubelet has registered cur (await.go).
+	stAwaitingVerdict: {(*loop).await, []eventKind{evAccepted, evRejected, evTimeout, evSocketGone, evPrevSocketGone,
+		evEndpointDown, evEndpointRestarted, evEndpointMoved, evMoveVerified}},
+	stRegistered: {(*loop).await, []eventKind{evAccepted, evRejected, evSocketGone, evPrevSocketGone, evOldInstanceGone,
+		evEndpointDown, evEndpointRestarted, evEndpointMoved, evDevicesDropped, evMoveVerified}},
+	stBackingOff: {(*loop).waitBackoff, []eventKind{evBackoffOver}},
+	stStopped:    {}, // waits for nothing: the loop has ended
+}
+
+// reports reports whether a wait in state s may end on an event of kind k: one it declares
+// (waits), or the end of the loop.
+func reports(s state, k eventKind) bool {
+	return slices.Contains(waits[s].emits, k) || slices.Contains(endEvents, k)
+}
+
+// anyState, in a row, stands for every state but stStopped; as a destination, for the state
+// the row comes from.
+const anyState = numStates
+
+// row is one row of the table: from a state, on an event, what the loop does (act), and the
+// states it may go to, each with what it means.
+type row struct {
 	from state
 	on   eventKind
-	to   state // anyState: the state it came from
+	act  func(*loop, event) state
+	to   []dest
 }
 
-// transitions are every transition step makes, in the order of the package comment's table.
-// Where an event leads to more than one state, the guards in step choose.
-var transitions = []transition{
-	{stWaitingForEndpoint, evEndpointUp, stPublishing},
-	{stWaitingForEndpoint, evEndpointUp, stRegistered},
-	{stWaitingForEndpoint, evEndpointRenamed, stWaitingForEndpoint},
-	{stTakingOver, evEndpointUp, stRegistered},
-	{stTakingOver, evEndpointUp, stAwaitingVerdict},
-	{stTakingOver, evEndpointUp, stPublishing},
-	{stTakingOver, evEndpointRenamed, stWaitingForEndpoint},
-	{stRestarting, evEndpointUp, stRegistered},
-	{stRestarting, evEndpointUp, stPublishing},
-	{stRestarting, evEndpointRenamed, stWaitingForEndpoint},
-	{stFallingBack, evEndpointUp, stRegistered},
-	{stFallingBack, evEndpointUp, stPublishing},
-	{stPublishing, evPublished, stAwaitingVerdict},
-	{stPublishing, evPublishFailed, stBackingOff},
-	{stAwaitingVerdict, evAccepted, stRegistered},
-	{stAwaitingVerdict, evRejected, stBackingOff},
-	{stAwaitingVerdict, evTimeout, stBackingOff},
-	{stAwaitingVerdict, evSocketGone, stWaitingForEndpoint},
-	{stAwaitingVerdict, evEndpointDown, stAwaitingVerdict},
-	{stAwaitingVerdict, evEndpointRestarted, stWaitingForEndpoint},
-	{stAwaitingVerdict, evEndpointMoved, stWaitingForEndpoint},
-	{stAwaitingVerdict, evEndpointMoved, stFallingBack},
-	{stRegistered, evAccepted, stRegistered},
-	{stRegistered, evRejected, stBackingOff},
-	{stRegistered, evSocketGone, stWaitingForEndpoint},
-	{stRegistered, evEndpointDown, stRegistered},
-	{stRegistered, evEndpointRestarted, stRestarting},
-	{stRegistered, evEndpointRestarted, stWaitingForEndpoint},
-	{stRegistered, evEndpointMoved, stWaitingForEndpoint},
-	{stRegistered, evEndpointMoved, stFallingBack},
-	{stRegistered, evDevicesDropped, stWaitingForEndpoint},
-	{stBackingOff, evBackoffOver, stWaitingForEndpoint},
-	{anyState, evReload, anyState},
-	{anyState, evRemoved, stStopped},
-	{anyState, evShutdown, stStopped},
-	{anyState, evHandOff, stStopped},
+// dest is a state a row may go to, and what going there means.
+type dest struct {
+	to   state
+	what string
 }
 
-// step moves the loop on e: it acts, and sets the state the loop goes on in. It is the only
-// place that sets loop.st once the loop runs. An event that the end of the loop's context cut
-// short (a look, a probe) decides nothing: the loop stops.
-func (l *loop) step(e event) {
-	d, from := l.d, l.st
-	switch e.kind {
-	case evReload:
-		l.applyPolicy(*e.spec)
+// endedLook is what a row whose act looks at the endpoint says of the end of the loop's
+// context cutting the look short: nothing is decided, and the next wait sees the end.
+const endedLook = "nothing: the end of the loop cut the look short, and the next wait sees it"
 
-	case evRemoved, evShutdown, evHandOff:
-		l.st = stStopped // end, deferred by run, acts on the cause: remove, keep or hand over
+// rows are the table, in the order of the package comment.
+var rows = []row{
+	{stWaitingForEndpoint, evEndpointUp, upWaiting, []dest{
+		{stPublishing, "publish a generation (over the socket served, if any): where, and from when; a DRA driver's sockets kubelet may hold are withdrawn first"},
+		{stRegistered, "fall back to a rollover's previous registration: its instance is the one to register, and kubelet holds it"},
+	}},
+	{stWaitingForEndpoint, evEndpointRenamed, renamed, []dest{{stWaitingForEndpoint, "withdraw the socket served"}}},
+	{stTakingOver, evEndpointUp, takeOverDecides, []dest{
+		{stRegistered, "keep the handed registration: the endpoint is the one the other instance probed, or what kubelet learnt of it holds"},
+		{stAwaitingVerdict, "await the verdict kubelet owes the handed socket"},
+		{stPublishing, "the driver restarted meanwhile, or a newer instance answers: publish (or roll over)"},
+		{stTakingOver, endedLook},
+	}},
+	{stTakingOver, evEndpointRenamed, renamed, []dest{{stWaitingForEndpoint, "withdraw the handed socket"}}},
+	{stRestarting, evEndpointUp, upRestarting, []dest{
+		{stRegistered, "keep the registration: what kubelet learnt of the driver holds (restart.go)"},
+		{stPublishing, "register again: it changed"},
+		{stRestarting, endedLook},
+	}},
+	{stRestarting, evEndpointRenamed, renamed, []dest{{stWaitingForEndpoint, "withdraw the registration"}}},
+	{stFallingBack, evEndpointUp, upFallingBack, []dest{
+		{stRegistered, "keep the previous registration: its instance is the one to register"},
+		{stPublishing, "roll over to a newer instance"},
+	}},
+	{stPublishing, evPathFree, publish, []dest{
+		{stAwaitingVerdict, "publish the generation; stop serving the socket it replaced (withdraw it, in another path)"},
+		{stBackingOff, "the socket could not be published: count the failure"},
+	}},
+	{stAwaitingVerdict, evAccepted, accepted, []dest{{stRegistered, "reset the backoff and the timeout; settle a rollover"}}},
+	{stAwaitingVerdict, evRejected, rejected, []dest{{stBackingOff, "withdraw the socket, which kubelet holds none of: on kubelet 1.35 and older only a new one is tried again"}}},
+	{stAwaitingVerdict, evTimeout, timedOut, []dest{{stBackingOff, "withdraw the socket; the next attempt allows longer"}}},
+	{stAwaitingVerdict, evSocketGone, socketGone, []dest{{stWaitingForEndpoint, "publish again, without backoff"}}},
+	{stAwaitingVerdict, evPrevSocketGone, prevSocketGone, []dest{{stAwaitingVerdict, "end the rollover: kubelet withdrew the previous registration"}}},
+	{stAwaitingVerdict, evEndpointDown, endpointDown, []dest{{stAwaitingVerdict, "nothing: the socket stays"}}},
+	{stAwaitingVerdict, evEndpointRestarted, endpointRestarted, []dest{{stWaitingForEndpoint, "register again"}}},
+	{stAwaitingVerdict, evEndpointMoved, endpointMoved, []dest{
+		{stWaitingForEndpoint, "register again under the new path"},
+		{stFallingBack, "withdraw a rollover's new instance: it went, or a newer one came"},
+	}},
+	{stAwaitingVerdict, evMoveVerified, moveVerified, []dest{{stAwaitingVerdict, "end the move's verification"}}},
+	{stRegistered, evAccepted, accepted, []dest{{stRegistered, "kubelet registered the socket again: count it"}}},
+	{stRegistered, evRejected, rejected, []dest{{stBackingOff, "withdraw the socket, which kubelet holds none of now"}}},
+	{stRegistered, evSocketGone, socketGone, []dest{{stWaitingForEndpoint, "publish again, without backoff"}}},
+	{stRegistered, evPrevSocketGone, prevSocketGone, []dest{{stRegistered, "end the rollover: kubelet withdrew the previous registration"}}},
+	{stRegistered, evOldInstanceGone, oldInstanceGone, []dest{{stRegistered, "withdraw the previous registration: the new one is registered"}}},
+	{stRegistered, evEndpointDown, endpointDown, []dest{{stRegistered, "nothing: a crashing driver is not deregistered"}}},
+	{stRegistered, evEndpointRestarted, endpointRestarted, []dest{
+		{stRestarting, "keep serving while the driver comes up (CSI, DRA)"},
+		{stWaitingForEndpoint, "register again (device plugins)"},
+	}},
+	{stRegistered, evEndpointMoved, endpointMoved, []dest{
+		{stWaitingForEndpoint, "start a rollover beside the registration, or register again"},
+		{stFallingBack, "withdraw a rollover's new instance: it went"},
+		{stRegistered, endedLook},
+	}},
+	{stRegistered, evDevicesDropped, devicesDropped, []dest{{stWaitingForEndpoint, "register again, in a path kubelet does not hold"}}},
+	{stRegistered, evMoveVerified, moveVerified, []dest{{stRegistered, "end the move's verification"}}},
+	{stBackingOff, evBackoffOver, backoffOver, []dest{{stWaitingForEndpoint, "nothing"}}},
+	{anyState, evReload, reload, []dest{{anyState, "take the new loop policy: the next wait follows it"}}},
+	{anyState, evRemoved, removed, []dest{{stStopped, "withdraw the sockets: kubelet deregisters"}}},
+	{anyState, evShutdown, shutdown, []dest{{stStopped, "stop serving; the sockets stay, unless cleanup was asked for"}}},
+	{anyState, evHandOver, handOver, []dest{{stStopped, "stop serving; the sockets stay, listening, and are handed over"}}},
+}
 
-	case evEndpointRenamed:
-		// The driver restarted under another name: kubelet must not keep it.
-		if from == stRestarting {
-			d.reregister()
-		}
-		d.log.Warn("driver reports another name; its registration is withdrawn", "err", e.err)
-		d.retire(l.cur)
-		l.cur, l.a = nil, nil
-		l.st = stWaitingForEndpoint
+// table is rows by state and event: a row of any state stands in every state but stStopped.
+var table = tableOf(rows)
 
-	case evEndpointUp:
-		d.probed = e.ep
-		next := l.endpointUp(from, e.ep)
-		if l.ctx.Err() != nil {
-			l.st = stStopped // a look cut short by the end (a hand-over) decides nothing
-			break
-		}
-		switch next {
-		case stRegistered:
-			d.update(Registered, "", time.Time{}) // the wait for the endpoint may have said otherwise
-		case stAwaitingVerdict:
-			d.update(Serving, "", time.Time{})
-		}
-		l.st = next
-
-	case evPublished:
-		switch cur := l.cur; {
-		case cur == nil:
-		case cur.path == e.g.path:
-			cur.stop() // its file was just replaced by g's
-		default:
-			d.retire(cur) // kubelet deregisters it in the pass that registers g (swapsPaths)
-			if l.verifySwap {
-				d.verifySwap(e.g)
+func tableOf(rows []row) *[numStates][numEvents]*row {
+	var t [numStates][numEvents]*row
+	for i := range rows {
+		r := &rows[i]
+		for s := range stStopped {
+			if r.from == s || r.from == anyState {
+				if t[s][r.on] != nil {
+					panic(fmt.Sprintf("registrar: two rows from %s on %s", s, r.on))
+				}
+				t[s][r.on] = r
 			}
 		}
-		l.verifySwap = false
-		l.cur = e.g
-		l.st = stAwaitingVerdict
-
-	case evPublishFailed:
-		d.record(evPublishFailed)
-		l.backOff(fmt.Errorf("publish socket: %w", e.err))
-
-	case evAccepted:
-		// Taken even as the loop ends: kubelet holds the registration, and a hand-over hands it
-		// over as such.
-		l.w.lift()
-		d.accepted(l.ctx, l.cur)
-		d.settleRollover(l.ctx, l.cur)
-		l.st = stRegistered
-
-	default:
-		if l.ctx.Err() != nil {
-			l.st = stStopped // a look cut short by the end decides nothing
-			break
-		}
-		l.st = l.afterWait(e)
 	}
-	if !l.st.awaits() {
+	return &t
+}
+
+// leadsTo reports whether r may go from the state from to the state to.
+func (r *row) leadsTo(from, to state) bool {
+	return slices.ContainsFunc(r.to, func(d dest) bool { return d.to == to || d.to == anyState && to == from })
+}
+
+// step moves the loop on e: it does what the table's row for the loop's state and e says, and
+// the loop goes on in the state the row's act returns. It is the only place that sets loop.st
+// once the loop runs. A pair without a row, or an act that goes where its row does not say,
+// is a programming error (TestTableIsTotal and the transition tests find each).
+func (l *loop) step(e event) {
+	from := l.st
+	r := table[from][e.kind]
+	if r == nil {
+		panic(fmt.Sprintf("registrar: no transition from %s on %s: add its row to the table (machine.go)", from, e.kind))
+	}
+	to := r.act(l, e)
+	if !r.leadsTo(from, to) {
+		panic(fmt.Sprintf("registrar: the transition from %s on %s went to %s, which its row does not name", from, e.kind, to))
+	}
+	l.st = to
+	if !to.awaits() {
 		l.dropWaiting()
 	}
-	d.log.Debug("transition", "from", from, "event", e.kind, "to", l.st)
-}
-
-// endpointUp decides, once the endpoint answers in state from, what becomes of cur: kept
-// (stRegistered), awaited (stAwaitingVerdict, a socket handed over while kubelet registered it)
-// or replaced by a new generation (stPublishing).
-func (l *loop) endpointUp(from state, ep fsid.ID) state {
-	d := l.d
-	switch from {
-	case stTakingOver:
-		a := l.a
-		l.a = nil
-		return l.takeOver(a, ep)
-	case stRestarting:
-		if l.cur.at == d.at && d.keepsRegistration(l.ctx, l.cur) {
-			return stRegistered
-		}
-	case stFallingBack:
-		switch {
-		case l.cur.at == d.at:
-			return stRegistered
-		case d.ro == nil:
-			// A newer instance answers: roll over to it from the registration kubelet holds.
-			d.startRollover(l.cur)
-			l.cur = nil
-		}
-	case stWaitingForEndpoint:
-		if l.cur == nil && d.ro != nil && d.ro.prev.at == d.at {
-			// The new instance's attempt failed and it went: the old one is the one to
-			// register, and kubelet holds it already (a second socket for it would be refused).
-			l.cur = d.fallBack()
-			return stRegistered
-		}
-	}
-	return stPublishing
-}
-
-// afterWait acts on how a wait on cur (await) or a backoff ended, and returns the next state.
-func (l *loop) afterWait(e event) state {
-	d, cur := l.d, l.cur
-	switch e.kind {
-	case evRejected:
-		d.record(evRejected)
-		d.remove(cur) // kubelet holds no registration of it
-		l.cur = nil
-		return l.backOff(e.err)
-	case evTimeout:
-		err := d.timedOut()
-		d.record(evTimeout)
-		d.retire(cur)
-		l.cur = nil
-		return l.backOff(err)
-	case evSocketGone:
-		// Recreate at once: the socket was removed or replaced by someone else.
-		d.record(evSocketGone)
-		cur.stop()
-		d.markWithdrawn(cur.path) // kubelet holds it until its next reconcile pass
-		l.cur = nil
-		d.log.Info("registration socket removed or replaced; recreating it", "socket", d.spec.SocketPath)
-		return stWaitingForEndpoint
-	case evEndpointDown:
-		// The registration stays, as with sidecars: a crashing driver must not deregister (and
-		// a DRA driver's deregistration wipes its ResourceSlices after 30 s).
-		d.log.Warn("driver endpoint is gone; the registration stays until it comes back", "endpoint", d.at.local)
-		return l.st
-	case evDevicesDropped:
-		// kubelet holds cur's registration without the resource's devices: cur is registered
-		// again, in a path kubelet does not hold (publishing replaces it: swapsPaths).
-		d.record(evDevicesDropped)
-		return stWaitingForEndpoint
-	case evEndpointRestarted:
-		d.countRestart()
-		// The old socket is served while the driver comes up again; a new one, if the driver
-		// needs one, replaces it.
-		if d.keepsOnRestart(cur) {
-			return stRestarting
-		}
-		d.reregister()
-		return stWaitingForEndpoint
-	case evEndpointMoved:
-		return l.moved()
-	case evBackoffOver:
-		return stWaitingForEndpoint
-	}
-	d.log.Error("no transition for this event; the loop stays where it is", "state", l.st, "event", e.kind)
-	return l.st
-}
-
-// moved acts on the endpoint pattern's move to another socket while cur is awaited or
-// registered: a rollover to the new instance starts or falls back, or the driver is registered
-// again under the new path.
-func (l *loop) moved() state {
-	d, cur := l.d, l.cur
-	switch {
-	case !d.rollsOver():
-		d.reregister("why", "the endpoint moved")
-		l.verifySwap = d.swapsPaths()
-	case d.ro != nil && (!cur.registered || d.gone(l.ctx, cur.at)):
-		if l.ctx.Err() != nil {
-			return stStopped // a look cut short by the end decides nothing
-		}
-		// The instance being registered went, or a newer one came, before kubelet registered
-		// it; or the new instance went while the old one runs: go back to the old
-		// registration, which kubelet holds and whose instance answers.
-		d.retire(cur)
-		l.cur = d.fallBack()
-		// The new instance's registration went: an older device manager dropped the
-		// resource's client with it, which kubelet's view shows.
-		d.withdrawn(l.cur)
-		return stFallingBack
-	case cur.registered:
-		// kubelet holds cur: the registration stays with it until the new instance's is made.
-		// An older one still kept is no longer needed.
-		if d.ro != nil {
-			d.retire(d.ro.prev)
-		}
-		d.startRollover(cur)
-		l.cur = nil
-		d.log.Info("driver endpoint moved; registering the new instance beside the old one")
-	default:
-		d.reregister("why", "the endpoint moved")
-	}
-	return stWaitingForEndpoint
-}
-
-// backOff records the failed attempt err and returns stBackingOff: the loop waits for the next
-// attempt.
-func (l *loop) backOff(err error) state {
-	l.err, l.retryIn = err, l.d.failed(err)
-	l.st = stBackingOff
-	return stBackingOff
+	l.d.show(l.shown())
+	l.log.Debug("transition", "from", from, "event", e.kind, "to", to)
 }

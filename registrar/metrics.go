@@ -94,7 +94,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.kubeletMissing, prometheus.GaugeValue, boolValue(k.Missing), d.Name)
 		}
 	}
-	if v := c.s.moves.view; v != nil {
+	if v := c.s.env.moves.view; v != nil {
 		ch <- prometheus.MustNewConstMetric(c.podResourcesUp, prometheus.GaugeValue, boolValue(v.Available()))
 	}
 }

@@ -61,7 +61,8 @@ func fixedTarget(spec config.Driver) target {
 
 // matches returns the sockets matching the driver's endpoint pattern, newest first. Files
 // that are not sockets, and sockets whose path kubelet cannot dial, are left out.
-func (d *driver) matches() []match {
+func (ep *endpoint) matches() []match {
+	d := ep.d
 	var ms []match
 	for _, e := range fswatch.MatchingEntries(filepath.Dir(d.spec.LocalEndpoint), filepath.Base(d.spec.LocalEndpoint)) {
 		if e.Type() != fs.ModeSocket {
@@ -89,32 +90,32 @@ func (d *driver) matches() []match {
 }
 
 // lookTarget is one look for the endpoint to register: for a fixed endpoint, its file and a
-// probe; for a pattern, the newest match that answers, which becomes the loop's target. It
-// returns the identity of the file probed (the newest match when none answers; zero when there
-// is none), the error of a look at the file (fs.ErrNotExist: the driver is absent) and the
-// probe's error.
-func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
-	if !d.spec.EndpointIsPattern() {
-		id, _, statErr := fsid.Stat(d.at.local)
-		return id, statErr, d.probeAt(ctx, d.at)
+// probe; for a pattern, the newest match that answers. It returns the identity of the file
+// probed (the newest match when none answers; zero when there is none), the target to register
+// (when one answers), the error of a look at the file (fs.ErrNotExist: the driver is absent)
+// and the probe's error.
+func (ep *endpoint) lookTarget(ctx context.Context) (fsid.ID, target, error, error) {
+	spec := ep.d.spec
+	if !spec.EndpointIsPattern() {
+		id, _, statErr := fsid.Stat(ep.at.local)
+		return id, ep.at, statErr, ep.probeAt(ctx, ep.at)
 	}
-	ms := d.matches()
+	ms := ep.matches()
 	if len(ms) == 0 {
-		return fsid.ID{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", d.spec.LocalEndpoint)
+		return fsid.ID{}, target{}, fs.ErrNotExist, fmt.Errorf("no socket matches endpoint %s", spec.LocalEndpoint)
 	}
-	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local }); i > 0 && !d.spec.RollsOver() {
+	if i := slices.IndexFunc(ms, func(m match) bool { return m.local == ep.at.local }); i > 0 && !spec.RollsOver() {
 		// Stay with the target while it answers: a move costs a re-registration.
 		ms[0], ms[i] = ms[i], ms[0]
 	}
 	var errs []error
 	for _, m := range ms {
-		err := d.probeAt(ctx, m.target)
+		err := ep.probeAt(ctx, m.target)
 		if err == nil {
-			d.setTarget(m.target)
-			return m.id, nil, nil
+			return m.id, m.target, nil, nil
 		}
 		if ctx.Err() != nil {
-			return fsid.ID{}, nil, ctx.Err()
+			return fsid.ID{}, target{}, nil, ctx.Err()
 		}
 		// A match that answers under another name is another driver's: it is only not ours.
 		if nm, ok := errors.AsType[*probe.NameMismatchError](err); ok {
@@ -122,75 +123,73 @@ func (d *driver) lookTarget(ctx context.Context) (fsid.ID, error, error) {
 		}
 		errs = append(errs, err)
 	}
-	return ms[0].id, nil, fmt.Errorf("no socket matching endpoint %s answers: %w", d.spec.LocalEndpoint, errors.Join(errs...))
+	return ms[0].id, target{}, nil, fmt.Errorf("no socket matching endpoint %s answers: %w", spec.LocalEndpoint, errors.Join(errs...))
 }
 
 // probeAt probes the driver's endpoint at t.
-func (d *driver) probeAt(ctx context.Context, t target) error {
-	spec := d.spec
+func (ep *endpoint) probeAt(ctx context.Context, t target) error {
+	spec := ep.d.spec
 	spec.Endpoint, spec.LocalEndpoint = t.endpoint, t.local
-	return d.slots.Do(ctx, func() error { return d.probe(ctx, spec) })
+	return ep.env.slots.Do(ctx, func() error { return ep.env.probe(ctx, spec) })
 }
 
 // setTarget makes t the endpoint the loop registers, and the one its status shows.
-func (d *driver) setTarget(t target) {
-	if t != d.at {
-		if d.at != (target{}) {
-			d.log.Info("the endpoint pattern's newest answering socket is now "+t.local, "was", d.at.local)
+func (ep *endpoint) setTarget(t target) {
+	if t != ep.at {
+		if ep.at != (target{}) {
+			ep.d.log.Info("the endpoint pattern's newest answering socket is now "+t.local, "was", ep.at.local)
 		}
-		d.at = t
+		ep.at = t
 	}
-	d.mu.Lock()
-	d.st.Endpoint = t.endpoint
-	d.mu.Unlock()
+	ep.d.setEndpoint(t.endpoint)
 }
 
 // present reports whether the driver's endpoint is on this node: its file, or for a pattern
 // a matching socket.
-func (d *driver) present() error {
-	if !d.spec.EndpointIsPattern() {
-		_, _, err := fsid.Stat(d.at.local)
+func (ep *endpoint) present() error {
+	if !ep.d.spec.EndpointIsPattern() {
+		_, _, err := fsid.Stat(ep.at.local)
 		return err
 	}
-	if len(d.matches()) == 0 {
+	if len(ep.matches()) == 0 {
 		return fs.ErrNotExist
 	}
 	return nil
 }
 
-// moved looks, after a wake-up of a pattern's subscription or at a recheck, at whether the
+// newer looks, after a wake-up of a pattern's subscription or at a recheck, at whether the
 // target should change: a newer match answers and the driver rolls its registration over, or
 // the target is gone or no longer answers while another match does. It returns the match the
 // loop would move to ("" if none; the next lookTarget picks the new target), and whether
 // matches other than the target are there, which the loop looks at again later: one may not
 // answer yet, or the target may stop answering without its file going. It also records the
 // endpoint's presence.
-func (d *driver) moved(ctx context.Context) (to string, others bool) {
-	ms := d.matches()
-	d.setPresence(errIfEmpty(len(ms)))
-	cur := slices.IndexFunc(ms, func(m match) bool { return m.local == d.at.local })
+func (ep *endpoint) newer(ctx context.Context) (to string, others bool) {
+	ms := ep.matches()
+	ep.d.setPresence(errIfEmpty(len(ms)))
+	cur := slices.IndexFunc(ms, func(m match) bool { return m.local == ep.at.local })
 	others = len(ms) > 1 || len(ms) == 1 && cur < 0
 	if !others {
-		return "", false // the target alone, or its restart (endpointRestarted sees that)
+		return "", false // the target alone, or its restart (change sees that)
 	}
 	// A driver with several registration sockets takes a newer instance as soon as it
 	// answers: it rolls over to it, or registers it in place of the old one's registration
 	// (swapsPaths), which costs kubelet no reconcile pass.
-	rolls := d.spec.RollsOver()
-	if cur >= 0 && !rolls && d.probeAt(ctx, ms[cur].target) == nil {
+	rolls := ep.d.spec.RollsOver()
+	if cur >= 0 && !rolls && ep.probeAt(ctx, ms[cur].target) == nil {
 		return "", true // stay with the target while it answers: a move costs a re-registration
 	}
 	// Newest first: a driver with several sockets takes a newer instance as soon as it
 	// answers; otherwise the target is gone or does not answer, and the newest match that
 	// answers takes over.
 	for _, m := range ms {
-		if m.local == d.at.local {
-			if rolls && d.probeAt(ctx, m.target) == nil {
+		if m.local == ep.at.local {
+			if rolls && ep.probeAt(ctx, m.target) == nil {
 				return "", true
 			}
 			continue
 		}
-		if d.probeAt(ctx, m.target) == nil {
+		if ep.probeAt(ctx, m.target) == nil {
 			return m.local, true
 		}
 	}
@@ -198,11 +197,11 @@ func (d *driver) moved(ctx context.Context) (to string, others bool) {
 }
 
 // gone reports whether the driver's endpoint at t is gone: no file, or no answer.
-func (d *driver) gone(ctx context.Context, t target) bool {
+func (ep *endpoint) gone(ctx context.Context, t target) bool {
 	if _, _, err := fsid.Stat(t.local); err != nil {
 		return true
 	}
-	return d.probeAt(ctx, t) != nil
+	return ep.probeAt(ctx, t) != nil
 }
 
 func errIfEmpty(n int) error {
@@ -234,18 +233,18 @@ type watches struct {
 	sock, alt, spare, ep *fswatch.Subscription
 }
 
-func (d *driver) subscribe() watches {
-	ws := watches{sock: d.w.Subscribe(d.spec.SocketPath)}
-	if d.spec.AltSocketPath != "" {
-		ws.alt = d.w.Subscribe(d.spec.AltSocketPath)
+func subscribe(w *fswatch.Watcher, spec config.Driver) watches {
+	ws := watches{sock: w.Subscribe(spec.SocketPath)}
+	if spec.AltSocketPath != "" {
+		ws.alt = w.Subscribe(spec.AltSocketPath)
 	}
-	if d.spec.SparePath != "" {
-		ws.spare = d.w.Subscribe(d.spec.SparePath)
+	if spec.SparePath != "" {
+		ws.spare = w.Subscribe(spec.SparePath)
 	}
-	if d.spec.EndpointIsPattern() {
-		ws.ep = d.w.SubscribeMatching(d.spec.LocalEndpoint)
+	if spec.EndpointIsPattern() {
+		ws.ep = w.SubscribeMatching(spec.LocalEndpoint)
 	} else {
-		ws.ep = d.w.Subscribe(d.spec.LocalEndpoint)
+		ws.ep = w.Subscribe(spec.LocalEndpoint)
 	}
 	return ws
 }

@@ -28,7 +28,7 @@ func patternDriver(dir, typ, pattern string) config.Driver {
 }
 
 // startInstance serves an endpoint instance named name in the driver's endpoint directory.
-func startInstance(t *testing.T, d config.Driver, name string) *endpoint {
+func startInstance(t *testing.T, d config.Driver, name string) *servedEndpoint {
 	t.Helper()
 	csiName := ""
 	if d.Type == config.CSIPlugin {
@@ -166,7 +166,7 @@ func TestPatternStaysWhileTargetAnswers(t *testing.T) {
 // registeredDRAPattern starts a DRA driver named by the pattern dra-*.sock, with one instance,
 // dra-a.sock (a minute old, so that a later instance is newer), and plays kubelet registering
 // it. It returns the instance.
-func registeredDRAPattern(t *testing.T, opts Options) (*Supervisor, config.Driver, *endpoint) {
+func registeredDRAPattern(t *testing.T, opts Options) (*Supervisor, config.Driver, *servedEndpoint) {
 	t.Helper()
 	d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
 	a := startInstance(t, d, "dra-a.sock")
@@ -285,7 +285,7 @@ func TestPatternDRARolloverRejected(t *testing.T) {
 
 // rolledOver is a DRA pattern driver, on a supervisor of opts, after a rollover: dra-a still
 // runs, its registration kept on the first socket, and dra-b registered on the second.
-func rolledOver(t *testing.T, opts Options) (*Supervisor, config.Driver, *endpoint, *endpoint) {
+func rolledOver(t *testing.T, opts Options) (*Supervisor, config.Driver, *servedEndpoint, *servedEndpoint) {
 	t.Helper()
 	s, d, a := registeredDRAPattern(t, opts)
 	b := startInstance(t, d, "dra-b.sock")
@@ -370,7 +370,7 @@ func TestPatternDRAVerdictOfAnInstanceGoneMeanwhile(t *testing.T) {
 	var armed atomic.Bool
 	entered, release := make(chan struct{}), make(chan struct{})
 	s := runSupervisor(t, Options{})
-	s.probe = func(ctx context.Context, spec config.Driver) error {
+	s.env.probe = func(ctx context.Context, spec config.Driver) error {
 		if spec.LocalEndpoint == a.Path() && armed.CompareAndSwap(true, false) {
 			close(entered)
 			<-release

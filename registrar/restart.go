@@ -31,13 +31,13 @@ import (
 // keepsOnRestart reports whether the loop waits for the restarted driver to answer and then
 // decides with keepsRegistration, rather than registering it again at once: only for a
 // registration kubelet has accepted, cur's.
-func (d *driver) keepsOnRestart(cur *generation) bool {
+func (ep *endpoint) keepsOnRestart(cur *generation) bool {
 	if cur == nil || !cur.registered {
 		return false
 	}
-	switch d.spec.Type {
+	switch ep.d.spec.Type {
 	case config.CSIPlugin:
-		return d.nodeInfo != nil
+		return ep.nodeInfo != nil
 	case config.DRAPlugin:
 		return true
 	}
@@ -52,61 +52,65 @@ func nodeInfoTracked(d config.Driver) bool {
 }
 
 // askNodeInfo asks the driver NodeGetInfo, in one of the supervisor's probe slots.
-func (d *driver) askNodeInfo(ctx context.Context) (info *csi.NodeGetInfoResponse, err error) {
-	err = d.slots.Do(ctx, func() error {
-		info, err = probe.NodeInfo(ctx, d.at.local)
+func (ep *endpoint) askNodeInfo(ctx context.Context) (info *csi.NodeGetInfoResponse, err error) {
+	err = ep.env.slots.Do(ctx, func() error {
+		info, err = probe.NodeInfo(ctx, ep.at.local)
 		return err
 	})
 	return info, err
 }
 
 // recordNodeInfo asks a tracked driver NodeGetInfo once kubelet has registered its socket, for
-// the comparison after a restart. It returns nil when the driver is not tracked or did not answer:
-// its next restart re-registers it.
-func (d *driver) recordNodeInfo(ctx context.Context) *csi.NodeGetInfoResponse {
-	if !nodeInfoTracked(d.spec) {
-		return nil
+// the comparison after a restart, and keeps the answer: none when the driver is not tracked or
+// did not answer, and its next restart re-registers it.
+func (ep *endpoint) recordNodeInfo(ctx context.Context) {
+	ep.nodeInfo = nil
+	if !nodeInfoTracked(ep.d.spec) {
+		return
 	}
-	info, err := d.askNodeInfo(ctx)
+	info, err := ep.askNodeInfo(ctx)
 	if err != nil {
-		d.log.Warn("NodeGetInfo failed; the driver's next restart registers it again", "err", err)
-		return nil
+		ep.d.log.Warn("NodeGetInfo failed; the driver's next restart registers it again", "err", err)
+		return
 	}
-	d.log.Debug("NodeGetInfo recorded; a restart that answers the same keeps the registration", "nodeID", info.GetNodeId())
-	return info
+	ep.d.log.Debug("NodeGetInfo recorded; a restart that answers the same keeps the registration", "nodeID", info.GetNodeId())
+	ep.nodeInfo = info
 }
 
 // keepsRegistration reports, after the driver restarted and answered again, whether its
 // registration, cur, stays: a DRA driver's when its answer gives the health services cur
-// advertised (health.go); a CSI driver's when its NodeGetInfo answer is the one recorded when kubelet
-// registered the socket. Otherwise the restart is counted and logged, and the loop registers
-// the driver again.
-func (d *driver) keepsRegistration(ctx context.Context, cur *generation) bool {
+// advertised (health.go); a CSI driver's when its NodeGetInfo answer is the one recorded when
+// kubelet registered the socket. Otherwise the restart is counted and logged, and the loop
+// registers the driver again. decided is false when the loop's end cut the question short:
+// nothing is decided.
+func (ep *endpoint) keepsRegistration(ctx context.Context, cur *generation) (keeps, decided bool) {
+	d := ep.d
 	if d.spec.Type == config.DRAPlugin {
-		if was, now := cur.vers, d.versions(); !slices.Equal(was, now) {
-			d.reregister("why", "the device health services it serves changed", "was", was, "now", now)
-			return false
+		if was, now := cur.vers, ep.versions(); !slices.Equal(was, now) {
+			ep.countReregistration("why", "the device health services it serves changed", "was", was, "now", now)
+			return false, true
 		}
-		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", d.at.local)
-		return true
+		d.log.Info("driver endpoint restarted; kubelet reconnects to it by itself, the registration stays", "endpoint", ep.at.local)
+		return true, true
 	}
-	info, err := d.askNodeInfo(ctx)
+	info, err := ep.askNodeInfo(ctx)
 	switch {
 	case ctx.Err() != nil:
-		return true // the loop ends (a hand-over): the next instance decides
+		return false, false // the loop ends (a hand-over): the next instance decides
 	case err != nil:
-		d.reregister("err", err)
-	case !probe.SameNodeInfo(d.nodeInfo, info):
-		d.reregister("why", "NodeGetInfo changed", "was", probe.RegisteredPart(d.nodeInfo), "now", probe.RegisteredPart(info))
+		ep.countReregistration("err", err)
+	case !probe.SameNodeInfo(ep.nodeInfo, info):
+		ep.countReregistration("why", "NodeGetInfo changed", "was", probe.RegisteredPart(ep.nodeInfo), "now", probe.RegisteredPart(info))
 	default:
-		d.log.Info("driver endpoint restarted; NodeGetInfo unchanged, the registration stays", "endpoint", d.at.local)
-		return true
+		d.log.Info("driver endpoint restarted; NodeGetInfo unchanged, the registration stays", "endpoint", ep.at.local)
+		return true, true
 	}
-	return false
+	return false, true
 }
 
-// reregister counts and logs a driver restart that registers the driver again.
-func (d *driver) reregister(args ...any) {
-	d.record(evEndpointRestarted)
-	d.log.Info("driver endpoint restarted; registering again", append([]any{"endpoint", d.at.local}, args...)...)
+// countReregistration counts and logs a driver restart (or a move of its endpoint) after which
+// the loop registers the driver again: the transition that follows publishes the new socket.
+func (ep *endpoint) countReregistration(args ...any) {
+	ep.d.record(outReregistered)
+	ep.d.log.Info("driver endpoint restarted; registering again", append([]any{"endpoint", ep.at.local}, args...)...)
 }

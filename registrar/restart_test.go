@@ -16,7 +16,7 @@ import (
 // supervisor logging into log, registered by a kubelet that registers every new socket (see
 // runSlowKubelet), and asked NodeGetInfo by multireg. A registration timeout of 1s is in force: a registration kept across a
 // restart must not be timed out.
-func registeredCSINode(t *testing.T, log *testkit.Buffer, nodeID string) (*Supervisor, config.Driver, *endpoint) {
+func registeredCSINode(t *testing.T, log *testkit.Buffer, nodeID string) (*Supervisor, config.Driver, *servedEndpoint) {
 	t.Helper()
 	dir := testkit.ShortDir(t)
 	d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
@@ -150,7 +150,7 @@ func TestRestartPerType(t *testing.T) {
 
 // crash stops the driver's endpoint as a crashing driver does (its socket removed), and waits
 // for the loop to see it down.
-func crash(t *testing.T, s *Supervisor, d config.Driver, e *endpoint) {
+func crash(t *testing.T, s *Supervisor, d config.Driver, e *servedEndpoint) {
 	t.Helper()
 	e.Stop()
 	testkit.Eventually(t, 5*time.Second, "endpoint down", func() bool { return !statusOf(s, d.Name).EndpointUp })

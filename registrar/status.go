@@ -5,18 +5,24 @@ import (
 	"io/fs"
 	"maps"
 	"time"
+
+	"multireg.dev/multireg/config"
 )
 
-// Phase is where a driver's loop stands.
+// What a driver's status shows, and how its loop reports to it: the phase is derived from the
+// loop's state (shownState.phase), never set; the rest is what the loop counted and saw.
+
+// Phase is where a driver's loop stands, as its status shows it.
 type Phase string
 
 const (
 	// WaitingForEndpoint: the driver's endpoint does not accept connections yet (or, for a
 	// CSI driver, does not report the configured name).
 	WaitingForEndpoint Phase = "WaitingForEndpoint"
-	// Serving: the registration socket is published and kubelet has not answered yet.
+	// Serving: the registration socket is published (or being published) and kubelet has not
+	// answered yet.
 	Serving Phase = "Serving"
-	// Registered: kubelet reported a successful registration of the current socket.
+	// Registered: kubelet holds the driver's registration.
 	Registered Phase = "Registered"
 	// BackingOff: the last attempt failed; the loop waits before it starts again.
 	BackingOff Phase = "BackingOff"
@@ -27,8 +33,10 @@ var Phases = []Phase{WaitingForEndpoint, Serving, Registered, BackingOff}
 
 // DriverStatus is a snapshot of one driver's loop.
 type DriverStatus struct {
-	Name     string
-	Type     string
+	Name string
+	Type string
+	// Display is what the drivers file says of the driver for status to show.
+	Display  config.Display
 	Phase    Phase
 	Socket   string
 	Endpoint string
@@ -63,7 +71,8 @@ type DriverStatus struct {
 	LastError string
 	// Since is when the loop entered Phase.
 	Since time.Time
-	// NextAttempt is when a backing-off loop starts again; zero otherwise.
+	// NextAttempt is when a backing-off loop starts again, or when a loop waiting for its
+	// endpoint probes it next; zero otherwise.
 	NextAttempt time.Time
 	// Kubelet is kubelet's own view of a device plugin's resource, read from its
 	// pod-resources API; nil for other types, and while the API does not answer.
@@ -95,25 +104,115 @@ const (
 	ReasonDevicesDropped = "devices_dropped"
 )
 
-// What each event that ends an attempt, or the socket generation it published, is counted as:
+// What each outcome of an attempt, or of the socket generation it published, is counted as:
 // the attempt's result, and the reason its socket is recreated. An attempt cut short (its
 // socket removed, its driver restarted) has no result. A driver registered again after its
-// endpoint moved counts as restarted (reregister).
+// endpoint moved counts as restarted (countReregistration).
+type outcome uint8
+
+const (
+	outRegistered outcome = iota
+	outRejected
+	outTimeout
+	outPublishFailed
+	outSocketGone
+	outReregistered
+	outDevicesDropped
+)
+
 var (
-	resultOf = map[eventKind]string{
-		evAccepted:      ResultRegistered,
-		evRejected:      ResultRejected,
-		evTimeout:       ResultTimeout,
-		evPublishFailed: ResultPublishFailed,
+	resultOf = map[outcome]string{
+		outRegistered:    ResultRegistered,
+		outRejected:      ResultRejected,
+		outTimeout:       ResultTimeout,
+		outPublishFailed: ResultPublishFailed,
 	}
-	recreationOf = map[eventKind]string{
-		evRejected:          ReasonRejected,
-		evTimeout:           ReasonTimeout,
-		evSocketGone:        ReasonSocketRemoved,
-		evEndpointRestarted: ReasonEndpointRestarted,
-		evDevicesDropped:    ReasonDevicesDropped,
+	recreationOf = map[outcome]string{
+		outRejected:       ReasonRejected,
+		outTimeout:        ReasonTimeout,
+		outSocketGone:     ReasonSocketRemoved,
+		outReregistered:   ReasonEndpointRestarted,
+		outDevicesDropped: ReasonDevicesDropped,
 	}
 )
+
+// shownState is what a driver's status phase is derived from: the loop's state, and the
+// little else that decides what kubelet holds (loop.shown).
+type shownState struct {
+	st      state
+	rolling bool      // a rollover keeps the previous registration (loop.ro)
+	waits   bool      // the loop waits for the endpoint (waitForEndpoint)
+	handed  Phase     // stTakingOver: the phase the other instance showed
+	retryAt time.Time // stBackingOff: when the next attempt starts
+}
+
+// phase is the status phase of a loop in s, for a driver of type typ whose endpoint answered
+// the last look (up). While a rollover keeps the previous registration, kubelet holds the
+// driver's registration: it is Registered whatever the new instance's attempt goes through.
+func (s shownState) phase(typ string, up bool) Phase {
+	if s.rolling {
+		return Registered
+	}
+	switch s.st {
+	case stWaitingForEndpoint:
+		if !s.waits {
+			return Serving // it publishes at once
+		}
+		return WaitingForEndpoint
+	case stTakingOver:
+		if s.handed != "" {
+			return s.handed
+		}
+		return WaitingForEndpoint
+	case stRestarting:
+		return Registered // kubelet holds the registration while the driver comes up
+	case stFallingBack:
+		// kubelet holds the previous registration; a device plugin's lives only while its
+		// instance answers (kubelet's stream to it).
+		if typ == config.DevicePlugin && !up {
+			return WaitingForEndpoint
+		}
+		return Registered
+	case stPublishing, stAwaitingVerdict:
+		return Serving
+	case stRegistered:
+		return Registered
+	case stBackingOff:
+		return BackingOff
+	}
+	return WaitingForEndpoint // stStopped: not shown
+}
+
+// show records the loop's state, from which the status's phase is derived, and logs a change
+// of phase. Entering a phase clears what the last one said: whether another process holds the
+// path, the next attempt (but a backoff's), and on registration the last error.
+func (d *driver) show(s shownState) {
+	if s.st == stStopped {
+		return // the loop has ended: its status shows where it stood
+	}
+	d.mu.Lock()
+	d.shown = s
+	changed := d.derive()
+	d.st.NextAttempt = s.retryAt
+	p := d.st.Phase
+	if p == Registered && !s.rolling {
+		d.st.LastError = ""
+	}
+	d.mu.Unlock()
+	if changed {
+		d.log.Info("phase changed", "phase", p) // the reason is logged where it arises
+	}
+}
+
+// derive sets the phase from what show recorded, and reports whether it changed. mu is held.
+func (d *driver) derive() bool {
+	p := d.shown.phase(d.spec.Type, d.st.EndpointUp)
+	if p == d.st.Phase {
+		return false
+	}
+	d.st.Phase, d.st.Since, d.st.HeldByOther = p, time.Now(), false
+	return true
+}
 
 // status returns a snapshot of the loop's state.
 func (d *driver) status() DriverStatus {
@@ -125,43 +224,32 @@ func (d *driver) status() DriverStatus {
 	return st
 }
 
-// record counts how an attempt or its socket generation ended, by the event that ended it.
-func (d *driver) record(e eventKind) {
+// record counts how an attempt or its socket generation ended.
+func (d *driver) record(o outcome) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r, ok := resultOf[e]; ok {
+	if r, ok := resultOf[o]; ok {
 		d.st.Results[r]++
 	}
-	if r, ok := recreationOf[e]; ok {
+	if r, ok := recreationOf[o]; ok {
 		d.st.Recreations[r]++
 	}
 }
 
-// update sets the phase, the last error and the next attempt, and logs a phase change. While
-// a rollover keeps the previous generation (d.ro), kubelet holds the driver's registration:
-// the phase stays Registered whatever the new instance's attempt goes through. Only the loop's
-// goroutine calls it.
-func (d *driver) update(p Phase, lastErr string, nextAttempt time.Time) {
-	if d.ro != nil {
-		p = Registered
-	}
+// report records why the loop waits (err) and when it looks again (next), as a wait for the
+// endpoint sees it.
+func (d *driver) report(err string, next time.Time) {
 	d.mu.Lock()
-	changed := d.st.Phase != p
-	if changed {
-		d.st.Phase = p
-		d.st.Since = time.Now()
-	}
-	if changed || lastErr != "" {
-		d.st.HeldByOther = false // until the loop says so again (setHeldByOther)
-	}
-	if lastErr != "" || p == Registered && d.ro == nil {
-		d.st.LastError = lastErr
-	}
-	d.st.NextAttempt = nextAttempt
-	d.mu.Unlock()
-	if changed {
-		d.log.Info("phase changed", "phase", p) // the reason is logged where it arises
-	}
+	defer d.mu.Unlock()
+	d.st.LastError, d.st.NextAttempt, d.st.HeldByOther = err, next, false
+}
+
+// countFailure counts a failed attempt, err: the loop backs off.
+func (d *driver) countFailure(err string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Failures++
+	d.st.LastError, d.st.HeldByOther = err, false
 }
 
 // setPresence records whether the endpoint's file is there, from the error of a look at it.
@@ -185,6 +273,13 @@ func (d *driver) setSocket(path string) {
 	d.st.Socket = path
 }
 
+// setEndpoint records the endpoint the loop registers: a pattern's match.
+func (d *driver) setEndpoint(endpoint string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Endpoint = endpoint
+}
+
 // countRestart counts the driver's endpoint created anew while its socket was served.
 func (d *driver) countRestart() {
 	d.mu.Lock()
@@ -192,11 +287,17 @@ func (d *driver) countRestart() {
 	d.st.EndpointRestarts++
 }
 
-// setEndpointUp records the endpoint's state and reports whether it changed.
+// setEndpointUp records the endpoint's state and reports whether it changed. The phase may
+// follow it (shownState.phase).
 func (d *driver) setEndpointUp(up bool) bool {
 	d.mu.Lock()
 	changed := d.st.EndpointUp != up
 	d.st.EndpointUp = up
+	phaseChanged := changed && d.derive()
+	p := d.st.Phase
 	d.mu.Unlock()
+	if phaseChanged {
+		d.log.Info("phase changed", "phase", p)
+	}
 	return changed
 }

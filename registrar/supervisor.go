@@ -65,15 +65,10 @@ var _ handover.Holder = (*Supervisor)(nil)
 // or track for each caller; it would need a life of its own beside Run's, and Status a way
 // in. A monitor keeps each wait on its caller's goroutine, and adds no goroutine.
 type Supervisor struct {
-	log     *slog.Logger
-	cleanup bool
-	guard   func() error
-	w       *fswatch.Watcher
-	hub     *regserver.Hub
-	slots   probe.Slots
-	moves   *deviceMoves
-	// probe, if not nil, replaces probe.Endpoint in the loops started after it is set (tests).
-	probe func(context.Context, config.Driver) error
+	log *slog.Logger
+	// env is what the loops share (the watcher, the hub, the probe slots, what they know of
+	// kubelet's device manager); tests may replace its probe before any loop starts.
+	env *env
 
 	ctx    context.Context // parent of every loop; ends, under mu, when Run returns or Release
 	cancel context.CancelCauseFunc
@@ -107,6 +102,9 @@ type handle struct {
 	spec   config.Driver
 	cancel context.CancelCauseFunc
 	done   chan struct{}
+	// handed is what the loop handed over when it ended for a hand-over; set before done is
+	// closed.
+	handed *handover.Driver
 }
 
 // New returns a Supervisor with no drivers; it fails when the process cannot have one more
@@ -128,7 +126,8 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	moves := &deviceMoves{mode: cmp.Or(opts.DeviceMoves, config.MovesAuto), view: opts.PodResources, log: log}
-	s := &Supervisor{log: log, cleanup: opts.CleanupOnExit, guard: opts.Guard, w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), moves: moves, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
+	e := &env{w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit}
+	s := &Supervisor{log: log, env: e, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
 	s.cond.L = &s.mu
 	return s, nil
 }
@@ -191,19 +190,17 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 	}
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
-	h := &handle{d: newDriver(d, s.log, s.w, s.cleanup), spec: d, cancel: cancel, done: make(chan struct{})}
-	h.d.guard, h.d.slots, h.d.hub, h.d.moves = s.guard, s.slots, s.hub, s.moves
-	if s.probe != nil {
-		h.d.probe = s.probe
-	}
+	h := &handle{d: newDriver(d, s.log), spec: d, cancel: cancel, done: make(chan struct{})}
 	s.running[d.Name] = h
 	s.wg.Add(1) // before ctx can end: Run's Wait counts this loop
 	s.mu.Unlock()
 	s.checkDescriptors()
+	var a *adoption
 	switch {
 	case hd == nil:
 	case hd.RegistersAs(d):
-		if n := h.d.inherit(hd); counted {
+		var n int
+		if a, n = h.d.takeOver(hd, &sockets{d: h.d, env: s.env}); counted {
 			s.adopted.Add(int64(n))
 		}
 	default:
@@ -218,7 +215,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 			old.cancel(errRemoved)
 			<-old.done
 		}
-		h.d.run(ctx)
+		h.handed = h.d.run(ctx, s.env, a)
 	}()
 	if old != nil {
 		<-old.done
@@ -253,10 +250,10 @@ func (s *Supervisor) Update(d config.Driver) {
 // stops and hands over its sockets and state, and the new one serves them and goes on, its
 // endpoint probed where d says. kubelet sees nothing.
 func (s *Supervisor) move(h *handle, d config.Driver) {
-	h.cancel(errHandOff)
+	h.cancel(errHandOver)
 	<-h.done
-	hd := h.d.handed
-	h.d.handed = nil
+	hd := h.handed
+	h.handed = nil
 	h.d.log.Info("where this process reaches the driver's endpoint changed; the loop goes on there with its sockets",
 		"localEndpoint", d.LocalEndpoint)
 	s.start(d, hd, false)
@@ -288,15 +285,15 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	watcherDone := make(chan struct{})
 	go func() {
 		defer close(watcherDone)
-		s.w.Run(wctx)
+		s.env.w.Run(wctx)
 	}()
 	// kubelet's view is read while the loops run, and stops with them.
 	vctx, stopView := context.WithCancel(context.Background())
 	viewDone := make(chan struct{})
 	go func() {
 		defer close(viewDone)
-		if s.moves.view != nil {
-			s.moves.view.Run(vctx)
+		if s.env.moves.view != nil {
+			s.env.moves.view.Run(vctx)
 		}
 	}()
 	warnDone := make(chan struct{})
@@ -317,7 +314,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	stopView()
 	<-viewDone
 	<-warnDone
-	s.hub.Close()
+	s.env.hub.Close()
 	stopWatcher()
 	<-watcherDone
 	return nil
@@ -357,7 +354,7 @@ func (s *Supervisor) DropInherited() {
 	}
 }
 
-// Detach stops every loop for a hand-over and returns what they hand over (driver.detach):
+// Detach stops every loop for a hand-over and returns what they hand over (loop.handOverState):
 // the sockets stay, listening. It waits for the Start, Stop and Update calls in progress, and
 // those that come later wait until Resume or Release.
 func (s *Supervisor) Detach() *handover.Snapshot {
@@ -373,14 +370,14 @@ func (s *Supervisor) Detach() *handover.Snapshot {
 	s.running = map[string]*handle{}
 	s.mu.Unlock()
 	for _, h := range hs {
-		h.cancel(errHandOff)
+		h.cancel(errHandOver)
 	}
 	snap := &handover.Snapshot{}
 	for _, h := range hs {
 		<-h.done
-		if h.d.handed != nil {
-			snap.Add(h.d.handed)
-			h.d.handed = nil
+		if h.handed != nil {
+			snap.Add(h.handed)
+			h.handed = nil
 		}
 	}
 	return snap
@@ -406,7 +403,7 @@ func (s *Supervisor) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.detached = false
-	s.end(errHandOff)
+	s.end(errHandOver)
 }
 
 // Status returns a snapshot of every driver, sorted by name.
@@ -418,7 +415,7 @@ func (s *Supervisor) Status() []DriverStatus {
 	}
 	s.mu.Unlock()
 	st := make([]DriverStatus, 0, len(hs))
-	r, up := s.moves.view.Last()
+	r, up := s.env.moves.view.Last()
 	for _, h := range hs {
 		ds := h.d.status()
 		if up && ds.Type == config.DevicePlugin {

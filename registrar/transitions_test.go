@@ -3,19 +3,23 @@ package registrar
 import (
 	"context"
 	"fmt"
-	"go/parser"
-	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/probe"
 	"multireg.dev/multireg/internal/sockfile"
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -40,41 +44,49 @@ func awaitTransition(t testing.TB, log *testkit.Buffer, name string) {
 	})
 }
 
-// rowName is a row of transitions as a test names it; a row of any state names no test of its
-// own ("" for it).
-func (r transition) rowName() string {
+// rowNames are the transitions of r as tests name them (From_Event_To), one per destination;
+// a row of any state names none of its own.
+func (r row) rowNames() []string {
 	if r.from == anyState {
-		return ""
+		return nil
 	}
-	return fmt.Sprintf("%s_%s_%s", r.from, r.on, r.to)
+	var names []string
+	for _, d := range r.to {
+		names = append(names, fmt.Sprintf("%s_%s_%s", r.from, r.on, d.to))
+	}
+	return names
 }
 
-// inTable reports whether the transition name (From_Event_To) is a row of transitions.
+// inTable reports whether the transition name (From_Event_To) is a row of the table.
 func inTable(name string) bool {
 	parts := strings.Split(name, "_")
 	if len(parts) != 3 {
 		return false
 	}
-	for _, r := range transitions {
-		from, to := parts[0], parts[0]
-		if r.from != anyState {
-			from = r.from.String()
-		}
-		if r.to != anyState {
-			to = r.to.String()
-		}
-		if from == parts[0] && r.on.String() == parts[1] && to == parts[2] {
-			return true
-		}
+	from, on, to := stateNamed(parts[0]), eventNamed(parts[1]), stateNamed(parts[2])
+	if from == numStates || on == numEvents || to == numStates {
+		return false
 	}
-	return false
+	r := table[from][on]
+	return r != nil && r.leadsTo(from, to)
 }
 
-func (s state) stringOrAny() string {
-	if s == anyState {
-		return "(any)"
+// stateNamed is the state of that name; numStates for none.
+func stateNamed(name string) state {
+	i := slices.Index(stateNames[:], name)
+	if i < 0 {
+		return numStates
 	}
-	return s.String()
+	return state(i)
+}
+
+// eventNamed is the event of that name; numEvents for none.
+func eventNamed(name string) eventKind {
+	i := slices.Index(eventNames[:], name)
+	if i < 0 {
+		return numEvents
+	}
+	return eventKind(i)
 }
 
 // transitionTests exercise each transition of the table on the real loop, with real sockets
@@ -232,7 +244,7 @@ var transitionTests = []struct {
 		}
 	}},
 	{"FallingBack_EndpointUp_Publishing", fallBackToANewerInstance},
-	{"Publishing_Published_AwaitingVerdict", func(t *testing.T, log *testkit.Buffer, name string) {
+	{"Publishing_PathFree_AwaitingVerdict", func(t *testing.T, log *testkit.Buffer, name string) {
 		s, d, _ := setupOpts(t, config.DevicePlugin, true, Options{Log: log.Logger()}, nil)
 		awaitTransition(t, log, name)
 		awaitSocket(t, d)
@@ -240,7 +252,7 @@ var transitionTests = []struct {
 			t.Errorf("status %+v, want Serving after 1 attempt", st)
 		}
 	}},
-	{"Publishing_PublishFailed_BackingOff", func(t *testing.T, log *testkit.Buffer, name string) {
+	{"Publishing_PathFree_BackingOff", func(t *testing.T, log *testkit.Buffer, name string) {
 		s, d, _ := setupOpts(t, config.DevicePlugin, true, Options{Log: log.Logger()}, func(d *config.Driver) {
 			if err := os.MkdirAll(d.SocketPath, 0o755); err != nil { // not a socket: never touched
 				t.Fatal(err)
@@ -483,7 +495,7 @@ var transitionTests = []struct {
 	{"AwaitingVerdict_Reload_AwaitingVerdict", func(t *testing.T, log *testkit.Buffer, name string) {
 		// The attempt under way keeps its timeout (none); the next attempt has the new one.
 		s, d, e := setupOpts(t, config.DRAPlugin, true, Options{Log: log.Logger()}, slowBackoff)
-		awaitTransition(t, log, "Publishing_Published_AwaitingVerdict")
+		awaitTransition(t, log, "Publishing_PathFree_AwaitingVerdict")
 		s.Update(withPolicy(d, time.Minute, 300*time.Millisecond))
 		crash(t, s, d, e)
 		awaitTransition(t, log, name)
@@ -525,7 +537,7 @@ var transitionTests = []struct {
 			t.Errorf("the socket after a shutdown: %v, %v; want it left in place", id, err)
 		}
 	}},
-	{"Registered_HandOff_Stopped", func(t *testing.T, log *testkit.Buffer, name string) {
+	{"Registered_HandOver_Stopped", func(t *testing.T, log *testkit.Buffer, name string) {
 		reg, ds, a, before := registeredMultiregLog(t, log.Logger())
 		startMultireg(t, reg, ds)
 		if n := a.handedOver(t); n != len(ds) {
@@ -535,6 +547,131 @@ var transitionTests = []struct {
 		if now := ids(t, ds); !slices.Equal(now, before) {
 			t.Errorf("sockets replaced: %v, were %v", now, before)
 		}
+	}},
+	{"AwaitingVerdict_PrevSocketGone_AwaitingVerdict", func(t *testing.T, log *testkit.Buffer, name string) {
+		// A rollover's new instance awaits kubelet's verdict when someone removes the old
+		// registration's socket: kubelet holds none of the driver's now.
+		s, d, _ := registeredDRAPattern(t, Options{Log: log.Logger()})
+		startInstance(t, d, "dra-b.sock")
+		testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
+		alt := mustID(t, d.AltSocketPath)
+		if err := os.Remove(d.SocketPath); err != nil {
+			t.Fatal(err)
+		}
+		awaitTransition(t, log, name)
+		if st := statusOf(s, d.Name); st.Phase != Serving || st.Socket != d.AltSocketPath || mustID(t, d.AltSocketPath) != alt {
+			t.Errorf("status %+v, want Serving on the second socket, untouched", st)
+		}
+	}},
+	{"Registered_PrevSocketGone_Registered", func(t *testing.T, log *testkit.Buffer, name string) {
+		s, d, _, _ := rolledOver(t, Options{Log: log.Logger()})
+		alt := mustID(t, d.AltSocketPath)
+		if err := os.Remove(d.SocketPath); err != nil {
+			t.Fatal(err)
+		}
+		awaitTransition(t, log, name)
+		if st := statusOf(s, d.Name); st.Phase != Registered || st.Socket != d.AltSocketPath || mustID(t, d.AltSocketPath) != alt {
+			t.Errorf("status %+v, want Registered on the second socket, untouched", st)
+		}
+	}},
+	{"Registered_OldInstanceGone_Registered", func(t *testing.T, log *testkit.Buffer, name string) {
+		s, d, a, _ := rolledOver(t, Options{Log: log.Logger()})
+		alt := mustID(t, d.AltSocketPath)
+		a.Stop()
+		awaitTransition(t, log, name)
+		testkit.Eventually(t, 5*time.Second, "the old registration withdrawn", func() bool { return !testkit.IsSocket(d.SocketPath) })
+		if st := statusOf(s, d.Name); st.Phase != Registered || mustID(t, d.AltSocketPath) != alt {
+			t.Errorf("status %+v, want Registered on the second socket, untouched", st)
+		}
+	}},
+	{"AwaitingVerdict_MoveVerified_AwaitingVerdict", func(t *testing.T, log *testkit.Buffer, name string) {
+		// A device plugin's new instance awaits its verdict beside the old registration when
+		// someone removes the old one's socket: the move ends with nothing to verify.
+		m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
+		startInstance(t, m.d, "dp.2")
+		testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(m.d.AltSocketPath) })
+		if err := os.Remove(m.d.SocketPath); err != nil {
+			t.Fatal(err)
+		}
+		awaitTransition(t, log, "AwaitingVerdict_PrevSocketGone_AwaitingVerdict")
+		awaitTransition(t, log, name)
+		if strings.Contains(log.String(), "kubelet kept the resource's devices") {
+			t.Error("a move that ended unverified says kubelet kept the devices")
+		}
+	}},
+	{"Registered_MoveVerified_Registered", func(t *testing.T, log *testkit.Buffer, name string) {
+		m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
+		startInstance(t, m.d, "dp.2")
+		m.awaitBeside(m.d.AltSocketPath, "dp.2")
+		m.old.Stop()
+		awaitTransition(t, log, "Registered_OldInstanceGone_Registered")
+		awaitTransition(t, log, name)
+		testkit.Eventually(t, 5*time.Second, "the verification's conclusion", func() bool {
+			return strings.Contains(log.String(), "kubelet kept the resource's devices through the move")
+		})
+	}},
+	{"TakingOver_EndpointUp_TakingOver", func(t *testing.T, log *testkit.Buffer, name string) {
+		// A CSI driver restarted during the hand-over: its NodeGetInfo decides, and the driver
+		// is removed while it answers: nothing is decided, and the loop ends.
+		dir := testkit.ShortDir(t)
+		d := testDriver(dir, "nfs.csi.k8s.io", config.CSIPlugin, filepath.Join(dir, "ep", "csi.sock"))
+		entered := startStuckCSINode(t, d.LocalEndpoint, d.Name)
+		id, f := handedSocket(t, d)
+		snap := handedWith(d, id, f, true, id) // an endpoint identity that is not the endpoint's
+		hd := snap.Take(d.Name)
+		hd.NodeInfo = []byte("\n\x06node-a") // NodeGetInfo's answer recorded: {node_id: "node-a"}
+		snap.Add(hd)
+		s := runSupervisor(t, Options{Log: log.Logger()})
+		s.Inherit(snap)
+		s.Start(d)
+		<-entered
+		s.Stop(d.Name)
+		awaitTransition(t, log, name)
+		awaitTransition(t, log, "TakingOver_Removed_Stopped")
+	}},
+	{"Restarting_EndpointUp_Restarting", func(t *testing.T, log *testkit.Buffer, name string) {
+		s, d, e := registeredCSINode(t, log, "node-a")
+		crash(t, s, d, e)
+		entered := startStuckCSINode(t, d.LocalEndpoint, d.Name)
+		awaitTransition(t, log, "Registered_EndpointRestarted_Restarting")
+		<-entered
+		s.Stop(d.Name)
+		awaitTransition(t, log, name)
+		awaitTransition(t, log, "Restarting_Removed_Stopped")
+	}},
+	{"Registered_EndpointMoved_Registered", func(t *testing.T, log *testkit.Buffer, name string) {
+		// After a rollover, a newer instance answers: whether the registered new instance is
+		// gone decides, and the driver is removed while that probe runs.
+		d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
+		a := startInstance(t, d, "dra-a.sock")
+		ageFile(t, a.Path(), 2*time.Minute)
+		var armed atomic.Bool
+		var bPath string
+		entered := make(chan struct{})
+		s := runSupervisor(t, Options{Log: log.Logger()})
+		s.env.probe = func(ctx context.Context, spec config.Driver) error {
+			if armed.Load() && spec.LocalEndpoint == bPath && armed.CompareAndSwap(true, false) {
+				close(entered)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return probe.Endpoint(ctx, spec)
+		}
+		s.Start(d)
+		awaitSocket(t, d)
+		registerAndWait(t, s, d)
+		b := startInstance(t, d, "dra-b.sock")
+		ageFile(t, b.Path(), time.Minute)
+		bPath = b.Path()
+		testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
+		register(t, d.AltSocketPath, true, "")
+		awaitTransition(t, log, "AwaitingVerdict_Accepted_Registered")
+		armed.Store(true)
+		startInstance(t, d, "dra-c.sock")
+		<-entered
+		s.Stop(d.Name)
+		awaitTransition(t, log, name)
+		awaitTransition(t, log, "Registered_Removed_Stopped")
 	}},
 }
 
@@ -573,6 +710,31 @@ func withPolicy(d config.Driver, interval, timeout time.Duration) config.Driver 
 	d.Backoff = config.Backoff{InitialInterval: interval, MaxInterval: interval, Multiplier: 2}
 	d.RegistrationTimeout = timeout
 	return d
+}
+
+// startStuckCSINode serves a CSI driver's endpoint at path whose NodeGetInfo never answers: it
+// waits until the caller gives up. entered is closed when the first call comes.
+func startStuckCSINode(t *testing.T, path, name string) (entered <-chan struct{}) {
+	t.Helper()
+	c := make(chan struct{})
+	var once sync.Once
+	serveEndpoint(t, path, func(srv *grpc.Server) {
+		csi.RegisterIdentityServer(srv, testkit.Identity{Name: name})
+		csi.RegisterNodeServer(srv, stuckNode{entered: func() { once.Do(func() { close(c) }) }})
+	})
+	return c
+}
+
+// stuckNode is a CSI Node service whose NodeGetInfo waits until the caller gives up.
+type stuckNode struct {
+	csi.UnimplementedNodeServer
+	entered func()
+}
+
+func (n stuckNode) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	n.entered()
+	<-ctx.Done()
+	return nil, ctx.Err()
 }
 
 // handedSocket publishes d's registration socket as a predecessor would have, and returns its
@@ -623,8 +785,8 @@ func TestTransitions(t *testing.T) {
 	}
 }
 
-// TestTransitionsTested: every row of the table has a test named after it; a row of any state
-// has one from some state.
+// TestTransitionsTested: every destination of every row of the table has a test; a row of any
+// state has one from some state.
 func TestTransitionsTested(t *testing.T) {
 	var names []string
 	for _, tt := range transitionTests {
@@ -633,55 +795,17 @@ func TestTransitionsTested(t *testing.T) {
 		}
 		names = append(names, tt.name)
 	}
-	for _, r := range transitions {
-		if n := r.rowName(); n != "" {
-			if !slices.Contains(names, n) {
-				t.Errorf("no test for %s", n)
+	for _, r := range rows {
+		if r.from != anyState {
+			for _, n := range r.rowNames() {
+				if !slices.Contains(names, n) {
+					t.Errorf("no test for %s", n)
+				}
 			}
 			continue
 		}
 		if !slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, "_"+r.on.String()+"_") }) {
 			t.Errorf("no test for %s from any state", r.on)
 		}
-	}
-}
-
-// TestTransitionTableDocumented: the package comment's table of transitions is transitions,
-// row for row.
-func TestTransitionTableDocumented(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := f.Doc.Text()
-	_, table, ok := strings.Cut(doc, "Transitions:\n")
-	if !ok {
-		t.Fatal("the package comment has no table of transitions")
-	}
-	row := regexp.MustCompile(`^\t(\S+)\s+(\S+)\s+(\(the same\)|\S+)\s`)
-	var documented []string
-	for line := range strings.Lines(table) {
-		if !strings.HasPrefix(line, "\t") {
-			if len(documented) > 0 {
-				break // the table ends
-			}
-			continue
-		}
-		m := row.FindStringSubmatch(line)
-		if m == nil || m[1] == "from" {
-			continue
-		}
-		to := m[3]
-		if to == "(the same)" {
-			to = "(any)"
-		}
-		documented = append(documented, m[1]+" "+m[2]+" "+to)
-	}
-	var want []string
-	for _, r := range transitions {
-		want = append(want, r.from.stringOrAny()+" "+r.on.String()+" "+r.to.stringOrAny())
-	}
-	if !slices.Equal(documented, want) {
-		t.Errorf("the package comment's transitions:\n%s\nwant (transitions):\n%s", strings.Join(documented, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 // watchesFor reports whether the supervisor's watcher watches dir for the file, or the missing
 // directory, name.
-func watchesFor(s *Supervisor, dir, name string) bool { return s.w.Watches(dir, name) }
+func watchesFor(s *Supervisor, dir, name string) bool { return s.env.w.Watches(dir, name) }
 
 // TestDriverAtTheWatchLimit: with no inotify watch at all, a driver waits for its endpoint
 // (whose directory exists or not) without probing before its backoff ends, is published as

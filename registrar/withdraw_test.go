@@ -117,7 +117,7 @@ func TestDRAWithdrawsFirst(t *testing.T) {
 			var log testkit.Buffer
 			dir := testkit.ShortDir(t)
 			var d config.Driver
-			var e *endpoint
+			var e *servedEndpoint
 			if tt.pattern {
 				d = patternDriver(dir, config.DRAPlugin, "dra-*.sock")
 				e = startInstance(t, d, "dra-a.sock")
