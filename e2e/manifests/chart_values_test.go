@@ -89,7 +89,7 @@ func inOrder(keys, order []string) bool {
 // TestChartDriversFileOrder checks that the rendered drivers file writes each driver's keys, the
 // defaults' and every backoff's in the order of values.schema.json (name, type, endpoint, …),
 // whatever the order of the values (toYaml would sort them: backoff, endpoint, name, …), and
-// that this order is the README's.
+// that this order is the one docs/drivers-file.md writes.
 func TestChartDriversFileOrder(t *testing.T) {
 	driverOrder := schemaOrder(t, "definitions", "driver", "properties")
 	backoffOrder := schemaOrder(t, "definitions", "backoff", "properties")
@@ -98,16 +98,16 @@ func TestChartDriversFileOrder(t *testing.T) {
 		t.Errorf("values.schema.json: a driver's properties begin with %q; want %q", driverOrder[:3], want)
 	}
 
-	t.Run("README", func(t *testing.T) {
-		readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	t.Run("DriversFileDoc", func(t *testing.T) {
+		page, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "drivers-file.md"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, section, ok := strings.Cut(string(readme), "\n## The drivers file\n")
+		_, section, ok := strings.Cut(string(page), "# The drivers file\n")
 		_, block, ok2 := strings.Cut(section, "```yaml\n")
 		block, _, ok3 := strings.Cut(block, "```")
 		if !ok || !ok2 || !ok3 {
-			t.Fatal(`README.md: no yaml block under "## The drivers file"`)
+			t.Fatal(`docs/drivers-file.md: no yaml block under "# The drivers file"`)
 		}
 		doc, err := kyaml.Parse(block)
 		if err != nil {
@@ -123,7 +123,7 @@ func TestChartDriversFileOrder(t *testing.T) {
 			{"defaults.backoff", fields(t, doc, "defaults", "backoff"), backoffOrder},
 		} {
 			if len(c.keys) == 0 || !inOrder(c.keys, c.order) {
-				t.Errorf("README's drivers file writes %s as %q; values.schema.json orders them %q", c.what, c.keys, c.order)
+				t.Errorf("docs/drivers-file.md's drivers file writes %s as %q; values.schema.json orders them %q", c.what, c.keys, c.order)
 			}
 		}
 	})

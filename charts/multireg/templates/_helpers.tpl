@@ -142,7 +142,7 @@ unique"), and an upgrade would merge the two mounts into one without a word.
 {{- end }}
 
 {{/*
-A mapping of the drivers file with its keys in the drivers file's order (the README's and
+A mapping of the drivers file with its keys in the drivers file's order (docs/drivers-file.md's and
 values.schema.json's: name, type, endpoint, …), not toYaml's alphabetical one; a backoff's
 keys likewise. Keys outside the order (values.schema.json refuses them) follow, sorted, so that
 multireg sees and refuses them too. Argument: (list the-map its-key-order).
