@@ -19,10 +19,10 @@ import (
 
 // updateGolden rewrites the product's golden file of hand-over protocol version 1 from what
 // v0.1.0 sends (TestHandoverGoldenV010).
-var updateGolden = flag.Bool("update-golden", false, "rewrite internal/handover/testdata/protocol-v1.json from v0.1.0's messages")
+var updateGolden = flag.Bool("update-golden", false, "rewrite internal/handover/testdata/v0.1.0/protocol-v1.json from v0.1.0's messages")
 
 // goldenV1 is the product's golden file of protocol version 1, which its unit tests decode.
-const goldenV1 = "../../internal/handover/testdata/protocol-v1.json"
+const goldenV1 = "../../internal/handover/testdata/v0.1.0/protocol-v1.json"
 
 // goldenRoot replaces the test's temporary directory in the golden file's paths.
 const goldenRoot = "/node"

@@ -5,7 +5,8 @@
 // instead of fork and exec.
 //
 // This comment is the protocol's specification; Server (holder.go) is the holder's side, Ask
-// (ask.go) the new instance's, wire.go the format of a batch.
+// (ask.go) the new instance's, wire.go the format of the messages (an encoder per version, one
+// decoder for all).
 //
 // # Transport
 //
@@ -30,13 +31,47 @@
 //
 // Each side speaks a range of versions (minVersion to maxVersion); the holder picks the highest
 // both speak, or refuses. A new version is added whenever a message changes in a way a peer of
-// an older one would misread. Version 1 (v0.1.0): the batches follow the hello at once.
-// Version 2 adds welcome and take, so that a hello alone pauses nothing: the holder stops its
-// loops only once the new instance has read the version picked and said take, within
-// Timeouts.Hello of the welcome. Every message after the hello carries the version picked, and
-// a message in another version is a protocol error. Both versions have the same batch: its
-// drivers' format, key by key, is wire.go's, and testdata/protocol-v<N>.json holds each
-// version's messages (version 1's as v0.1.0 sends them).
+// an older one would misread; a released version's messages never change. v0.1.0 (commit
+// 66a839f) speaks version 1 only, this build versions 1 and 2: a hand-over between the two is
+// in version 1, between two of this build in version 2.
+//
+// Every message after the hello but refuse and abort carries the version picked, and a message
+// in another version is a protocol error. Each side writes a message in its version, by that
+// version's encoder, and reads every version with one decoder. Versions 1 and 2 differ in
+// this, and nothing else:
+//
+//   - The messages. Version 1: the batches follow the hello at once, and the holder stops its
+//     loops on the hello. Version 2 adds welcome and take, so that a hello alone pauses
+//     nothing: the holder stops its loops only once the new instance has read the version
+//     picked and said take, within Timeouts.Hello of the welcome. A message's keys (type,
+//     minVersion, version, reason, drivers, lock, last, sockets) are the same in both.
+//   - A driver's status. Version 1's has 17 keys, those of v0.1.0's DriverStatus: Name, Type,
+//     Phase, Socket, Endpoint, EndpointUp, Absent, Required, Attempts, Failures, Results,
+//     Recreations, EndpointRestarts, HeldByOther, LastError, Since, NextAttempt. Name, Type
+//     and Required are the spec's; Endpoint is the driver's endpoint (its "endpoint", the
+//     spec's Endpoint when that is empty); Results and Recreations are {} when empty.
+//     Version 2's has 13: the same without Name, Type, Endpoint and Required. A receiver takes
+//     none of those four from the wire, in either version: its own configuration says them
+//     (v0.1.0 too replaces them with its own).
+//   - A driver's spec. Both have the same 12 keys, the Go field names of v0.1.0's
+//     config.Driver: Name, Type, Endpoint, LocalEndpoint, SupportedVersions, SocketName,
+//     SocketPath, AltSocketPath, Backoff (InitialInterval, MaxInterval, Multiplier,
+//     RandomizationFactor; durations in nanoseconds), RegistrationTimeout (nanoseconds),
+//     WaitForEndpoint, Required. Version 1 writes every key always, SupportedVersions null
+//     when there are none, as v0.1.0 did: v0.1.0 reads a key not sent as a zero, and serves a
+//     handed driver's sockets only when every field but Required equals its own configuration's.
+//     Version 2 leaves SupportedVersions out when there are none.
+//
+// The rest of a batch is the same in both: a driver's spec, endpoint, localEndpoint,
+// endpointID {dev, ino, ctimeSec, ctimeNsec}, nodeInfo (base64; left out when none), status,
+// timeout (nanoseconds), failures and sockets (left out when none); a socket's prev (left out
+// when false), path, id (as endpointID), generation, registered, awaitsVerdict (left out when
+// false), endpoint, localEndpoint and versions (left out when none). A last error is cut to
+// 4 KiB in both.
+//
+// testdata/HEAD/protocol-v<N>.json holds the messages this build writes in version N, and
+// testdata/v0.1.0/protocol-v1.json those v0.1.0 writes, recorded from v0.1.0 itself; this
+// build's version 1 has v0.1.0's keys, key for key (wire_test.go).
 //
 // # A batch
 //

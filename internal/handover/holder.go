@@ -219,7 +219,7 @@ func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logg
 	for _, hd := range snap.drivers {
 		drivers = append(drivers, hd)
 	}
-	bs := batches(drivers)
+	bs := batches(drivers, v)
 	for i, batch := range bs {
 		last := i == len(bs)-1
 		m := &Msg{Type: MsgBatch, Version: v, Drivers: batch, Last: last, Lock: last}
@@ -243,15 +243,17 @@ func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logg
 	return nil
 }
 
-// batches cuts drivers into the batches of a hand-over: at most batchDrivers drivers and about
-// maxBatchBytes of JSON each (a message on a SOCK_SEQPACKET socket must fit the socket's send
-// buffer whole), and at least one batch, which may be empty.
-func batches(drivers []*Driver) [][]*Driver {
+// batches cuts drivers into the batches of a hand-over in version v: at most batchDrivers
+// drivers and about maxBatchBytes of JSON each (a message on a SOCK_SEQPACKET socket must fit
+// the socket's send buffer whole), and at least one batch, which may be empty. A driver counts
+// as a batch of it alone in version v: its encoding in that version, and the envelope's few
+// bytes.
+func batches(drivers []*Driver, v int) [][]*Driver {
 	var out [][]*Driver
 	var cur []*Driver
 	size := 0
 	for _, hd := range drivers {
-		b, _ := json.Marshal(hd)
+		b, _ := json.Marshal(&Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{hd}})
 		if len(cur) > 0 && (len(cur) == batchDrivers || size+len(b) > maxBatchBytes) {
 			out = append(out, cur)
 			cur, size = nil, 0

@@ -84,9 +84,9 @@ type Msg struct {
 	MinVersion int    `json:"minVersion,omitempty"`
 	Version    int    `json:"version,omitempty"`
 	Reason     string `json:"reason,omitempty"` // refuse, abort
-	// Drivers are the batch's drivers (on the wire as wire.go says); the descriptors of their
-	// sockets come with the message, in order, then the lock's when Lock is set (the last
-	// batch).
+	// Drivers are the batch's drivers, on the wire as the message's version writes them
+	// (wire.go); the descriptors of their sockets come with the message, in order, then the
+	// lock's when Lock is set (the last batch).
 	Drivers []*Driver `json:"drivers,omitempty"`
 	Lock    bool      `json:"lock,omitempty"`
 	Last    bool      `json:"last,omitempty"`

@@ -2,6 +2,7 @@ package handover
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"syscall"
@@ -11,28 +12,114 @@ import (
 	"multireg.dev/multireg/internal/fsid"
 )
 
-// The wire format of a batch's drivers, and the one place where the in-memory types (Driver,
-// Socket, config.Driver, fsid.ID) become it and come back from it.
+// The wire format of a hand-over's messages: one encoder per protocol version, one decoder for
+// every version, and the one place where the in-memory types (Msg, Driver, Socket,
+// config.Driver, fsid.ID) become it and come back from it.
 //
-// Every type a message holds is one of this file's, each field with its key: no type of
-// another package is encoded, so that a change elsewhere never changes what a peer reads.
-// Versions 1 and 2 have the same batch; the keys of the spec and the status are the Go field
-// names that v0.1.0 encoded (it sent config.Driver and its loop's status as they were), kept so
-// that a peer of either version reads them. A field a peer does not send takes the
-// receiver's own value (its configuration of the driver), never a zero that would make the
-// loop behave otherwise: the spec's fields are pointers, nil when not sent.
+// Every type a message holds on the wire is one of this file's, each field with its key: no
+// type of another package is encoded, so that a change elsewhere never changes what a peer
+// reads.
 //
-// Changing any of it changes what an older peer reads: it needs a new protocol version
-// (maxVersion), and a golden file of it (testdata/protocol-v<N>.json, wire_test.go).
+// A message is written in its own version (Msg.Version, the one the two sides picked), its
+// drivers by that version's encoder and never another's (Msg.MarshalJSON):
+//   - version 1 (wireDriverV1): v0.1.0's layout, key for key. v0.1.0 encoded its config.Driver
+//     and its loop's DriverStatus as they were (Go field names, no tags), and decodes a batch
+//     into the same types: every key of the spec is always written, and the status also says
+//     the driver's Name, Type, Endpoint and Required.
+//   - version 2 (wireDriverV2): the status without Name, Type, Endpoint and Required (the
+//     receiver's own configuration says them), and the spec without SupportedVersions when
+//     there are none (the receiver's own then counts).
+//
+// Everything else (the envelope, a driver's keys besides the status, the spec's other keys,
+// Backoff, a socket, a file's identity) is written alike by both; those types are shared.
+//
+// One decoder reads every version (Driver.UnmarshalJSON, into version 2's types): version 2's
+// keys are all in version 1, and the receiver does not read the four keys of version 1's status
+// that version 2 dropped. A field a peer does not send takes the receiver's own value (its
+// configuration of the driver), never a zero that would make the loop behave otherwise: the
+// spec's fields are pointers when read, nil when not sent.
+//
+// A released version's layout never changes: a change of what a message carries is a new
+// protocol version (maxVersion) with its own encoder here, and a golden file of what this build
+// writes in each version (testdata/HEAD/protocol-v<N>.json; version 1's also against
+// testdata/v0.1.0, what v0.1.0 wrote: wire_test.go).
 
-// wireDriver is a driver in a batch.
-type wireDriver struct {
-	Spec          wireSpec   `json:"spec"`
-	Endpoint      string     `json:"endpoint"`
-	LocalEndpoint string     `json:"localEndpoint"`
-	EndpointID    wireID     `json:"endpointID"`
-	NodeInfo      []byte     `json:"nodeInfo,omitempty"`
-	Status        wireStatus `json:"status"`
+// wireMsg is a message on the wire, its drivers as D, the encoding of the message's version.
+// Both versions have this envelope, and its keys are Msg's.
+type wireMsg[D any] struct {
+	Type       string `json:"type"`
+	MinVersion int    `json:"minVersion,omitempty"`
+	Version    int    `json:"version,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Drivers    []D    `json:"drivers,omitempty"`
+	Lock       bool   `json:"lock,omitempty"`
+	Last       bool   `json:"last,omitempty"`
+	Sockets    int    `json:"sockets,omitempty"`
+}
+
+// wireDriverV1 is a driver in a batch of version 1: v0.1.0's handedDriver.
+type wireDriverV1 struct {
+	Spec          wireSpecV1    `json:"spec"`
+	Endpoint      string        `json:"endpoint"`
+	LocalEndpoint string        `json:"localEndpoint"`
+	EndpointID    wireID        `json:"endpointID"`
+	NodeInfo      []byte        `json:"nodeInfo,omitempty"`
+	Status        wireStatusV1  `json:"status"`
+	Timeout       time.Duration `json:"timeout"`
+	Failures      int           `json:"failures"`
+	Sockets       []*wireSocket `json:"sockets,omitempty"`
+}
+
+// wireSpecV1 is the driver's configuration in version 1: v0.1.0's config.Driver, every key
+// always written (SupportedVersions null when there are none).
+type wireSpecV1 struct {
+	Name                string        `json:"Name"`
+	Type                string        `json:"Type"`
+	Endpoint            string        `json:"Endpoint"`
+	LocalEndpoint       string        `json:"LocalEndpoint"`
+	SupportedVersions   []string      `json:"SupportedVersions"`
+	SocketName          string        `json:"SocketName"`
+	SocketPath          string        `json:"SocketPath"`
+	AltSocketPath       string        `json:"AltSocketPath"`
+	Backoff             wireBackoff   `json:"Backoff"`
+	RegistrationTimeout time.Duration `json:"RegistrationTimeout"`
+	WaitForEndpoint     bool          `json:"WaitForEndpoint"`
+	Required            bool          `json:"Required"`
+}
+
+// wireStatusV1 is where the driver's loop stood, in version 1: v0.1.0's DriverStatus. Name,
+// Type and Required are the spec's, Endpoint the driver's endpoint (the spec's until the loop
+// has a target), as v0.1.0's status said them; Results and Recreations are {} when empty, as
+// v0.1.0 always wrote them.
+type wireStatusV1 struct {
+	Name             string         `json:"Name"`
+	Type             string         `json:"Type"`
+	Phase            string         `json:"Phase"`
+	Socket           string         `json:"Socket"`
+	Endpoint         string         `json:"Endpoint"`
+	EndpointUp       bool           `json:"EndpointUp"`
+	Absent           bool           `json:"Absent"`
+	Required         bool           `json:"Required"`
+	Attempts         int            `json:"Attempts"`
+	Failures         int            `json:"Failures"`
+	Results          map[string]int `json:"Results"`
+	Recreations      map[string]int `json:"Recreations"`
+	EndpointRestarts int            `json:"EndpointRestarts"`
+	HeldByOther      bool           `json:"HeldByOther"`
+	LastError        string         `json:"LastError"`
+	Since            time.Time      `json:"Since"`
+	NextAttempt      time.Time      `json:"NextAttempt"`
+}
+
+// wireDriverV2 is a driver in a batch of version 2, and what the decoder reads a driver of any
+// version into.
+type wireDriverV2 struct {
+	Spec          wireSpecV2   `json:"spec"`
+	Endpoint      string       `json:"endpoint"`
+	LocalEndpoint string       `json:"localEndpoint"`
+	EndpointID    wireID       `json:"endpointID"`
+	NodeInfo      []byte       `json:"nodeInfo,omitempty"`
+	Status        wireStatusV2 `json:"status"`
 	// Timeout is the registration timeout in force (nanoseconds); 0 or absent: the
 	// receiver's own.
 	Timeout  time.Duration `json:"timeout"`
@@ -40,8 +127,10 @@ type wireDriver struct {
 	Sockets  []*wireSocket `json:"sockets,omitempty"`
 }
 
-// wireSpec is the driver's configuration as the sender ran it.
-type wireSpec struct {
+// wireSpecV2 is the driver's configuration as the sender ran it, in version 2 (every field
+// written, but SupportedVersions when there are none); read from any version, a nil field was
+// not sent.
+type wireSpecV2 struct {
 	Name                string         `json:"Name"`
 	Type                *string        `json:"Type,omitempty"`
 	Endpoint            *string        `json:"Endpoint,omitempty"`
@@ -56,16 +145,8 @@ type wireSpec struct {
 	Required            *bool          `json:"Required,omitempty"`
 }
 
-// wireBackoff is the driver's backoff policy (durations in nanoseconds).
-type wireBackoff struct {
-	InitialInterval     time.Duration `json:"InitialInterval"`
-	MaxInterval         time.Duration `json:"MaxInterval"`
-	Multiplier          float64       `json:"Multiplier"`
-	RandomizationFactor float64       `json:"RandomizationFactor"`
-}
-
-// wireStatus is where the driver's loop stood.
-type wireStatus struct {
+// wireStatusV2 is where the driver's loop stood, in version 2: Status.
+type wireStatusV2 struct {
 	Phase            string         `json:"Phase"`
 	Socket           string         `json:"Socket"`
 	EndpointUp       bool           `json:"EndpointUp"`
@@ -81,7 +162,16 @@ type wireStatus struct {
 	NextAttempt      time.Time      `json:"NextAttempt"`
 }
 
-// wireSocket is one listening registration socket; its descriptor travels beside the message.
+// wireBackoff is the driver's backoff policy (durations in nanoseconds), in both versions.
+type wireBackoff struct {
+	InitialInterval     time.Duration `json:"InitialInterval"`
+	MaxInterval         time.Duration `json:"MaxInterval"`
+	Multiplier          float64       `json:"Multiplier"`
+	RandomizationFactor float64       `json:"RandomizationFactor"`
+}
+
+// wireSocket is one listening registration socket, in both versions; its descriptor travels
+// beside the message.
 type wireSocket struct {
 	Prev          bool     `json:"prev,omitempty"`
 	Path          string   `json:"path"`
@@ -94,8 +184,8 @@ type wireSocket struct {
 	Versions      []string `json:"versions,omitempty"`
 }
 
-// wireID is a file's identity: device, inode and change time, the change time in int64
-// seconds and nanoseconds (a Timespec's fields are 32-bit on linux/arm).
+// wireID is a file's identity, in both versions: device, inode and change time, the change
+// time in int64 seconds and nanoseconds (a Timespec's fields are 32-bit on linux/arm).
 type wireID struct {
 	Dev   uint64 `json:"dev"`
 	Ino   uint64 `json:"ino"`
@@ -106,12 +196,39 @@ type wireID struct {
 // maxLastError bounds the last error a driver's status carries: a batch must fit one message.
 const maxLastError = 4 << 10
 
-// MarshalJSON encodes h as a batch carries it.
-func (h *Driver) MarshalJSON() ([]byte, error) { return json.Marshal(h.wire()) }
+// MarshalJSON encodes m in its version (Msg.Version), its drivers by that version's encoder. A
+// message with drivers in a version this build does not write is an error; one without (a
+// hello, which says a range, a refuse, an abort) has the envelope every version shares.
+func (m Msg) MarshalJSON() ([]byte, error) {
+	switch {
+	case m.Version == 1:
+		return json.Marshal(msgWire(&m, (*Driver).wireV1))
+	case m.Version == 2:
+		return json.Marshal(msgWire(&m, (*Driver).wireV2))
+	case len(m.Drivers) > 0:
+		return nil, fmt.Errorf("a %s of %d drivers in hand-over version %d, which this build does not write", m.Type, len(m.Drivers), m.Version)
+	}
+	return json.Marshal(msgWire(&m, (*Driver).wireV2))
+}
 
-// UnmarshalJSON decodes a batch's driver. Its descriptors are not there: fill gives them.
+// msgWire is m on the wire, its drivers encoded by enc.
+func msgWire[D any](m *Msg, enc func(*Driver) D) *wireMsg[D] {
+	w := &wireMsg[D]{Type: m.Type, MinVersion: m.MinVersion, Version: m.Version, Reason: m.Reason,
+		Lock: m.Lock, Last: m.Last, Sockets: m.Sockets}
+	for _, d := range m.Drivers {
+		w.Drivers = append(w.Drivers, enc(d))
+	}
+	return w
+}
+
+// MarshalJSON encodes h alone as a batch of this build's newest version (maxVersion) carries
+// it. A message encodes its drivers in its own version (Msg.MarshalJSON), never by this.
+func (h *Driver) MarshalJSON() ([]byte, error) { return json.Marshal(h.wireV2()) }
+
+// UnmarshalJSON decodes a batch's driver of any version. Its descriptors are not there: fill
+// gives them.
 func (h *Driver) UnmarshalJSON(b []byte) error {
-	var w wireDriver
+	var w wireDriverV2
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
@@ -128,20 +245,83 @@ func (h *Driver) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// wire is h on the wire.
-func (h *Driver) wire() *wireDriver {
-	w := &wireDriver{
+// wireV1 is h in a batch of version 1, as v0.1.0 wrote a driver.
+func (h *Driver) wireV1() *wireDriverV1 {
+	if h == nil {
+		return nil
+	}
+	d, st := h.Spec, statusWire(h.Status)
+	endpoint := h.Endpoint
+	if endpoint == "" { // no target yet: v0.1.0's status showed the configured endpoint
+		endpoint = d.Endpoint
+	}
+	return &wireDriverV1{
+		Spec: wireSpecV1{
+			Name:                d.Name,
+			Type:                d.Type,
+			Endpoint:            d.Endpoint,
+			LocalEndpoint:       d.LocalEndpoint,
+			SupportedVersions:   d.SupportedVersions,
+			SocketName:          d.SocketName,
+			SocketPath:          d.SocketPath,
+			AltSocketPath:       d.AltSocketPath,
+			Backoff:             backoffWire(d.Backoff),
+			RegistrationTimeout: d.RegistrationTimeout,
+			WaitForEndpoint:     d.WaitForEndpoint,
+			Required:            d.Required,
+		},
+		Endpoint:      h.Endpoint,
+		LocalEndpoint: h.LocalEndpoint,
+		EndpointID:    idWire(h.EndpointID),
+		NodeInfo:      h.NodeInfo,
+		Status: wireStatusV1{
+			Name:             d.Name,
+			Type:             d.Type,
+			Phase:            st.Phase,
+			Socket:           st.Socket,
+			Endpoint:         endpoint,
+			EndpointUp:       st.EndpointUp,
+			Absent:           st.Absent,
+			Required:         d.Required,
+			Attempts:         st.Attempts,
+			Failures:         st.Failures,
+			Results:          orEmpty(st.Results),
+			Recreations:      orEmpty(st.Recreations),
+			EndpointRestarts: st.EndpointRestarts,
+			HeldByOther:      st.HeldByOther,
+			LastError:        st.LastError,
+			Since:            st.Since,
+			NextAttempt:      st.NextAttempt,
+		},
+		Timeout:  h.Timeout,
+		Failures: h.Failures,
+		Sockets:  socketsWire(h.Sockets),
+	}
+}
+
+// wireV2 is h in a batch of version 2.
+func (h *Driver) wireV2() *wireDriverV2 {
+	if h == nil {
+		return nil
+	}
+	return &wireDriverV2{
 		Spec:          specWire(h.Spec),
 		Endpoint:      h.Endpoint,
 		LocalEndpoint: h.LocalEndpoint,
 		EndpointID:    idWire(h.EndpointID),
 		NodeInfo:      h.NodeInfo,
-		Status:        statusWire(h.Status),
+		Status:        wireStatusV2(statusWire(h.Status)),
 		Timeout:       h.Timeout,
 		Failures:      h.Failures,
+		Sockets:       socketsWire(h.Sockets),
 	}
-	for _, hs := range h.Sockets {
-		w.Sockets = append(w.Sockets, &wireSocket{
+}
+
+// socketsWire is sockets on the wire, in either version.
+func socketsWire(sockets []*Socket) []*wireSocket {
+	var out []*wireSocket
+	for _, hs := range sockets {
+		out = append(out, &wireSocket{
 			Prev:          hs.Prev,
 			Path:          hs.Path,
 			ID:            idWire(hs.ID),
@@ -153,17 +333,25 @@ func (h *Driver) wire() *wireDriver {
 			Versions:      hs.Versions,
 		})
 	}
-	return w
+	return out
 }
 
-// driver is w as this process holds it.
-func (w *wireDriver) driver() Driver {
+// orEmpty is m, or an empty map for nil.
+func orEmpty(m map[string]int) map[string]int {
+	if m == nil {
+		return map[string]int{}
+	}
+	return m
+}
+
+// driver is w, a driver of any version, as this process holds it.
+func (w *wireDriverV2) driver() Driver {
 	h := Driver{
 		Endpoint:      w.Endpoint,
 		LocalEndpoint: w.LocalEndpoint,
 		EndpointID:    w.EndpointID.id(),
 		NodeInfo:      w.NodeInfo,
-		Status:        w.Status.status(),
+		Status:        Status(w.Status),
 		Timeout:       w.Timeout,
 		Failures:      w.Failures,
 	}
@@ -188,32 +376,38 @@ func (w *wireDriver) driver() Driver {
 	return h
 }
 
-// specWire is d on the wire: every field, sent.
-func specWire(d config.Driver) wireSpec {
-	return wireSpec{
-		Name:              d.Name,
-		Type:              &d.Type,
-		Endpoint:          &d.Endpoint,
-		LocalEndpoint:     &d.LocalEndpoint,
-		SupportedVersions: d.SupportedVersions,
-		SocketName:        &d.SocketName,
-		SocketPath:        &d.SocketPath,
-		AltSocketPath:     &d.AltSocketPath,
-		Backoff: &wireBackoff{
-			InitialInterval:     d.Backoff.InitialInterval,
-			MaxInterval:         d.Backoff.MaxInterval,
-			Multiplier:          d.Backoff.Multiplier,
-			RandomizationFactor: d.Backoff.RandomizationFactor,
-		},
+// specWire is d in version 2: every field, sent (SupportedVersions when there are some).
+func specWire(d config.Driver) wireSpecV2 {
+	b := backoffWire(d.Backoff)
+	return wireSpecV2{
+		Name:                d.Name,
+		Type:                &d.Type,
+		Endpoint:            &d.Endpoint,
+		LocalEndpoint:       &d.LocalEndpoint,
+		SupportedVersions:   d.SupportedVersions,
+		SocketName:          &d.SocketName,
+		SocketPath:          &d.SocketPath,
+		AltSocketPath:       &d.AltSocketPath,
+		Backoff:             &b,
 		RegistrationTimeout: &d.RegistrationTimeout,
 		WaitForEndpoint:     &d.WaitForEndpoint,
 		Required:            &d.Required,
 	}
 }
 
+// backoffWire is b on the wire, in either version.
+func backoffWire(b config.Backoff) wireBackoff {
+	return wireBackoff{
+		InitialInterval:     b.InitialInterval,
+		MaxInterval:         b.MaxInterval,
+		Multiplier:          b.Multiplier,
+		RandomizationFactor: b.RandomizationFactor,
+	}
+}
+
 // driver is the configuration w says. The fields it did not say are zero: the receiver runs
 // its own configuration's (and RegistersAs counts its own for the registration's).
-func (w *wireSpec) driver() config.Driver {
+func (w *wireSpecV2) driver() config.Driver {
 	var d config.Driver
 	d.Name = w.Name
 	str := func(p *string) string {
@@ -245,16 +439,14 @@ func (w *wireSpec) driver() config.Driver {
 	return d
 }
 
-// statusWire is st on the wire, its last error cut to maxLastError bytes of valid UTF-8.
-func statusWire(st Status) wireStatus {
+// statusWire is st as either version writes it: its last error cut to maxLastError bytes of
+// valid UTF-8.
+func statusWire(st Status) Status {
 	if len(st.LastError) > maxLastError {
 		st.LastError = strings.ToValidUTF8(st.LastError[:maxLastError], "") + "…"
 	}
-	return wireStatus(st)
+	return st
 }
-
-// status is w as this process holds it.
-func (w wireStatus) status() Status { return Status(w) }
 
 func idWire(id fsid.ID) wireID {
 	sec, nsec := id.Ctime.Unix()

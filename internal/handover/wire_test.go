@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,13 +20,39 @@ import (
 	"multireg.dev/multireg/internal/fsid"
 )
 
-// update rewrites the golden file of the current protocol version (maxVersion) from
-// goldenExchange, as long as its shape stays: a new shape is a new version.
-var update = flag.Bool("update", false, "rewrite testdata/protocol-v<maxVersion>.json")
+// update rewrites this build's golden files (testdata/HEAD) from goldenExchange, values only:
+// a new shape is a new version.
+var update = flag.Bool("update", false, "rewrite testdata/HEAD/protocol-v<N>.json (values only)")
 
-// goldenFile is the golden file of protocol version v: its messages, as a build that speaks
-// it writes them (version 1's as v0.1.0 wrote them, e2e/registration's TestHandoverGoldenV010).
-func goldenFile(v int) string { return filepath.Join("testdata", fmt.Sprintf("protocol-v%d.json", v)) }
+// The releases whose messages testdata holds: this build's (head), and v0.1.0's, as v0.1.0
+// wrote them (e2e/registration's TestHandoverGoldenV010 records them).
+const (
+	head = "HEAD"
+	v010 = "v0.1.0"
+)
+
+// goldenFile is the golden file of protocol version v as release writes it.
+func goldenFile(release string, v int) string {
+	return filepath.Join("testdata", release, fmt.Sprintf("protocol-v%d.json", v))
+}
+
+// golden is a golden file: a release, and a protocol version it speaks.
+type golden struct {
+	release string
+	version int
+}
+
+func (g golden) String() string { return fmt.Sprintf("%s version %d", g.release, g.version) }
+
+// goldens are every golden file: what older releases wrote, and what this build writes in each
+// version it speaks.
+func goldens() []golden {
+	gs := []golden{{v010, 1}}
+	for v := minVersion; v <= maxVersion; v++ {
+		gs = append(gs, golden{head, v})
+	}
+	return gs
+}
 
 // exchanged is one message of a golden file: who sent it, and the message.
 type exchanged struct {
@@ -33,10 +60,10 @@ type exchanged struct {
 	Msg  json.RawMessage `json:"msg"`
 }
 
-// readGolden reads the golden file of version v.
-func readGolden(t *testing.T, v int) []exchanged {
+// readGolden reads the golden file of version v as release writes it.
+func readGolden(t *testing.T, release string, v int) []exchanged {
 	t.Helper()
-	b, err := os.ReadFile(goldenFile(v))
+	b, err := os.ReadFile(goldenFile(release, v))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +143,7 @@ func fullDriver() *Driver {
 }
 
 // goldenExchange is every message of version v as this build writes it: a hand-over, a
-// refusal and an abort.
+// refusal and an abort (version 1 has no welcome and no take).
 func goldenExchange(t *testing.T, v int) []byte {
 	t.Helper()
 	d := fullDriver()
@@ -135,6 +162,9 @@ func goldenExchange(t *testing.T, v int) []byte {
 	}
 	var out []exchanged
 	for _, x := range msgs {
+		if v < takeVersion && (x.m.Type == MsgWelcome || x.m.Type == MsgTake) {
+			continue
+		}
 		b, err := json.Marshal(x.m)
 		if err != nil {
 			t.Fatal(err)
@@ -147,6 +177,10 @@ func goldenExchange(t *testing.T, v int) []byte {
 	}
 	return append(b, '\n')
 }
+
+// dataMaps are the keys of objects whose own keys are data, not the format's: a status's
+// counters, by result and by reason. Their shape is that they are objects.
+var dataMaps = []string{"Results", "Recreations"}
 
 // shape lists the keys of every object in a golden file's messages, by sender, message type
 // and path (the elements of an array together), and the JSON type of every value: what a
@@ -161,54 +195,67 @@ func shape(t *testing.T, b []byte) []string {
 		t.Fatal(err)
 	}
 	var out []string
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
+	var walk func(path, key string, v any)
+	walk = func(path, key string, v any) {
 		switch v := v.(type) {
 		case map[string]any:
+			if slices.Contains(dataMaps, key) {
+				out = append(out, path+":object")
+				return
+			}
 			for k, x := range v {
-				walk(path+"."+k, x)
+				walk(path+"."+k, k, x)
 			}
 		case []any:
 			for _, x := range v {
-				walk(path+"[]", x)
+				walk(path+"[]", key, x)
 			}
 		default:
 			out = append(out, fmt.Sprintf("%s:%T", path, v))
 		}
 	}
 	for _, m := range msgs {
-		walk(fmt.Sprintf("%s:%v", m.From, m.Msg["type"]), m.Msg)
+		walk(fmt.Sprintf("%s:%v", m.From, m.Msg["type"]), "", m.Msg)
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
-// TestGoldenOfTheCurrentVersion: what this build writes in its highest version is that
-// version's golden file. -update rewrites the file, values only: a change of its keys or of
-// their types is what a peer of that version would misread, and needs a new version (a new
-// golden file, which -update then writes), while the older versions' files stay as they are.
-func TestGoldenOfTheCurrentVersion(t *testing.T) {
-	got := goldenExchange(t, maxVersion)
-	want, err := os.ReadFile(goldenFile(maxVersion))
-	if err != nil && !(os.IsNotExist(err) && *update) {
-		t.Fatal(err)
-	}
-	if want != nil {
-		if g, w := shape(t, got), shape(t, want); !slices.Equal(g, w) {
-			t.Fatalf("the messages of protocol version %d changed shape, which a peer of that version would misread: "+
-				"add version %d (maxVersion), keep reading the older ones, and write its golden file with -update.\n"+
-				"written now, not in %s: %v\nin it, not written now: %v",
-				maxVersion, maxVersion+1, goldenFile(maxVersion), missing(g, w), missing(w, g))
-		}
-	}
-	if *update {
-		if err := os.WriteFile(goldenFile(maxVersion), got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("this build writes protocol version %d otherwise than %s (go test -update rewrites it):\n%s", maxVersion, goldenFile(maxVersion), got)
+// TestGoldenOfThisBuild: what this build writes in each version it speaks is that version's
+// golden file in testdata/HEAD. -update rewrites the files, values only: a change of their keys
+// or of their types is what a peer of that version would misread, and needs a new version (a
+// new golden file, which -update then writes), while the files of the versions there are stay
+// as they are.
+func TestGoldenOfThisBuild(t *testing.T) {
+	for v := minVersion; v <= maxVersion; v++ {
+		t.Run(fmt.Sprint("version ", v), func(t *testing.T) {
+			file := goldenFile(head, v)
+			got := goldenExchange(t, v)
+			want, err := os.ReadFile(file)
+			if err != nil && !(os.IsNotExist(err) && *update) {
+				t.Fatal(err)
+			}
+			if want != nil {
+				if g, w := shape(t, got), shape(t, want); !slices.Equal(g, w) {
+					t.Fatalf("the messages of protocol version %d changed shape, which a peer of that version would misread: "+
+						"keep version %d as it is, add version %d (maxVersion) with an encoder of its own, and write its golden file with -update.\n"+
+						"written now, not in %s: %v\nin it, not written now: %v",
+						v, v, maxVersion+1, file, missing(g, w), missing(w, g))
+				}
+			}
+			if *update {
+				if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(file, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("this build writes protocol version %d otherwise than %s (go test -update rewrites it):\n%s", v, file, got)
+			}
+		})
 	}
 }
 
@@ -223,57 +270,135 @@ func missing(a, b []string) []string {
 	return out
 }
 
-// TestGoldenFixtureIsFull: the driver of the golden files sets every field of the wire, so that
-// a field added to it changes the current version's golden file (TestGoldenOfTheCurrentVersion).
-func TestGoldenFixtureIsFull(t *testing.T) {
-	var zero []string
-	var walk func(path string, v reflect.Value)
-	walk = func(path string, v reflect.Value) {
-		if v.IsZero() {
-			zero = append(zero, path)
-			return
-		}
-		switch v.Kind() {
-		case reflect.Pointer:
-			walk(path, v.Elem())
-		case reflect.Struct:
-			if v.Type() == reflect.TypeFor[time.Time]() {
-				return
-			}
-			for i := range v.NumField() {
-				walk(path+"."+v.Type().Field(i).Name, v.Field(i))
-			}
-		case reflect.Slice:
-			for i := range v.Len() {
-				walk(fmt.Sprintf("%s[%d]", path, i), v.Index(i))
-			}
-		}
+// v010Unrecorded is what v0.1.0 writes in version 1 that its recording (testdata/v0.1.0) lacks:
+// the refusal and the abort, which the recorded hand-over did not need, and a socket's keys
+// that v0.1.0 leaves out when false (no recorded socket was a previous one, or awaited a
+// verdict).
+var v010Unrecorded = []string{
+	"holder:refuse.type:string",
+	"holder:refuse.reason:string",
+	"new:abort.type:string",
+	"new:abort.reason:string",
+	"holder:batch.drivers[].sockets[].prev:bool",
+	"holder:batch.drivers[].sockets[].awaitsVerdict:bool",
+}
+
+// TestVersion1IsV010s: what this build writes in version 1 has the shape of what v0.1.0 wrote
+// (testdata/v0.1.0): every key v0.1.0 wrote, with its JSON type, and no other but those its
+// recording lacks (v010Unrecorded). And every message of v0.1.0's, read by this build and
+// written again in its version, is v0.1.0's message, key for key and value for value: a v0.1.0
+// peer reads from this build what it reads from itself.
+func TestVersion1IsV010s(t *testing.T) {
+	ours, theirs := shape(t, goldenExchange(t, 1)), shape(t, mustMarshal(t, readGolden(t, v010, 1)))
+	if m := missing(theirs, ours); len(m) > 0 {
+		t.Errorf("keys v0.1.0 writes in version 1 that this build does not: %v", m)
 	}
-	w := fullDriver().wire()
-	walk("driver", reflect.ValueOf(w))
-	// One of the two sockets is the previous one, and only one awaits a verdict.
-	zero = slices.DeleteFunc(zero, func(p string) bool {
-		return p == "driver.Sockets[1].Prev" || p == "driver.Sockets[1].AwaitsVerdict" || p == "driver.Sockets[1].Registered"
-	})
-	if len(zero) > 0 {
-		t.Errorf("fields of the wire the golden file's driver leaves zero: %v", zero)
+	if m := missing(missing(ours, theirs), v010Unrecorded); len(m) > 0 {
+		t.Errorf("keys this build writes in version 1 that v0.1.0 does not: %v", m)
+	}
+	if m := missing(v010Unrecorded, ours); len(m) > 0 {
+		t.Errorf("keys of v010Unrecorded this build does not write in version 1: %v", m)
+	}
+
+	for _, x := range readGolden(t, v010, 1) {
+		var m Msg
+		if err := json.Unmarshal(x.Msg, &m); err != nil {
+			t.Fatal(err)
+		}
+		again, err := json.Marshal(&m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want, got any
+		if err := json.Unmarshal(x.Msg, &want); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(again, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("v0.1.0's %s, read and written again:\n%s\nwant\n%s", m.Type, again, x.Msg)
+		}
 	}
 }
 
-// TestGoldenFilesDecode: every version this build speaks has a golden file, and this build
-// reads each: every message, each driver with its configuration, its status and its sockets.
-// Version 1's is v0.1.0's own output: four drivers, three of them registered on a socket each.
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestGoldenFixtureIsFull: the driver of the golden files sets every field of each version's
+// wire, so that a field added to it changes that version's golden file (TestGoldenOfThisBuild).
+func TestGoldenFixtureIsFull(t *testing.T) {
+	for v, w := range map[int]any{1: fullDriver().wireV1(), 2: fullDriver().wireV2()} {
+		var zero []string
+		var walk func(path string, v reflect.Value)
+		walk = func(path string, v reflect.Value) {
+			if v.IsZero() {
+				zero = append(zero, path)
+				return
+			}
+			switch v.Kind() {
+			case reflect.Pointer:
+				walk(path, v.Elem())
+			case reflect.Struct:
+				if v.Type() == reflect.TypeFor[time.Time]() {
+					return
+				}
+				for i := range v.NumField() {
+					walk(path+"."+v.Type().Field(i).Name, v.Field(i))
+				}
+			case reflect.Slice:
+				for i := range v.Len() {
+					walk(fmt.Sprintf("%s[%d]", path, i), v.Index(i))
+				}
+			}
+		}
+		walk("driver", reflect.ValueOf(w))
+		// One of the two sockets is the previous one, and only one awaits a verdict.
+		zero = slices.DeleteFunc(zero, func(p string) bool {
+			return p == "driver.Sockets[1].Prev" || p == "driver.Sockets[1].AwaitsVerdict" || p == "driver.Sockets[1].Registered"
+		})
+		if len(zero) > 0 {
+			t.Errorf("fields of version %d's wire the golden file's driver leaves zero: %v", v, zero)
+		}
+	}
+}
+
+// goldenDrivers are the drivers of the batches of golden file g, as this build reads them.
+func goldenDrivers(t *testing.T, g golden) []*Driver {
+	t.Helper()
+	var drivers []*Driver
+	for _, x := range readGolden(t, g.release, g.version) {
+		var m Msg
+		if err := json.Unmarshal(x.Msg, &m); err != nil {
+			t.Fatalf("%s: %s: %v", g, x.Msg, err)
+		}
+		drivers = append(drivers, m.Drivers...)
+	}
+	return drivers
+}
+
+// TestGoldenFilesDecode: every golden file (v0.1.0's, and this build's of each version it
+// speaks) is read by this build: every message, each driver with its configuration, its status
+// and its sockets. v0.1.0's is four drivers, three of them registered on a socket each.
 func TestGoldenFilesDecode(t *testing.T) {
-	for v := minVersion; v <= maxVersion; v++ {
-		t.Run(fmt.Sprint("version ", v), func(t *testing.T) {
-			var drivers []*Driver
-			for _, x := range readGolden(t, v) {
+	for _, g := range goldens() {
+		t.Run(g.String(), func(t *testing.T) {
+			for _, x := range readGolden(t, g.release, g.version) {
 				var m Msg
 				if err := json.Unmarshal(x.Msg, &m); err != nil {
 					t.Fatalf("%s: %v", x.Msg, err)
 				}
-				if m.Type != MsgHello && m.Type != MsgRefuse && m.Type != MsgAbort && m.Version != v {
-					t.Errorf("a %s in version %d in the golden file of version %d", m.Type, m.Version, v)
+				if m.Type != MsgHello && m.Type != MsgRefuse && m.Type != MsgAbort && m.Version != g.version {
+					t.Errorf("a %s in version %d in the golden file of version %d", m.Type, m.Version, g.version)
+				}
+				if (m.Type == MsgWelcome || m.Type == MsgTake) && g.version < takeVersion {
+					t.Errorf("a %s in version %d, which has none", m.Type, g.version)
 				}
 				if m.Type == MsgBatch {
 					n := 0
@@ -284,8 +409,8 @@ func TestGoldenFilesDecode(t *testing.T) {
 						t.Errorf("a batch of %d sockets that says %d (last %v, lock %v)", n, m.Sockets, m.Last, m.Lock)
 					}
 				}
-				drivers = append(drivers, m.Drivers...)
 			}
+			drivers := goldenDrivers(t, g)
 			for _, d := range drivers {
 				if !slices.Equal(d.unsent, unsent{"SparePath"}) || d.Spec.Name == "" || d.Spec.SocketPath == "" || len(d.Spec.SupportedVersions) == 0 {
 					t.Errorf("%s: a configuration read as %+v (unsent %v)", d.Spec.Name, d.Spec, d.unsent)
@@ -299,7 +424,7 @@ func TestGoldenFilesDecode(t *testing.T) {
 					}
 				}
 			}
-			if v != 1 {
+			if g.release != v010 {
 				return
 			}
 			registered := 0
@@ -315,13 +440,128 @@ func TestGoldenFilesDecode(t *testing.T) {
 	}
 }
 
-// v010Drivers are the drivers of version 1's golden file, as v0.1.0 sent them (JSON objects),
+// received is d as a receiver holds it after the wire: no descriptor, and SparePath not sent
+// (the receiver's own).
+func received(d *Driver) *Driver {
+	r := *d
+	r.Sockets = nil
+	for _, s := range d.Sockets {
+		c := *s
+		c.File, c.Own = nil, false
+		r.Sockets = append(r.Sockets, &c)
+	}
+	r.Spec.SparePath, r.Spec.Display = "", config.Display{}
+	r.unsent = unsent{"SparePath"}
+	return &r
+}
+
+// TestGoldenFilesReadAsTheSameDriver: the receiver reads the same driver from each golden file
+// whichever version wrote it. This build's files of every version read as the driver they were
+// written from (fullDriver); each driver of v0.1.0's file reads the same written again by this
+// build in every version.
+func TestGoldenFilesReadAsTheSameDriver(t *testing.T) {
+	want := received(fullDriver())
+	for v := minVersion; v <= maxVersion; v++ {
+		ds := goldenDrivers(t, golden{head, v})
+		if len(ds) != 1 || !reflect.DeepEqual(ds[0], want) {
+			t.Errorf("testdata/HEAD's version %d read as %+v\nwant %+v", v, ds, want)
+		}
+	}
+	for _, d := range goldenDrivers(t, golden{v010, 1}) {
+		for v := minVersion; v <= maxVersion; v++ {
+			b := mustMarshal(t, &Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{d}})
+			var m Msg
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			if len(m.Drivers) != 1 || !reflect.DeepEqual(m.Drivers[0], d) {
+				t.Errorf("%s of v0.1.0's batch, written in version %d, read as %+v\nwant %+v", d.Spec.Name, v, m.Drivers, d)
+			}
+		}
+	}
+}
+
+// TestMessagesInTheirVersion: a message's drivers are written by its version's encoder, as that
+// version's wire type has them (version 1's status says the driver's name, version 2's does
+// not), and a batch of drivers in a version this build does not write is an error, not another
+// version's layout. A message without drivers is written in any version. A driver alone is
+// written as the newest version writes it.
+func TestMessagesInTheirVersion(t *testing.T) {
+	d := fullDriver()
+	wireOf := map[int]reflect.Type{1: reflect.TypeFor[wireDriverV1](), 2: reflect.TypeFor[wireDriverV2]()}
+	for v := minVersion; v <= maxVersion; v++ {
+		typ, ok := wireOf[v]
+		if !ok {
+			t.Fatalf("version %d has no wire type in this test", v)
+		}
+		var m struct {
+			Drivers []struct {
+				Spec   map[string]any `json:"spec"`
+				Status map[string]any `json:"status"`
+			} `json:"drivers"`
+		}
+		if err := json.Unmarshal(mustMarshal(t, &Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{d}}), &m); err != nil {
+			t.Fatal(err)
+		}
+		for part, written := range map[string]map[string]any{"Spec": m.Drivers[0].Spec, "Status": m.Drivers[0].Status} {
+			f, _ := typ.FieldByName(part)
+			if got, want := slices.Sorted(maps.Keys(written)), jsonKeys(f.Type); !slices.Equal(got, want) {
+				t.Errorf("version %d: a driver's %s written with the keys %v, want %v", v, part, got, want)
+			}
+		}
+		if _, named := m.Drivers[0].Status["Name"]; named != (v == 1) {
+			t.Errorf("version %d: the status names the driver: %v", v, named)
+		}
+	}
+	for _, v := range []int{0, maxVersion + 1} {
+		if b, err := json.Marshal(&Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{d}}); err == nil {
+			t.Errorf("a batch in version %d written as %s", v, b)
+		}
+		if _, err := json.Marshal(&Msg{Type: MsgBatch, Version: v, Last: true, Lock: true}); err != nil {
+			t.Errorf("an empty batch in version %d: %v", v, err)
+		}
+	}
+	// A driver whose loop has no target yet, and no counters: version 1's status shows the
+	// configured endpoint, and empty counters, as v0.1.0's did.
+	fresh := &Driver{Spec: d.Spec}
+	var m1 struct {
+		Drivers []struct {
+			Status map[string]any `json:"status"`
+		} `json:"drivers"`
+	}
+	if err := json.Unmarshal(mustMarshal(t, &Msg{Type: MsgBatch, Version: 1, Drivers: []*Driver{fresh}}), &m1); err != nil {
+		t.Fatal(err)
+	}
+	if st := m1.Drivers[0].Status; st["Endpoint"] != d.Spec.Endpoint || fmt.Sprint(st["Results"], st["Recreations"]) != "map[] map[]" {
+		t.Errorf("version 1: a fresh driver's status written as %v", st)
+	}
+	alone := mustMarshal(t, d)
+	var m struct {
+		Drivers []json.RawMessage `json:"drivers"`
+	}
+	json.Unmarshal(mustMarshal(t, &Msg{Type: MsgBatch, Version: maxVersion, Drivers: []*Driver{d}}), &m)
+	if !bytes.Equal(alone, m.Drivers[0]) {
+		t.Errorf("a driver alone written as %s, not as version %d does: %s", alone, maxVersion, m.Drivers[0])
+	}
+}
+
+// jsonKeys are the keys of struct type typ on the wire.
+func jsonKeys(typ reflect.Type) []string {
+	var keys []string
+	for i := range typ.NumField() {
+		keys = append(keys, strings.Split(typ.Field(i).Tag.Get("json"), ",")[0])
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// v010Drivers are the drivers of v0.1.0's golden file, as v0.1.0 sent them (JSON objects),
 // and as this build reads them.
 func v010Drivers(t *testing.T) ([]map[string]any, []*Driver) {
 	t.Helper()
 	var raw []map[string]any
 	var read []*Driver
-	for _, x := range readGolden(t, 1) {
+	for _, x := range readGolden(t, v010, 1) {
 		var m struct {
 			Type    string            `json:"type"`
 			Drivers []json.RawMessage `json:"drivers"`
@@ -348,7 +588,7 @@ func v010Drivers(t *testing.T) ([]map[string]any, []*Driver) {
 // and where this process reaches its endpoint: never what kubelet sees.
 var loopPolicy = []string{"Backoff", "RegistrationTimeout", "WaitForEndpoint", "Required", "LocalEndpoint"}
 
-// TestV010TakenOverAsItRegistered: each driver v0.1.0 handed over (version 1's golden file)
+// TestV010TakenOverAsItRegistered: each driver v0.1.0 handed over (its golden file)
 // registers as this instance's configuration of it does when the two agree on what kubelet
 // sees — whatever their loop policy, and when the batch has no loop policy at all (as an
 // older release's, once a field is added) — and does not when they differ in any of it.
@@ -429,12 +669,17 @@ func leaves() []leaf {
 	return ls
 }
 
-// TestSpecOnTheWire: every field of config.Driver's groups that a peer needs is on the wire
-// under its own name (the key v0.1.0 sent), and comes back as it was sent: a field added to a
-// group fails here until it is carried (a new protocol version, TestGoldenOfTheCurrentVersion)
-// or said to need no carrying. A change of a field of the Registration group, and only of it,
-// decides that a driver no longer registers as the receiver's; a field not sent counts as the
-// receiver's.
+// specOf is each version's spec on the wire.
+var specOf = map[int]reflect.Type{1: reflect.TypeFor[wireSpecV1](), 2: reflect.TypeFor[wireSpecV2]()}
+
+// TestSpecOnTheWire: every field of config.Driver's groups that a peer needs is on the wire of
+// the newest version under its own name (the key v0.1.0 sent): a field added to a group fails
+// here until it is carried (a new protocol version, TestGoldenOfThisBuild) or said to need no
+// carrying. Every version's spec has only keys that name a field of the groups (its encoder
+// reads it there), under that name, and each comes back as it was sent; a field a version does
+// not carry reads as not sent. In every version, a change of a field of the Registration group,
+// and only of it, decides that a driver no longer registers as the receiver's; a field not sent
+// counts as the receiver's.
 func TestSpecOnTheWire(t *testing.T) {
 	full := filled(t, reflect.TypeFor[config.Driver]()).Interface().(config.Driver)
 	// notCarried: fields the receiver takes from its own configuration, never from the wire.
@@ -442,17 +687,21 @@ func TestSpecOnTheWire(t *testing.T) {
 	// type and the endpoint; a socket handed over from it is taken when it is one of the
 	// receiver's own paths. Display is what the receiver's status shows of its own file.
 	notCarried := func(l leaf) bool { return l.group == "Display" || l.field.Name == "SparePath" }
+	byName := map[string]leaf{}
 	for _, l := range leaves() {
 		if notCarried(l) {
 			reflect.ValueOf(&full).Elem().FieldByIndex(l.index).SetZero()
-			if _, on := reflect.TypeFor[wireSpec]().FieldByName(l.field.Name); on {
-				t.Errorf("config.%s.%s is the receiver's own, yet on the wire", l.group, l.field.Name)
+			for v, spec := range specOf {
+				if _, on := spec.FieldByName(l.field.Name); on {
+					t.Errorf("config.%s.%s is the receiver's own, yet on version %d's wire", l.group, l.field.Name, v)
+				}
 			}
 			continue
 		}
-		w, ok := reflect.TypeFor[wireSpec]().FieldByName(l.field.Name)
+		byName[l.field.Name] = l
+		w, ok := specOf[maxVersion].FieldByName(l.field.Name)
 		if !ok || strings.Split(w.Tag.Get("json"), ",")[0] != l.field.Name {
-			t.Errorf("config.%s.%s is not on the hand-over's wire under its name: carry it in wireSpec (a new protocol version), or say here why not",
+			t.Errorf("config.%s.%s is not on the hand-over's wire under its name: carry it in a new protocol version, or say here why not",
 				l.group, l.field.Name)
 		}
 	}
@@ -462,38 +711,64 @@ func TestSpecOnTheWire(t *testing.T) {
 			t.Errorf("config.Backoff.%s is not on the hand-over's wire under its name", f.Name)
 		}
 	}
-	b, err := json.Marshal(&Driver{Spec: full})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back Driver
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(back.Spec, full) || !slices.Equal(back.unsent, unsent{"SparePath"}) {
-		t.Errorf("configuration after the wire:\n%+v (unsent %v)\nwant\n%+v", back.Spec, back.unsent, full)
-	}
-	for _, l := range leaves() {
-		if notCarried(l) {
-			continue
+	for v := minVersion; v <= maxVersion; v++ {
+		spec, ok := specOf[v]
+		if !ok {
+			t.Fatalf("version %d has no spec in this test", v)
 		}
-		own := full
-		reflect.ValueOf(&own).Elem().FieldByIndex(l.index).SetZero()
-		visible := l.group == "Registration"
-		if got := back.RegistersAs(own); got == visible {
-			t.Errorf("config.%s.%s changed: RegistersAs = %v, want %v", l.group, l.field.Name, got, !visible)
+		// What version v carries, and what it reads as not sent.
+		want, wantUnsent := full, unsent{}
+		var carried []leaf
+		for i := range spec.NumField() {
+			f := spec.Field(i)
+			l, ok := byName[f.Name]
+			if !ok || strings.Split(f.Tag.Get("json"), ",")[0] != f.Name {
+				t.Errorf("version %d: the spec's %s is no field of config.Driver's groups under its name", v, f.Name)
+				continue
+			}
+			carried = append(carried, l)
 		}
-		// Not sent: the receiver's own.
-		var obj map[string]map[string]any
-		json.Unmarshal(b, &obj)
-		delete(obj["spec"], l.field.Name)
-		nb, _ := json.Marshal(obj)
-		var unsent Driver
-		if err := json.Unmarshal(nb, &unsent); err != nil {
+		for _, l := range leaves() {
+			if !slices.ContainsFunc(carried, func(c leaf) bool { return c.field.Name == l.field.Name }) {
+				reflect.ValueOf(&want).Elem().FieldByIndex(l.index).SetZero()
+				if l.group == "Registration" {
+					wantUnsent = append(wantUnsent, l.field.Name)
+				}
+			}
+		}
+		var m struct {
+			Drivers []json.RawMessage `json:"drivers"`
+		}
+		if err := json.Unmarshal(mustMarshal(t, &Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{{Spec: full}}}), &m); err != nil {
 			t.Fatal(err)
 		}
-		if l.field.Name != "Name" && !unsent.RegistersAs(full) {
-			t.Errorf("config.%s.%s not sent: RegistersAs = false, want the receiver's own to count", l.group, l.field.Name)
+		b := m.Drivers[0]
+		var back Driver
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(back.Spec, want) || !slices.Equal(back.unsent, wantUnsent) {
+			t.Errorf("version %d: configuration after the wire:\n%+v (unsent %v)\nwant\n%+v (unsent %v)", v, back.Spec, back.unsent, want, wantUnsent)
+		}
+		for _, l := range carried {
+			own := full
+			reflect.ValueOf(&own).Elem().FieldByIndex(l.index).SetZero()
+			visible := l.group == "Registration"
+			if got := back.RegistersAs(own); got == visible {
+				t.Errorf("version %d: config.%s.%s changed: RegistersAs = %v, want %v", v, l.group, l.field.Name, got, !visible)
+			}
+			// Not sent: the receiver's own.
+			var obj map[string]map[string]any
+			json.Unmarshal(b, &obj)
+			delete(obj["spec"], l.field.Name)
+			nb, _ := json.Marshal(obj)
+			var unsent Driver
+			if err := json.Unmarshal(nb, &unsent); err != nil {
+				t.Fatal(err)
+			}
+			if l.field.Name != "Name" && !unsent.RegistersAs(full) {
+				t.Errorf("version %d: config.%s.%s not sent: RegistersAs = false, want the receiver's own to count", v, l.group, l.field.Name)
+			}
 		}
 	}
 }
@@ -523,54 +798,84 @@ func filled(t *testing.T, typ reflect.Type) reflect.Value {
 	return v
 }
 
-// TestWireTypesAreTagged: every type on the wire is this package's (or time's), every field
-// with its key: nothing another package encodes its own way, and no field whose key is its Go
-// name by default, which a rename would change silently.
+// TestWireTypesAreTagged: every type on the wire, as each version writes a message (wireMsg of
+// its drivers) and as the decoder reads one (Msg, a driver read as wireDriverV2), is this
+// package's (or time's), every field with its key: nothing another package encodes its own
+// way, and no field whose key is its Go name by default, which a rename would change silently.
+// The envelope written has the keys of the one read.
 func TestWireTypesAreTagged(t *testing.T) {
-	seen := map[reflect.Type]bool{}
-	var walk func(path string, typ reflect.Type)
-	walk = func(path string, typ reflect.Type) {
-		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
-			if typ.Kind() == reflect.Map && typ.Key().Kind() != reflect.String {
-				t.Errorf("%s: a map keyed by %s", path, typ.Key())
+	// walk checks typ and what it holds; methods is the method a type must not have of its own
+	// (MarshalJSON for what is written, UnmarshalJSON for what is read).
+	walk := func(root string, typ reflect.Type, methods string) map[reflect.Type]bool {
+		seen := map[reflect.Type]bool{}
+		var walk func(path string, typ reflect.Type)
+		walk = func(path string, typ reflect.Type) {
+			for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
+				if typ.Kind() == reflect.Map && typ.Key().Kind() != reflect.String {
+					t.Errorf("%s: a map keyed by %s", path, typ.Key())
+				}
+				if typ == reflect.TypeFor[[]byte]() {
+					return
+				}
+				typ = typ.Elem()
 			}
-			if typ == reflect.TypeFor[[]byte]() {
+			if typ == reflect.TypeFor[Driver]() {
+				if methods == "MarshalJSON" {
+					t.Errorf("%s: a Driver written as itself, in no version's encoding", path)
+					return
+				}
+				typ = reflect.TypeFor[wireDriverV2]() // Driver.UnmarshalJSON reads it so
+			}
+			switch {
+			case typ == reflect.TypeFor[time.Time]() || typ == reflect.TypeFor[time.Duration]():
+				return
+			case typ.PkgPath() != "" && typ.PkgPath() != reflect.TypeFor[Msg]().PkgPath():
+				t.Errorf("%s: %s is another package's type", path, typ)
+				return
+			case typ.Kind() == reflect.Interface:
+				t.Errorf("%s: an interface", path)
+				return
+			case typ.Kind() != reflect.Struct || seen[typ]:
 				return
 			}
-			typ = typ.Elem()
-		}
-		if typ == reflect.TypeFor[Driver]() { // encoded as wireDriver
-			typ = reflect.TypeFor[wireDriver]()
-		}
-		switch {
-		case typ == reflect.TypeFor[time.Time]() || typ == reflect.TypeFor[time.Duration]():
-			return
-		case typ.PkgPath() != "" && typ.PkgPath() != reflect.TypeFor[Msg]().PkgPath():
-			t.Errorf("%s: %s is another package's type", path, typ)
-			return
-		case typ.Kind() == reflect.Interface:
-			t.Errorf("%s: an interface", path)
-			return
-		case typ.Kind() != reflect.Struct || seen[typ]:
-			return
-		}
-		seen[typ] = true
-		if _, ok := reflect.PointerTo(typ).MethodByName("MarshalJSON"); ok && typ != reflect.TypeFor[wireDriver]() {
-			t.Errorf("%s: %s encodes itself", path, typ)
-		}
-		for i := range typ.NumField() {
-			f := typ.Field(i)
-			name := strings.Split(f.Tag.Get("json"), ",")[0]
-			if f.Anonymous || name == "" || name == "-" {
-				t.Errorf("%s.%s: no key of its own (embedded, untagged or left out)", path, f.Name)
-				continue
+			seen[typ] = true
+			if _, ok := reflect.PointerTo(typ).MethodByName(methods); ok && typ != reflect.TypeFor[Msg]() {
+				t.Errorf("%s: %s has a %s of its own", path, typ, methods)
 			}
-			walk(path+"."+name, f.Type)
+			for i := range typ.NumField() {
+				f := typ.Field(i)
+				name := strings.Split(f.Tag.Get("json"), ",")[0]
+				if f.Anonymous || name == "" || name == "-" {
+					t.Errorf("%s.%s: no key of its own (embedded, untagged or left out)", path, f.Name)
+					continue
+				}
+				walk(path+"."+name, f.Type)
+			}
+		}
+		walk(root, typ)
+		return seen
+	}
+	written := map[int][3]reflect.Type{
+		1: {reflect.TypeFor[wireMsg[*wireDriverV1]](), reflect.TypeFor[wireSpecV1](), reflect.TypeFor[wireStatusV1]()},
+		2: {reflect.TypeFor[wireMsg[*wireDriverV2]](), reflect.TypeFor[wireSpecV2](), reflect.TypeFor[wireStatusV2]()},
+	}
+	for v := minVersion; v <= maxVersion; v++ {
+		w, ok := written[v]
+		if !ok {
+			t.Fatalf("version %d has no wire types in this test", v)
+		}
+		if seen := walk(fmt.Sprintf("version %d", v), w[0], "MarshalJSON"); !seen[w[1]] || !seen[w[2]] {
+			t.Errorf("the walk of version %d missed the spec or the status", v)
 		}
 	}
-	walk("msg", reflect.TypeFor[Msg]())
-	if !seen[reflect.TypeFor[wireSpec]()] || !seen[reflect.TypeFor[wireStatus]()] {
-		t.Error("the walk missed the spec or the status")
+	if seen := walk("read", reflect.TypeFor[Msg](), "UnmarshalJSON"); !seen[reflect.TypeFor[wireSpecV2]()] || !seen[reflect.TypeFor[wireStatusV2]()] {
+		t.Error("the walk of what is read missed the spec or the status")
+	}
+	msg, env := reflect.TypeFor[Msg](), reflect.TypeFor[wireMsg[*wireDriverV2]]()
+	for i := range max(msg.NumField(), env.NumField()) {
+		if i >= msg.NumField() || i >= env.NumField() || msg.Field(i).Name != env.Field(i).Name || msg.Field(i).Tag != env.Field(i).Tag {
+			t.Errorf("the envelope written (wireMsg) and Msg differ at their field %d", i)
+		}
 	}
 }
 
