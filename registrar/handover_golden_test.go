@@ -20,7 +20,7 @@ import (
 
 // goldenV1 is internal/handover's golden file of hand-over protocol version 1: v0.1.0's own
 // messages, its batch among them.
-const goldenV1 = "../internal/handover/testdata/protocol-v1.json"
+const goldenV1 = "../internal/handover/testdata/v0.1.0/protocol-v1.json"
 
 // goldenRoot is the directory the golden file's paths are under.
 const goldenRoot = "/node"

@@ -100,6 +100,7 @@ func newStatusDoc(v instanceView) statusDoc {
 		doc.Drivers = append(doc.Drivers, driverStatus{
 			Name:        d.Name,
 			Type:        d.Type,
+			Display:     d.Display,
 			Phase:       string(d.Phase),
 			Socket:      d.Socket,
 			Endpoint:    d.Endpoint,

@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/duration"
+
+	"multireg.dev/multireg/config"
 )
 
 // Roles of a multireg process, as /status, /readyz and the logs tell them. A process serves
@@ -87,8 +89,11 @@ type configStatus struct {
 }
 
 type driverStatus struct {
-	Name        string     `json:"name"`
-	Type        string     `json:"type"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+	// What the drivers file says of the driver for status to show (config.Display), each
+	// field under its own json tag.
+	config.Display
 	Phase       string     `json:"phase"`
 	Socket      string     `json:"socket"`
 	Endpoint    string     `json:"endpoint"`
