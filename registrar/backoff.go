@@ -81,9 +81,9 @@ func (p *pacing) wait() time.Duration {
 	return next(p.backoff)
 }
 
-// inherit takes the state another instance's pacing of the driver had (a hand-over): the
+// takeOver takes the state another instance's pacing of the driver had (a hand-over): the
 // timeout in force and the backoff's failures, within the bounds this policy allows.
-func (p *pacing) inherit(timeout time.Duration, failures int) {
+func (p *pacing) takeOver(timeout time.Duration, failures int) {
 	p.goOn(timeout, failures)
 }
 

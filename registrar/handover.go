@@ -22,13 +22,13 @@ import (
 // A hand-over, as a driver's loop takes part in it (internal/handover carries it between
 // processes, and Supervisor.move within one): the loop that ends hands over its sockets,
 // listening, and what it knows (handOverState, the HandOver row); the loop that goes on takes
-// them over (takeOver: the sockets are served at once; takeAdoption: the loop starts from
+// them over (takeOver: the sockets are served at once; startFrom: the loop starts from
 // them, TakingOver), and decides what becomes of them once the endpoint answers (the act
 // takeOverDecides, TakingOver's EndpointUp row).
 
-// adoption is what a loop starts from after a hand-over: what the other instance handed over,
+// takeover is what a loop starts from after a hand-over: what the other instance handed over,
 // its sockets already served here.
-type adoption struct {
+type takeover struct {
 	cur         *generation // the socket handed over, served already; nil when there was none
 	prev        *generation // a rollover's previous socket, served already; nil when none
 	epID        fsid.ID     // the endpoint's socket as the other instance last probed it
@@ -185,11 +185,11 @@ func (d *driver) takenStatus(hs handover.Status) DriverStatus {
 
 // takeOver makes d, before its loop runs, go on from h: it serves h's sockets at once (socks,
 // of the loop to come), and takes the status; the loop takes the rest when it starts (the
-// adoption returned: takeAdoption). A socket that is no longer the file at its path, or not a
+// takeover returned: startFrom). A socket that is no longer the file at its path, or not a
 // listening socket, is closed: the loop publishes anew. It returns how many sockets it serves.
-func (d *driver) takeOver(h *handover.Driver, socks *sockets) (*adoption, int) {
+func (d *driver) takeOver(h *handover.Driver, socks *sockets) (*takeover, int) {
 	n := 0
-	a := &adoption{
+	a := &takeover{
 		epID: h.EndpointID, nodeInfo: handedNodeInfo(h), timeout: h.Timeout, failures: h.Failures,
 		at: handedTarget(d.spec, h.Endpoint),
 	}
@@ -235,20 +235,20 @@ func (d *driver) takeOver(h *handover.Driver, socks *sockets) (*adoption, int) {
 	return a, n
 }
 
-// takeAdoption makes the loop, as it starts, go on from what a hand-over gave it: TakingOver
+// startFrom makes the loop, as it starts, go on from what a hand-over gave it: TakingOver
 // with the sockets it handed, BackingOff until the next attempt the other instance had
 // planned, or WaitingForEndpoint.
-func (l *loop) takeAdoption(a *adoption) {
+func (l *loop) startFrom(a *takeover) {
 	if l.d.spec.EndpointIsPattern() {
 		l.ep.at = a.at
 	}
 	l.ep.nodeInfo, l.ep.probed = a.nodeInfo, a.epID
-	l.p.inherit(a.timeout, a.failures)
+	l.p.takeOver(a.timeout, a.failures)
 	if a.prev != nil {
 		l.ro = &rollover{prev: a.prev}
 	}
 	if a.cur != nil {
-		l.ep.adoptHealth(a.versions, a.epID)
+		l.ep.handedHealth(a.versions, a.epID)
 	}
 	switch {
 	case a.cur != nil:

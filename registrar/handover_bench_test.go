@@ -56,8 +56,8 @@ func BenchmarkHandOver(b *testing.B) {
 				next := startMultiregLog(b, reg, ds, log)
 				testkit.Eventually(b, time.Minute, "every driver Registered in the new instance", func() bool { return allRegistered(next.sup) })
 				b.StopTimer()
-				if next.sup.Adopted() != n {
-					b.Fatalf("%d sockets taken over, want %d", next.sup.Adopted(), n)
+				if next.sup.TakenOver() != n {
+					b.Fatalf("%d sockets taken over, want %d", next.sup.TakenOver(), n)
 				}
 				holder.handedOver(b)
 				holder = next

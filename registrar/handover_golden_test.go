@@ -198,8 +198,8 @@ func TestHandOverFromV010(t *testing.T) {
 			if a := <-answer; a != handover.MsgAck {
 				t.Fatalf("the new instance answered %q", a)
 			}
-			if in.handed != len(ds) || in.sup.Adopted() != len(before) {
-				t.Fatalf("%d drivers received, %d sockets served; want %d and %d", in.handed, in.sup.Adopted(), len(ds), len(before))
+			if in.handed != len(ds) || in.sup.TakenOver() != len(before) {
+				t.Fatalf("%d drivers received, %d sockets served; want %d and %d", in.handed, in.sup.TakenOver(), len(ds), len(before))
 			}
 			registered := func() bool {
 				for _, d := range ds {

@@ -24,7 +24,7 @@ func TestInheritBoundsTheHandedRetry(t *testing.T) {
 	snap := &handover.Snapshot{}
 	snap.Add(&handover.Driver{Spec: d, Endpoint: d.Endpoint, LocalEndpoint: d.LocalEndpoint, Status: st, Failures: 9})
 	s := runSupervisor(t, Options{})
-	s.Inherit(snap)
+	s.TakeOver(snap)
 	start := time.Now()
 	s.Start(d)
 	if next := statusOf(s, d.Name).NextAttempt; next.After(start.Add(time.Second)) {
@@ -60,9 +60,9 @@ func TestInheritRefusesADescriptorBoundElsewhere(t *testing.T) {
 	}
 	snap := handedRegistered(d, id, f)
 	s := runSupervisor(t, Options{})
-	s.Inherit(snap)
+	s.TakeOver(snap)
 	s.Start(d)
-	if n := s.Adopted(); n != 0 {
+	if n := s.TakenOver(); n != 0 {
 		t.Fatalf("%d sockets taken over, want none: the descriptor is not the socket at %s", n, d.SocketPath)
 	}
 	testkit.Eventually(t, 5*time.Second, "a socket of the loop's own", func() bool {
@@ -120,8 +120,8 @@ func TestHandOverProtocolErrorKeepsTheFirstBatch(t *testing.T) {
 		lock.Close()
 	}()
 	in := startMultireg(t, reg, ds)
-	if in.handed != 1 || in.sup.Adopted() != 1 {
-		t.Fatalf("%d drivers kept, %d sockets served; want the first batch's: 1 and 1", in.handed, in.sup.Adopted())
+	if in.handed != 1 || in.sup.TakenOver() != 1 {
+		t.Fatalf("%d drivers kept, %d sockets served; want the first batch's: 1 and 1", in.handed, in.sup.TakenOver())
 	}
 	if st := statusOf(in.sup, ds[0].Name); st.Phase != Registered || mustID(t, ds[0].SocketPath) != kept {
 		t.Errorf("%s: %s, want Registered on the socket handed over", ds[0].Name, st.Phase)

@@ -127,8 +127,8 @@ func unackedKeepsServing(t *testing.T, v int) {
 	}
 	handover.CloseAll(kept)
 	b := startMultireg(t, reg, ds)
-	if n := a.handedOver(t); n != len(ds) || b.sup.Adopted() != len(ds) {
-		t.Errorf("the hand-over after it: %d sockets kept, %d taken over, want %d", n, b.sup.Adopted(), len(ds))
+	if n := a.handedOver(t); n != len(ds) || b.sup.TakenOver() != len(ds) {
+		t.Errorf("the hand-over after it: %d sockets kept, %d taken over, want %d", n, b.sup.TakenOver(), len(ds))
 	}
 }
 
@@ -155,8 +155,8 @@ func TestHandOverRequestsDoNotDelayTheLockCheck(t *testing.T) {
 
 	asked := time.Now()
 	b := startMultireg(t, reg, ds)
-	if n := a.handedOver(t); n != len(ds) || b.sup.Adopted() != len(ds) {
-		t.Errorf("the hand-over among %d silent requests: %d sockets kept, %d taken over, want %d", silent, n, b.sup.Adopted(), len(ds))
+	if n := a.handedOver(t); n != len(ds) || b.sup.TakenOver() != len(ds) {
+		t.Errorf("the hand-over among %d silent requests: %d sockets kept, %d taken over, want %d", silent, n, b.sup.TakenOver(), len(ds))
 	}
 	t.Logf("handed over %s after the successor asked", time.Since(asked).Round(time.Millisecond))
 }

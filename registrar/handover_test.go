@@ -65,11 +65,11 @@ func startMultiregLog(t testing.TB, reg string, ds []config.Driver, log *slog.Lo
 	}
 	in := &multiregInstance{dir: d, handed: snap.Len(), ran: make(chan error, 1)}
 	in.sup = runSupervisor(t, Options{Log: log, Guard: d.Check})
-	in.sup.Inherit(snap)
+	in.sup.TakeOver(snap)
 	for _, dr := range ds {
 		in.sup.Start(dr)
 	}
-	in.sup.DropInherited()
+	in.sup.DropUntaken()
 	d.Record(cfg) // applied: hand-over requests are served from now on
 	testkit.RunUntilEnd(t, func(ctx context.Context) { in.ran <- d.Run(ctx, in.sup) })
 	t.Cleanup(func() { d.Close() })
@@ -140,7 +140,7 @@ func TestHandOverKeepsEverySocket(t *testing.T) {
 	if n := len(a.sup.Status()); n != 0 {
 		t.Errorf("the holder still runs %d loops", n)
 	}
-	if n := b.sup.Adopted(); n != len(ds) {
+	if n := b.sup.TakenOver(); n != len(ds) {
 		t.Errorf("%d sockets taken over, want %d", n, len(ds))
 	}
 	for _, d := range ds {
@@ -176,7 +176,7 @@ func TestHandOverPendingVerdict(t *testing.T) {
 	dialKubelet(t, d.SocketPath).GetInfo(t) // kubelet registers the plugin meanwhile
 
 	b := startMultireg(t, reg, ds)
-	if b.sup.Adopted() != 1 {
+	if b.sup.TakenOver() != 1 {
 		t.Fatal("the socket was not taken over")
 	}
 	if st := statusOf(b.sup, d.Name); st.Phase != Serving {
@@ -231,7 +231,7 @@ func TestHandOverChangedAndRemovedDrivers(t *testing.T) {
 	if id := mustID(t, ds[1].SocketPath); id != before[1] {
 		t.Error("the unchanged driver's socket was replaced")
 	}
-	if n := b.sup.Adopted(); n != 1 {
+	if n := b.sup.TakenOver(); n != 1 {
 		t.Errorf("%d sockets taken over, want 1", n)
 	}
 }
@@ -305,9 +305,9 @@ func TestInheritRefusesAReplacedSocket(t *testing.T) {
 	defer l2.Close()
 	snap := handedRegistered(d, id, f)
 	s := runSupervisor(t, Options{})
-	s.Inherit(snap)
+	s.TakeOver(snap)
 	s.Start(d)
-	if n := s.Adopted(); n != 0 {
+	if n := s.TakenOver(); n != 0 {
 		t.Fatalf("%d sockets taken over, want none", n)
 	}
 	testkit.Eventually(t, 5*time.Second, "a socket of the loop's own", func() bool {
@@ -361,8 +361,8 @@ func TestHandOverHostileRequests(t *testing.T) {
 		t.Errorf("sockets replaced: %v, were %v", now, before)
 	}
 	b := startMultireg(t, reg, ds)
-	if n := a.handedOver(t); n != len(ds) || b.sup.Adopted() != len(ds) {
-		t.Errorf("the hand-over after them: %d sockets kept, %d taken over, want %d", n, b.sup.Adopted(), len(ds))
+	if n := a.handedOver(t); n != len(ds) || b.sup.TakenOver() != len(ds) {
+		t.Errorf("the hand-over after them: %d sockets kept, %d taken over, want %d", n, b.sup.TakenOver(), len(ds))
 	}
 }
 

@@ -60,7 +60,7 @@ func (ep *endpoint) askHealth(ctx context.Context, t target, id fsid.ID) (*healt
 		return nil, nil
 	}
 	var h probe.Health
-	err := ep.env.slots.Do(ctx, func() (err error) {
+	err := ep.env.inFlight.Do(ctx, func() (err error) {
 		h, err = probe.HealthServices(ctx, t.local)
 		return err
 	})
@@ -103,12 +103,12 @@ func (ep *endpoint) decideHealth(h probe.Health) []string {
 	return served
 }
 
-// adoptHealth takes from a hand-over the health services the other instance advertised
+// handedHealth takes from a hand-over the health services the other instance advertised
 // (versions, its current socket's) for the endpoint socket it last probed (id), so that the
 // loop asks the endpoint again only once that socket changes: a hand-over asks the drivers
 // nothing. A predecessor that did not say what it advertised (an older release) is not taken
 // at its word: the endpoint is asked.
-func (ep *endpoint) adoptHealth(versions []string, id fsid.ID) {
+func (ep *endpoint) handedHealth(versions []string, id fsid.ID) {
 	own := ep.d.spec.SupportedVersions
 	n := len(own)
 	if !ep.d.spec.DetectsHealth() || versions == nil || id == (fsid.ID{}) || len(versions) < n || !slices.Equal(versions[:n], own) {

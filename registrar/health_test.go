@@ -205,7 +205,7 @@ func TestHandOverAsksNoHealth(t *testing.T) {
 	}
 
 	b := startMultireg(t, reg, []config.Driver{d})
-	if b.sup.Adopted() != 1 {
+	if b.sup.TakenOver() != 1 {
 		t.Fatal("the socket was not taken over")
 	}
 	testkit.Eventually(t, 5*time.Second, "Registered in the new instance", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })
@@ -233,7 +233,7 @@ func TestHandOverSilenceKeepsHealth(t *testing.T) {
 	registerAndWait(t, a.sup, d)
 	var log testkit.Buffer
 	b := startMultiregLog(t, reg, []config.Driver{d}, log.Logger())
-	if b.sup.Adopted() != 1 {
+	if b.sup.TakenOver() != 1 {
 		t.Fatal("the socket was not taken over")
 	}
 	testkit.Eventually(t, 5*time.Second, "Registered in the new instance", func() bool { return statusOf(b.sup, d.Name).Phase == Registered })

@@ -23,9 +23,9 @@ import (
 
 // env is what the loops of a supervisor share: set before a loop starts, never changed.
 type env struct {
-	w     *fswatch.Watcher
-	hub   *regserver.Hub
-	slots probe.Slots
+	w        *fswatch.Watcher
+	hub      *regserver.Hub
+	inFlight probe.InFlight
 	// moves is what the loops know of how kubelet takes a device plugin's move to a new
 	// endpoint, with kubelet's view of device-plugin resources (devicemoves.go).
 	moves *deviceMoves
@@ -68,7 +68,7 @@ type loop struct {
 	w *waiting
 	c wakeups
 	// a is what a hand-over told of the sockets it gave the loop (stTakingOver only).
-	a *adoption
+	a *takeover
 	// pub is where and from when the next generation is published (stPublishing only).
 	pub publication
 	// err and retryIn are why the loop backs off and for how long (stBackingOff only); err is
@@ -103,7 +103,7 @@ type publication struct {
 // hold 8 KiB or more instead of 4.
 //
 // It returns what the loop handed over when it ended for a hand-over (HandOver), or nil.
-func (d *driver) run(ctx context.Context, e *env, a *adoption) *handover.Driver {
+func (d *driver) run(ctx context.Context, e *env, a *takeover) *handover.Driver {
 	l := newLoop(ctx, d, e, a)
 	defer l.ws.close()
 	for l.st != stStopped {
@@ -130,7 +130,7 @@ func (d *driver) run(ctx context.Context, e *env, a *adoption) *handover.Driver 
 
 // newLoop is the loop of d, in the state a hand-over gave it (a: handover.go), or waiting for
 // the endpoint.
-func newLoop(ctx context.Context, d *driver, e *env, a *adoption) *loop {
+func newLoop(ctx context.Context, d *driver, e *env, a *takeover) *loop {
 	spec := d.spec
 	l := &loop{
 		d: d, env: e, ctx: ctx, log: d.log, st: stWaitingForEndpoint,
@@ -142,7 +142,7 @@ func newLoop(ctx context.Context, d *driver, e *env, a *adoption) *loop {
 		ws:     subscribe(e.w, spec),
 	}
 	if a != nil {
-		l.takeAdoption(a)
+		l.startFrom(a)
 	}
 	l.mv.start(l.ro != nil) // a move handed over under way is verified as one begun here
 	d.show(l.shown())

@@ -130,7 +130,7 @@ func (ep *endpoint) lookTarget(ctx context.Context) (fsid.ID, target, error, err
 func (ep *endpoint) probeAt(ctx context.Context, t target) error {
 	spec := ep.d.spec
 	spec.Endpoint, spec.LocalEndpoint = t.endpoint, t.local
-	return ep.env.slots.Do(ctx, func() error { return ep.env.probe(ctx, spec) })
+	return ep.env.inFlight.Do(ctx, func() error { return ep.env.probe(ctx, spec) })
 }
 
 // setTarget makes t the endpoint the loop registers, and the one its status shows.

@@ -62,7 +62,7 @@ func TestHandOverWithAnotherLoopPolicyKeepsEverySocket(t *testing.T) {
 	}
 	b := startMultireg(t, reg, edited)
 	a.handedOver(t)
-	if n := b.sup.Adopted(); n != len(ds) {
+	if n := b.sup.TakenOver(); n != len(ds) {
 		t.Errorf("%d sockets taken over, want %d", n, len(ds))
 	}
 	for _, d := range ds {

@@ -51,9 +51,9 @@ func nodeInfoTracked(d config.Driver) bool {
 	return d.Type == config.CSIPlugin && d.WaitForEndpoint
 }
 
-// askNodeInfo asks the driver NodeGetInfo, in one of the supervisor's probe slots.
+// askNodeInfo asks the driver NodeGetInfo, within the supervisor's bound on endpoint calls in flight.
 func (ep *endpoint) askNodeInfo(ctx context.Context) (info *csi.NodeGetInfoResponse, err error) {
-	err = ep.env.slots.Do(ctx, func() error {
+	err = ep.env.inFlight.Do(ctx, func() error {
 		info, err = probe.NodeInfo(ctx, ep.at.local)
 		return err
 	})

@@ -7,7 +7,7 @@ package registrar
 // over always; a device plugin while kubelet's view can verify the move (devicemoves.go).
 //
 // A rollover starts when the endpoint pattern's target moves while kubelet holds the loop's
-// registration (startRollover), or comes with a hand-over (takeAdoption). It ends when:
+// registration (startRollover), or comes with a hand-over (startFrom). It ends when:
 //   - it settles: kubelet registered the new instance's generation and the old instance is
 //     gone (settle, OldInstanceGone), or the old socket was removed by someone else
 //     (PrevSocketGone);

@@ -50,7 +50,7 @@ func (s *sockets) publish(path string, cur *generation, t target, versions []str
 		}
 		err = sockfile.CheckNotServed(path, ours)
 	}
-	var claim *regserver.Slot
+	var claim *regserver.Claim
 	if err == nil {
 		// The socket's descriptor, claimed before it is created: sockets never take the
 		// descriptors the rest of the process needs.
@@ -85,7 +85,7 @@ func (s *sockets) publish(path string, cur *generation, t target, versions []str
 // and its verdict comes on a connection of its own. claim is the socket's descriptor claimed
 // before it was created; nil for a socket already open (handed over), whose descriptor is
 // counted, and never refused.
-func (s *sockets) serve(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool, claim *regserver.Slot) (*generation, error) {
+func (s *sockets) serve(l *net.UnixListener, path string, id fsid.ID, gen uint64, t target, versions []string, anyConn bool, claim *regserver.Claim) (*generation, error) {
 	d := s.d
 	srv, err := regserver.Serve(s.env.hub, l, path, regserver.Service{
 		Gen: gen,

@@ -40,7 +40,7 @@ type Options struct {
 	DeviceMoves config.DeviceMoves
 }
 
-// A Supervisor is the holder of a hand-over (internal/handover): Detach, Resume, Release.
+// A Supervisor is the holder of a hand-over (internal/handover): HandOver, Resume, Release.
 var _ handover.Holder = (*Supervisor)(nil)
 
 // Supervisor runs one registration loop per driver and shares one file watcher among them.
@@ -48,12 +48,12 @@ var _ handover.Holder = (*Supervisor)(nil)
 // Who owns what: each loop owns its driver's sockets and state (driver). The supervisor's own
 // state — which loops run, whether a hand-over holds them, whether Run has ended them — is
 // guarded by mu, and changed only by its methods, each on its caller's goroutine: Start, Stop
-// and Update from the reloader, Detach, Resume and Release from a hand-over, Status from HTTP.
+// and Update from the reloader, HandOver, Resume and Release from a hand-over, Status from HTTP.
 // mu is never held across calls, nor while a loop stops. What outlasts one call is state
 // under mu, and the calls that must wait for it wait on cond:
-//   - a hand-over's pause is detached, set by Detach and cleared by Resume or Release. Start,
+//   - a hand-over's pause is paused, set by HandOver and cleared by Resume or Release. Start,
 //     Stop and Update arriving meanwhile wait until it is cleared (or Run has ended), and
-//     Detach waits until those already in progress (ops) have returned, so that no reload
+//     HandOver waits until those already in progress (ops) have returned, so that no reload
 //     changes the drivers while they are handed over;
 //   - the end: ctx ends when Run stops the loops or Release gives them away, under mu, and
 //     every loop is counted in wg under mu after a look at ctx: a loop either starts before
@@ -66,7 +66,7 @@ var _ handover.Holder = (*Supervisor)(nil)
 // in. A monitor keeps each wait on its caller's goroutine, and adds no goroutine.
 type Supervisor struct {
 	log *slog.Logger
-	// env is what the loops share (the watcher, the hub, the probe slots, what they know of
+	// env is what the loops share (the watcher, the hub, the bound on endpoint calls in flight, what they know of
 	// kubelet's device manager); tests may replace its probe before any loop starts.
 	env *env
 
@@ -74,24 +74,25 @@ type Supervisor struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // every loop; added to under mu, before ctx ends
 
-	// guards: running, inherited, unfit, detached, ops, and ctx's end (cancel is called
+	// guards: running, untaken, unfit, paused, ops, and ctx's end (cancel is called
 	// holding it).
 	mu sync.Mutex
-	// cond is signalled, with mu, when detached is cleared, ops falls to 0 or ctx ends.
+	// cond is signalled, with mu, when paused is cleared, ops falls to 0 or ctx ends.
 	cond    sync.Cond
 	running map[string]*handle
-	// inherited: what a hand-over brought, for Start to take driver by driver.
-	inherited *handover.Snapshot
+	// untaken: what a hand-over brought that no loop has taken over yet, for Start to take
+	// driver by driver.
+	untaken *handover.Snapshot
 	// unfit: the drivers' sockets did not fit in the descriptor budget at the last look
 	// (checkDescriptors).
 	unfit bool
-	// detached: a hand-over stopped the loops (Detach) and has not ended (Resume, Release).
-	detached bool
-	// ops counts the Start, Stop and Update calls past their wait for detached.
+	// paused: a hand-over stopped the loops (HandOver) and has not ended (Resume, Release).
+	paused bool
+	// ops counts the Start, Stop and Update calls past their wait for paused.
 	ops int
 
-	// adopted counts the handed-over sockets the loops serve.
-	adopted atomic.Int64
+	// takenOver counts the handed-over sockets the loops serve.
+	takenOver atomic.Int64
 }
 
 // handle is one running loop.
@@ -126,19 +127,19 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	moves := &deviceMoves{mode: cmp.Or(opts.DeviceMoves, config.MovesAuto), view: opts.PodResources, log: log}
-	e := &env{w: w, hub: h, slots: make(probe.Slots, probe.MaxInFlight), moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit}
+	e := &env{w: w, hub: h, inFlight: make(probe.InFlight, probe.MaxInFlight), moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit}
 	s := &Supervisor{log: log, env: e, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
 	s.cond.L = &s.mu
 	return s, nil
 }
 
-// enter waits while a hand-over holds the loops (detached), then counts a Start, Stop or
+// enter waits while a hand-over holds the loops (paused), then counts a Start, Stop or
 // Update in progress, which leave must end. After the end it waits for nothing: the call
 // finds no loop, and starts none.
 func (s *Supervisor) enter() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.detached && s.ctx.Err() == nil {
+	for s.paused && s.ctx.Err() == nil {
 		s.cond.Wait()
 	}
 	s.ops++
@@ -163,7 +164,7 @@ func (s *Supervisor) end(cause error) {
 // stopped first, and its socket removed). It cannot fail: the loop owns its failures. After
 // Run has returned it does nothing.
 //
-// When a hand-over brought the driver (Inherit) and d registers it the same way, the loop
+// When a hand-over brought the driver (TakeOver) and d registers it the same way, the loop
 // serves the sockets handed over and goes on where the other instance's stood: kubelet sees
 // nothing. When d registers it differently, the handed sockets are removed first, as a reload
 // would remove them.
@@ -174,12 +175,12 @@ func (s *Supervisor) Start(d config.Driver) {
 }
 
 // start is Start, with what a hand-over gave the driver (h), if anything: otherwise what
-// Inherit holds for it. counted: the sockets taken from hd are counted as a hand-over's
-// (Adopted); a loop moved in this process (move) takes its own.
+// TakeOver left for it. counted: the sockets taken from hd are counted as a hand-over's
+// (TakenOver); a loop moved in this process (move) takes its own.
 func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 	s.mu.Lock()
 	if hd == nil {
-		hd = s.inherited.Take(d.Name)
+		hd = s.untaken.Take(d.Name)
 	}
 	if s.ctx.Err() != nil {
 		s.mu.Unlock()
@@ -195,17 +196,17 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 	s.wg.Add(1) // before ctx can end: Run's Wait counts this loop
 	s.mu.Unlock()
 	s.checkDescriptors()
-	var a *adoption
+	var a *takeover
 	switch {
 	case hd == nil:
 	case hd.RegistersAs(d):
 		var n int
 		if a, n = h.d.takeOver(hd, &sockets{d: h.d, env: s.env}); counted {
-			s.adopted.Add(int64(n))
+			s.takenOver.Add(int64(n))
 		}
 	default:
 		h.d.log.Info("the driver registers differently than in the instance that handed it over; registering anew")
-		hd.Retire(h.d.log)
+		hd.Withdraw(h.d.log)
 	}
 	// The new loop starts only once the old one is gone, so they never share the socket.
 	go func() {
@@ -320,26 +321,26 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	return nil
 }
 
-// Inherit gives the supervisor what a hand-over brought (regdir.Open), before any driver starts:
+// TakeOver gives the supervisor what a hand-over brought (regdir.Open), before any driver starts:
 // Start takes each driver's part. The supervisor owns snap from now on.
-func (s *Supervisor) Inherit(snap *handover.Snapshot) {
+func (s *Supervisor) TakeOver(snap *handover.Snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.inherited.Close()
-	s.inherited = snap
+	s.untaken.Close()
+	s.untaken = snap
 }
 
-// Adopted is the number of handed-over sockets the loops took over (Inherit).
-func (s *Supervisor) Adopted() int {
-	return int(s.adopted.Load())
+// TakenOver is the number of handed-over sockets the loops took over (TakeOver).
+func (s *Supervisor) TakenOver() int {
+	return int(s.takenOver.Load())
 }
 
-// DropInherited removes the handed-over sockets no driver took, once the configuration is
+// DropUntaken removes the handed-over sockets no driver took, once the configuration is
 // applied: their drivers are no longer configured, and a reload would have removed them.
-func (s *Supervisor) DropInherited() {
+func (s *Supervisor) DropUntaken() {
 	s.mu.Lock()
-	snap := s.inherited
-	s.inherited = nil
+	snap := s.untaken
+	s.untaken = nil
 	done := s.ctx.Err() != nil
 	s.mu.Unlock()
 	if snap == nil {
@@ -350,19 +351,19 @@ func (s *Supervisor) DropInherited() {
 		return
 	}
 	for _, h := range snap.TakeAll() {
-		h.Retire(s.log.With("driver", h.Spec.Name))
+		h.Withdraw(s.log.With("driver", h.Spec.Name))
 	}
 }
 
-// Detach stops every loop for a hand-over and returns what they hand over (loop.handOverState):
+// HandOver stops every loop for a hand-over and returns what they hand over (loop.handOverState):
 // the sockets stay, listening. It waits for the Start, Stop and Update calls in progress, and
 // those that come later wait until Resume or Release.
-func (s *Supervisor) Detach() *handover.Snapshot {
+func (s *Supervisor) HandOver() *handover.Snapshot {
 	s.mu.Lock()
-	for s.detached && s.ctx.Err() == nil { // another hand-over's pause: one at a time
+	for s.paused && s.ctx.Err() == nil { // another hand-over's pause: one at a time
 		s.cond.Wait()
 	}
-	s.detached = true
+	s.paused = true
 	for s.ops > 0 {
 		s.cond.Wait()
 	}
@@ -383,26 +384,26 @@ func (s *Supervisor) Detach() *handover.Snapshot {
 	return snap
 }
 
-// Resume runs the loops again from what Detach returned, after a hand-over that failed, and
-// then lets the Start, Stop and Update calls waiting on Detach go on. It takes snap's
+// Resume runs the loops again from what HandOver returned, after a hand-over that failed, and
+// then lets the Start, Stop and Update calls waiting on HandOver go on. It takes snap's
 // descriptors.
 func (s *Supervisor) Resume(snap *handover.Snapshot) {
 	for _, h := range snap.TakeAll() {
 		s.start(h.Spec, h, false)
 	}
-	s.adopted.Store(0) // the loops serve their own sockets again
+	s.takenOver.Store(0) // the loops serve their own sockets again
 	s.mu.Lock()
-	s.detached = false
+	s.paused = false
 	s.cond.Broadcast()
 	s.mu.Unlock()
 }
 
 // Release ends a hand-over that succeeded: the supervisor runs no loop again (Start does
-// nothing), and the calls waiting on Detach return.
+// nothing), and the calls waiting on HandOver return.
 func (s *Supervisor) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.detached = false
+	s.paused = false
 	s.end(errHandOver)
 }
 

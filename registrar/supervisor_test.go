@@ -282,9 +282,9 @@ func TestStartRacingShutdownRunsNoLoopAfterRun(t *testing.T) {
 	}
 }
 
-// detached runs a supervisor with driver a, detached (as for a hand-over), and b, a driver it
+// paused runs a supervisor with driver a, paused (as for a hand-over), and b, a driver it
 // does not run. The supervisor runs until the test ends.
-func detached(t *testing.T) (s *Supervisor, a, b config.Driver, snap *handover.Snapshot) {
+func paused(t *testing.T) (s *Supervisor, a, b config.Driver, snap *handover.Snapshot) {
 	t.Helper()
 	dir := testkit.ShortDir(t)
 	a = testDriver(dir, "vendor.example/a", config.DevicePlugin, filepath.Join(dir, "ep", "a.sock"))
@@ -293,10 +293,10 @@ func detached(t *testing.T) (s *Supervisor, a, b config.Driver, snap *handover.S
 	s = runSupervisor(t, Options{})
 	s.Start(a)
 	awaitSocket(t, a)
-	snap = s.Detach()
+	snap = s.HandOver()
 	t.Cleanup(func() { snap.Close() })
 	if snap.Len() != 1 {
-		t.Fatalf("Detach handed over %d drivers, want 1", snap.Len())
+		t.Fatalf("HandOver handed over %d drivers, want 1", snap.Len())
 	}
 	return s, a, b, snap
 }
@@ -314,9 +314,9 @@ func returned(done <-chan struct{}) func() bool {
 }
 
 // TestDetachHoldsStartUntilResume: a Start during a hand-over's pause waits until Resume has
-// run the detached loops again, then runs its own.
+// run the paused loops again, then runs its own.
 func TestDetachHoldsStartUntilResume(t *testing.T) {
-	s, a, b, snap := detached(t)
+	s, a, b, snap := paused(t)
 	started := make(chan struct{})
 	go func() {
 		defer close(started)
@@ -337,7 +337,7 @@ func TestDetachHoldsStartUntilResume(t *testing.T) {
 // TestReleaseEndsTheCallsWaitingOnDetach: the calls waiting on a hand-over's pause return
 // once it succeeded (Release), and change nothing: the sockets are the next instance's.
 func TestReleaseEndsTheCallsWaitingOnDetach(t *testing.T) {
-	s, a, b, _ := detached(t)
+	s, a, b, _ := paused(t)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { s.Start(b) })
@@ -380,7 +380,7 @@ func TestRunEndingEndsTheCallsWaitingOnDetach(t *testing.T) {
 	}()
 	s.Start(a)
 	awaitSocket(t, a)
-	snap := s.Detach()
+	snap := s.HandOver()
 	defer snap.Close()
 	done := make(chan struct{})
 	var wg sync.WaitGroup

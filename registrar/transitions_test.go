@@ -178,7 +178,7 @@ var transitionTests = []struct {
 		d := handoverDrivers(t, dir)[1] // the device plugin
 		id, f := handedSocket(t, d)
 		s := runSupervisor(t, Options{Log: log.Logger()})
-		s.Inherit(handedWith(d, id, f, true, id)) // an endpoint identity that is not the endpoint's
+		s.TakeOver(handedWith(d, id, f, true, id)) // an endpoint identity that is not the endpoint's
 		s.Start(d)
 		awaitTransition(t, log, name)
 		testkit.Eventually(t, 5*time.Second, "a new registration socket", func() bool {
@@ -195,7 +195,7 @@ var transitionTests = []struct {
 		startEndpoint(t, d.LocalEndpoint, "other.csi.k8s.io")
 		id, f := handedSocket(t, d)
 		s := runSupervisor(t, Options{Log: log.Logger()})
-		s.Inherit(handedWith(d, id, f, true, fsid.ID{}))
+		s.TakeOver(handedWith(d, id, f, true, fsid.ID{}))
 		s.Start(d)
 		awaitTransition(t, log, name)
 		testkit.Eventually(t, 5*time.Second, "the handed socket withdrawn", func() bool { return !testkit.IsSocket(d.SocketPath) })
@@ -622,7 +622,7 @@ var transitionTests = []struct {
 		hd.NodeInfo = []byte("\n\x06node-a") // NodeGetInfo's answer recorded: {node_id: "node-a"}
 		snap.Add(hd)
 		s := runSupervisor(t, Options{Log: log.Logger()})
-		s.Inherit(snap)
+		s.TakeOver(snap)
 		s.Start(d)
 		<-entered
 		s.Stop(d.Name)

@@ -35,9 +35,9 @@ const (
 type daemonState struct {
 	drivers func() []registrar.DriverStatus
 	config  func() reload.State
-	// adopted counts the sockets the previous instance handed over that the loops serve;
+	// takenOver counts the sockets the previous instance handed over that the loops serve;
 	// nil for none.
-	adopted func() int
+	takenOver func() int
 	// descriptors: the registration sockets' descriptor budget; nil: not known.
 	descriptors func() registrar.Descriptors
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
@@ -75,7 +75,7 @@ func newStatusDoc(v instanceView) statusDoc {
 		cfg, drivers = v.State.config(), v.State.drivers()
 	}
 	doc := statusDoc{
-		Instance: instanceStatus{Role: v.Role, Since: timePtr(v.Since), Detail: v.Detail, Inherited: v.Inherited},
+		Instance: instanceStatus{Role: v.Role, Since: timePtr(v.Since), Detail: v.Detail, TakenOver: v.TakenOver},
 		Config: configStatus{
 			Path:                 cfg.Path,
 			Generation:           cfg.Generation,

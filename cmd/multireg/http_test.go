@@ -666,7 +666,7 @@ func checkRoleMetric(t *testing.T, h http.Handler, role string) {
 // TestStatusTableTakenOver: a serving instance that took sockets over says so first.
 func TestStatusTableTakenOver(t *testing.T) {
 	st := testState(knownStates[:1], 2)
-	st.adopted = func() int { return 1 }
+	st.takenOver = func() int { return 1 }
 	in := newInstance()
 	in.serve(st, prometheus.NewRegistry(), "took the registration directory /reg over from the previous instance")
 	var out bytes.Buffer

@@ -65,7 +65,7 @@ type instanceView struct {
 	Role      string
 	Since     time.Time
 	Detail    string
-	Inherited int
+	TakenOver int
 	State     *daemonState
 	Reg       *prometheus.Registry
 }
@@ -74,8 +74,8 @@ func (in *instance) view() instanceView {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	v := instanceView{Role: in.role, Since: in.since, Detail: in.detail, State: in.state, Reg: in.reg}
-	if in.state != nil && in.state.adopted != nil {
-		v.Inherited = in.state.adopted()
+	if in.state != nil && in.state.takenOver != nil {
+		v.TakenOver = in.state.takenOver()
 	}
 	return v
 }

@@ -111,7 +111,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 	ask := true
 	var kept *handover.Snapshot // sockets this process handed over, kept while idle
 	for {
-		opts := regdir.Options{Ask: ask, Inherited: kept}
+		opts := regdir.Options{Ask: ask, Kept: kept}
 		if kept == nil {
 			opts.Standby = func(why string) {
 				r.in.set(roleStandby, why)
@@ -133,7 +133,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 		if serr != nil {
 			r.log.Warn("remove the mark of a clean stop", "err", serr)
 		}
-		if opts.Inherited != nil && stopped {
+		if opts.Kept != nil && stopped {
 			// The successor was stopped on purpose, not crashed: serve nothing either.
 			got.Close()
 			dir.Close()
@@ -142,7 +142,7 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			<-ctx.Done()
 			return nil
 		}
-		if opts.Inherited != nil && got.Alive() == 0 {
+		if opts.Kept != nil && got.Alive() == 0 {
 			// The successor ended, and none of the sockets handed over is still at its path:
 			// it removed them (an uninstall), or replaced them. Nothing to take back.
 			got.Close()
@@ -193,8 +193,8 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		got.Close()
 		return fmt.Errorf("start: %w", err)
 	}
-	inherited := got.Sockets()
-	sup.Inherit(got)
+	takenOver := got.Sockets()
+	sup.TakeOver(got)
 	rl := reload.New(reload.Options{
 		Path:           r.f.path,
 		Initial:        r.cfg,
@@ -203,20 +203,20 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		Log:            log,
 		MoveDir:        dir.Move,
 		Applied: func(cfg *config.RegistrarConfig) {
-			sup.DropInherited() // sockets of drivers no longer configured
+			sup.DropUntaken() // sockets of drivers no longer configured
 			dir.Record(cfg)
 		},
 	})
 	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
-	state := &daemonState{drivers: sup.Status, config: rl.State, adopted: sup.Adopted, descriptors: sup.Descriptors}
+	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors}
 	detail := "holds the registration directory " + r.cfg.RegistrationDir
-	if inherited > 0 {
+	if takenOver > 0 {
 		detail = "took the registration directory " + r.cfg.RegistrationDir + " over from the previous instance"
 	}
 	r.in.serve(state, newRegistry(sup, rl), detail)
 	r.served = true
 	fds := sup.Descriptors()
-	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsTakenOver", inherited,
+	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsTakenOver", takenOver,
 		"fdLimit", fds.Limit, "socketRoom", fds.MaxSockets)
 	return d.run(ctx, hup, state)
 }

@@ -75,9 +75,9 @@ type instanceStatus struct {
 	Role   string     `json:"role"`
 	Since  *time.Time `json:"since"`
 	Detail string     `json:"detail"`
-	// Inherited counts the registration sockets the previous instance handed over, which
+	// TakenOver counts the registration sockets the previous instance handed over, which
 	// this one serves (role serving).
-	Inherited int `json:"inherited"`
+	TakenOver int `json:"inherited"` // the key v0.1.0's /status has
 }
 
 type configStatus struct {
@@ -568,8 +568,8 @@ func printStatusTable(w io.Writer, doc statusDoc, drivers func(each func(driverS
 	if err != nil {
 		return err
 	}
-	if doc.Instance.Inherited > 0 {
-		fmt.Fprintf(w, "instance serving: %s, %d sockets taken over\n", doc.Instance.Detail, doc.Instance.Inherited)
+	if doc.Instance.TakenOver > 0 {
+		fmt.Fprintf(w, "instance serving: %s, %d sockets taken over\n", doc.Instance.Detail, doc.Instance.TakenOver)
 	}
 	c := doc.Config
 	state := "applied"

@@ -227,7 +227,7 @@ func TestHandoverKilledAtEachStep(t *testing.T) {
 		// first batch did not carry (the holder logs how many it did).
 		moved int
 	}{
-		{"holder", "detached", n}, // the new instance received nothing: it publishes every socket
+		{"holder", "stopped", n}, // the new instance received nothing: it publishes every socket
 		{"holder", "batch", -1},
 		{"holder", "released", 0},
 		{"new", "hello", 0}, // nothing paused (protocol 2)

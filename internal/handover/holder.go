@@ -17,9 +17,9 @@ import (
 // Holder is what the holder's side of a hand-over needs of its drivers (multireg's
 // supervisor): a snapshot out, and back in (Resume) when the hand-over fails.
 type Holder interface {
-	// Detach stops every loop and returns what they hand over; reloads wait.
-	Detach() *Snapshot
-	// Resume runs the loops again from what Detach returned (the hand-over failed).
+	// HandOver stops every loop and returns what they hand over; reloads wait.
+	HandOver() *Snapshot
+	// Resume runs the loops again from what HandOver returned (the hand-over failed).
 	Resume(*Snapshot)
 	// Release ends a hand-over that succeeded: nothing runs again.
 	Release()
@@ -72,7 +72,7 @@ type Server struct {
 	log  *slog.Logger
 	t    Timeouts
 	// guards: done, once the directory went to a new instance. Serve holds it for a whole
-	// hand-over (from Detach until Resume or the release, within the one call), and refuses
+	// hand-over (from HandOver until Resume or the release, within the one call), and refuses
 	// a second request while it is held.
 	busy sync.Mutex
 	done bool
@@ -169,10 +169,10 @@ func (s *Server) refuse(hc Conn, why string) {
 // returns what was handed over, or nil.
 func (s *Server) handOver(hc Conn, v int) *HandedOver {
 	start := time.Now()
-	snap := s.h.Detach()
+	snap := s.h.HandOver()
 	hc.until = time.Now().Add(s.t.Pause)
 	s.log.Info("handing over the registration directory to a new instance", "drivers", snap.Len(), "sockets", snap.Sockets(), "version", v)
-	halt(s.log, "holder", "detached")
+	halt(s.log, "holder", "stopped")
 	lockF, err := s.lock.File()
 	if err == nil {
 		err = sendSnapshot(hc, snap, v, lockF, s.log)

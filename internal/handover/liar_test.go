@@ -179,7 +179,7 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 		t.Fatalf("the new instance answered %q", a)
 	}
 	for _, hd := range snap.TakeAll() {
-		hd.Retire(testkit.Logger(t))
+		hd.Withdraw(testkit.Logger(t))
 	}
 	for _, p := range []string{filepath.Join(other, "victim.sock"), plugin} {
 		if !testkit.IsSocket(p) {

@@ -18,7 +18,7 @@ import (
 
 // Snapshot is what one instance hands the next: for each driver, its
 // configuration, its listening registration sockets and where its loop stands. A Supervisor
-// given one (Inherit) serves those sockets for every driver whose configuration is unchanged,
+// given one (TakeOver) serves those sockets for every driver whose configuration is unchanged,
 // so that kubelet sees nothing. Whoever holds a Snapshot owns its descriptors until Close.
 type Snapshot struct {
 	drivers map[string]*Driver
@@ -91,7 +91,7 @@ type Socket struct {
 
 	// File is the listening socket; nil once taken. Its owner closes it.
 	File *os.File
-	// Own: the socket is this process's own (its loops detached it, and run again from it
+	// Own: the socket is this process's own (its loops handed it over, and run again from it
 	// after a hand-over that failed, or after the successor ended): no predecessor vouches
 	// for it, so Check need not connect to it.
 	Own bool
@@ -234,11 +234,11 @@ func insideDir(path, dir string) error {
 	return nil
 }
 
-// Retire removes the sockets of a handed driver that no loop takes over (removed from the
+// Withdraw removes the sockets of a handed driver that no loop takes over (removed from the
 // configuration, or registering differently now), as a reload would remove them: each only if
 // it is still the socket handed over (Check: the descriptor is the socket bound there). Ask
 // kept only sockets of the registration directory.
-func (h *Driver) Retire(log *slog.Logger) {
+func (h *Driver) Withdraw(log *slog.Logger) {
 	for _, hs := range h.Sockets {
 		if hs.File == nil {
 			continue

@@ -22,15 +22,15 @@ const Timeout = 2 * time.Second
 // MaxInFlight bounds the calls to drivers' endpoints in flight at once, across every loop of a
 // supervisor: each holds a gRPC client, its connection and its buffers, and 1000 drivers
 // probed at once at start-up cost tens of MiB for a moment that the runtime gives back only
-// slowly. A call's own timeout starts once it has its slot, so that a hung endpoint holds one
-// slot for at most Timeout and delays no other driver for longer.
+// slowly. A call's own timeout starts once it is in flight, so that a hung endpoint holds one
+// place for at most Timeout and delays no other driver for longer.
 const MaxInFlight = 32
 
-// Slots are the slots of a supervisor's endpoint calls (MaxInFlight); nil: no bound.
-type Slots chan struct{}
+// InFlight bounds a supervisor's endpoint calls in flight (MaxInFlight places); nil: no bound.
+type InFlight chan struct{}
 
-// Do runs call once a slot is free, or returns ctx's error when ctx ends first.
-func (s Slots) Do(ctx context.Context, call func() error) error {
+// Do runs call once a place is free, or returns ctx's error when ctx ends first.
+func (s InFlight) Do(ctx context.Context, call func() error) error {
 	if s == nil {
 		return call()
 	}

@@ -34,7 +34,7 @@ func TestEndpointAnyPath(t *testing.T) {
 // TestProbeSlotsBound: no more calls run at once than there are slots; a call waiting for one
 // gives up when its context ends; each call runs whole once it has its slot.
 func TestProbeSlotsBound(t *testing.T) {
-	slots := make(Slots, 2)
+	slots := make(InFlight, 2)
 	release := make(chan struct{})
 	var running, most atomic.Int32
 	var wg sync.WaitGroup

@@ -41,11 +41,11 @@ type Dir struct {
 	rec ownedRecord
 
 	// requests carries hand-over requests from the accepting goroutines to Run, which serves
-	// each on a goroutine of its own; slots bounds how many are accepted and not yet served
+	// each on a goroutine of its own; pending bounds how many are accepted and not yet served
 	// (maxRequests); handed carries a hand-over's end to Run. wg waits for every goroutine:
 	// the accepting ones end when their listener is closed (Close, or a move).
 	requests chan *net.UnixConn
-	slots    chan struct{}
+	pending  chan struct{}
 	handed   chan error
 	// guards: inflight, the requests being served (Close closes them), and closing.
 	reqMu    sync.Mutex
@@ -69,10 +69,10 @@ type Options struct {
 	// (internal/handover) before waiting for it. A new process asks, once; one that handed over
 	// never does.
 	Ask bool
-	// Inherited are sockets this process kept from an earlier hand-over: its own, handed over
+	// Kept are sockets this process kept from an earlier hand-over: its own, handed over
 	// to an instance that has since ended, or those received in a hand-over that did not
 	// complete. They are returned with whatever else is received.
-	Inherited *handover.Snapshot
+	Kept *handover.Snapshot
 	// Standby, if set, is called when this process starts waiting for the directory, with why.
 	Standby func(why string)
 	// Handover bounds the steps of the hand-overs Run serves (zero: the defaults).
@@ -87,7 +87,7 @@ type Options struct {
 // lists.
 //
 // With opts.Ask, it first asks the holder to hand the directory over. It returns the sockets
-// a hand-over brought, with opts.Inherited: the Supervisor serves them (Inherit).
+// a hand-over brought, with opts.Kept: the Supervisor serves them (TakeOver).
 func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, opts Options) (*Dir, *handover.Snapshot, error) {
 	snap, l, err := takeDir(ctx, cfg.RegistrationDir, log, opts)
 	if err == nil {
@@ -107,7 +107,7 @@ func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, op
 		log.Warn("look for sockets of drivers no longer configured", "err", err)
 	}
 	d := &Dir{log: log, lock: l, requests: make(chan *net.UnixConn), applied: make(chan struct{}), closed: make(chan struct{}),
-		slots: make(chan struct{}, maxRequests), handed: make(chan error, 1), inflight: map[*net.UnixConn]struct{}{},
+		pending: make(chan struct{}, maxRequests), handed: make(chan error, 1), inflight: map[*net.UnixConn]struct{}{},
 		timeouts: opts.Handover, check: lockCheck}
 	d.rec.log = log
 	d.listen(cfg.RegistrationDir)
@@ -115,9 +115,9 @@ func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, op
 }
 
 // takeDir takes the lock of dir as Open does, and returns it with the sockets a hand-over
-// brought and opts.Inherited.
+// brought and opts.Kept.
 func takeDir(ctx context.Context, dir string, log *slog.Logger, opts Options) (*handover.Snapshot, *dirLock, error) {
-	snap := opts.Inherited
+	snap := opts.Kept
 	l, err := tryLock(dir, log)
 	if !errors.Is(err, errHeld) {
 		return snap, l, err
@@ -163,21 +163,21 @@ func (d *Dir) listen(dir string) {
 	d.mu.Unlock()
 	d.wg.Go(func() {
 		for {
-			select { // a slot first: beyond maxRequests, requests wait in the kernel's queue
-			case d.slots <- struct{}{}:
+			select { // a place among the pending first: beyond maxRequests, requests wait in the kernel's queue
+			case d.pending <- struct{}{}:
 			case <-d.closed:
 				return
 			}
 			c, err := l.AcceptUnix()
 			if err != nil {
-				<-d.slots
+				<-d.pending
 				return // closed
 			}
 			select {
 			case d.requests <- c:
 			case <-d.closed:
 				c.Close()
-				<-d.slots
+				<-d.pending
 				return
 			}
 		}
@@ -188,14 +188,14 @@ func (d *Dir) listen(dir string) {
 // handover.Timeouts.Hello at most when it says nothing.
 const maxRequests = 256
 
-// serve serves the hand-over request c on a goroutine of its own, which frees c's slot; a
+// serve serves the hand-over request c on a goroutine of its own, which frees c's place; a
 // hand-over's end goes to Run.
 func (d *Dir) serve(srv *handover.Server, c *net.UnixConn) {
 	d.reqMu.Lock()
 	defer d.reqMu.Unlock()
 	if d.closing {
 		c.Close()
-		<-d.slots
+		<-d.pending
 		return
 	}
 	d.inflight[c] = struct{}{}
@@ -204,7 +204,7 @@ func (d *Dir) serve(srv *handover.Server, c *net.UnixConn) {
 			d.reqMu.Lock()
 			delete(d.inflight, c)
 			d.reqMu.Unlock()
-			<-d.slots
+			<-d.pending
 		}()
 		if err := srv.Serve(c); err != nil {
 			d.handed <- err // one hand-over at most: the server refuses any after it
@@ -348,7 +348,7 @@ func (d *Dir) Run(ctx context.Context, h handover.Holder) error {
 		case c := <-requests:
 			if srv == nil {
 				c.Close()
-				<-d.slots
+				<-d.pending
 				continue
 			}
 			d.serve(srv, c)

@@ -90,36 +90,36 @@ func (h *Hub) maxSockets() int { return max(0, h.fdLimit-h.fdReserve-KubeletFDs)
 // fdRoom: descriptors left for one more connection. mu is held.
 func (h *Hub) fdRoom() int { return h.fdLimit - h.fdReserve - h.nsocks - len(h.conns) }
 
-// Slot is a registration socket's descriptor, claimed before the socket is created (Claim) and
+// Claim is a registration socket's descriptor, claimed before the socket is created (Claim) and
 // given to Serve.
-type Slot struct {
+type Claim struct {
 	h *Hub
-	// held: the descriptor is counted in the hub's nsocks for this slot, until Serve takes it
+	// held: the descriptor is counted in the hub's nsocks for this claim, until Serve takes it
 	// (take) or Release gives it back; whichever clears it does the counting.
 	held atomic.Bool
 }
 
 // Claim claims a descriptor for the registration socket at path, or fails with a NoRoomError.
-func (h *Hub) Claim(path string) (*Slot, error) {
+func (h *Hub) Claim(path string) (*Claim, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.nsocks >= h.maxSockets() {
 		return nil, &NoRoomError{Path: path, Budget: h.budgetLocked()}
 	}
 	h.nsocks++
-	s := &Slot{h: h}
+	s := &Claim{h: h}
 	s.held.Store(true)
 	return s, nil
 }
 
-// take takes the slot for the socket being added: its descriptor is counted already. False
+// take takes the claim for the socket being added: its descriptor is counted already. False
 // when there is none to take (nil, or released): the caller counts the socket.
-func (s *Slot) take() bool {
+func (s *Claim) take() bool {
 	return s != nil && s.held.CompareAndSwap(true, false)
 }
 
-// Release gives the slot back unless Serve took it. It is idempotent, and nil does nothing.
-func (s *Slot) Release() {
+// Release gives the claim back unless Serve took it. It is idempotent, and nil does nothing.
+func (s *Claim) Release() {
 	if !s.take() {
 		return
 	}

@@ -40,7 +40,7 @@ type Hub struct {
 	lim       limits
 	fdLimit   int
 	fdReserve int                // descriptors the sockets leave to the rest (budget.go)
-	nsocks    int                // sockets counted against fdLimit, and slots claimed
+	nsocks    int                // sockets counted against fdLimit, and claims on descriptors
 	conns     map[*conn]connUse  // connections admitted and not released, and what each is doing
 	calls     map[*call]struct{} // calls in flight
 	seq       uint64             // numbers accepts and calls' ends in their order (connUse.last)
@@ -78,9 +78,9 @@ func NewHub(log *slog.Logger) (*Hub, error) {
 }
 
 // add accepts g's connections from now on. g's descriptor is counted against the budget: the
-// slot claimed for it, or, without one (a socket handed over, already open: refusing it would
+// claim on a descriptor for it, or, without one (a socket handed over, already open: refusing it would
 // free nothing), one more.
-func (h *Hub) add(g *Socket, slot *Slot) error {
+func (h *Hub) add(g *Socket, claim *Claim) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -94,7 +94,7 @@ func (h *Hub) add(g *Socket, slot *Slot) error {
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
 		if err = syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err == nil {
 			h.socks[g.fd] = g
-			if !slot.take() {
+			if !claim.take() {
 				h.nsocks++
 			}
 		}

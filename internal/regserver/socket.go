@@ -194,9 +194,9 @@ const (
 // Serve serves svc on l, the listening socket at path, through h, until Stop. No idle or age
 // limits once a call has begun: kubelet keeps one connection open from GetInfo to
 // NotifyRegistrationStatus, and the plugin's registration in between may take minutes (the
-// bounds of limits.go apply). l stays the caller's: Stop closes it. slot, claimed for the
+// bounds of limits.go apply). l stays the caller's: Stop closes it. claim, made for the
 // socket (Hub.Claim), is taken; nil for a socket already open (a hand-over's).
-func Serve(h *Hub, l *net.UnixListener, path string, svc Service, slot *Slot) (*Socket, error) {
+func Serve(h *Hub, l *net.UnixListener, path string, svc Service, claim *Claim) (*Socket, error) {
 	rs := &registrationServer{gen: svc.Gen, info: svc.Info, notify: svc.Notify, onInfo: svc.OnInfo, onLate: svc.OnLate, asked: map[uint64]bool{}}
 	rs.anyConn.Store(svc.AnyConn)
 	raw, err := l.SyscallConn()
@@ -208,7 +208,7 @@ func Serve(h *Hub, l *net.UnixListener, path string, svc Service, slot *Slot) (*
 		return nil, fmt.Errorf("serve the registration socket %s: %w", path, err)
 	}
 	g := &Socket{path: path, l: l, raw: raw, fd: fd, rs: rs, hub: h, opening: map[net.Conn]*conn{}}
-	if err := h.add(g, slot); err != nil {
+	if err := h.add(g, claim); err != nil {
 		return nil, err
 	}
 	return g, nil
