@@ -255,18 +255,30 @@ func TestEveryDriverFieldIsClassified(t *testing.T) {
 
 // setNonZero sets v, a field of a zero Driver, to a value other than its zero value.
 func setNonZero(t *testing.T, v reflect.Value, name string) {
+	t.Helper()
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString("x")
 	case reflect.Bool:
 		v.SetBool(true)
-	case reflect.Int64:
+	case reflect.Int, reflect.Int64:
 		v.SetInt(1)
+	case reflect.Float64:
+		v.SetFloat(1.5)
 	case reflect.Slice:
-		v.Set(reflect.ValueOf([]string{"x"}))
+		e := reflect.New(v.Type().Elem()).Elem()
+		setNonZero(t, e, name)
+		v.Set(reflect.Append(reflect.MakeSlice(v.Type(), 0, 1), e))
+	case reflect.Map:
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		setNonZero(t, k, name)
+		setNonZero(t, e, name)
+		m := reflect.MakeMap(v.Type())
+		m.SetMapIndex(k, e)
+		v.Set(m)
 	case reflect.Struct:
 		setNonZero(t, v.Field(0), name)
 	default:
-		t.Fatalf("Driver.%s: no value for kind %s", name, v.Kind())
+		t.Fatalf("Driver.%s is a %s, which setNonZero cannot set yet: add a case for its kind there", name, v.Kind())
 	}
 }

@@ -788,12 +788,15 @@ func filled(t *testing.T, typ reflect.Type) reflect.Value {
 		v.SetFloat(1.5)
 	case reflect.Slice:
 		v = reflect.Append(reflect.MakeSlice(typ, 0, 1), filled(t, typ.Elem()))
+	case reflect.Map:
+		v = reflect.MakeMap(typ)
+		v.SetMapIndex(filled(t, typ.Key()), filled(t, typ.Elem()))
 	case reflect.Struct:
 		for i := range typ.NumField() {
 			v.Field(i).Set(filled(t, typ.Field(i).Type))
 		}
 	default:
-		t.Fatalf("no filled value of %s", typ)
+		t.Fatalf("filled has no value of %s yet: add a case for its kind there", typ)
 	}
 	return v
 }
