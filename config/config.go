@@ -176,9 +176,11 @@ type Policy struct {
 }
 
 // Display is what status shows of a driver, and nothing else reads: the loop and kubelet see
-// none of it. It has no field yet. A field added here is read from the drivers file (file.go),
-// shown in /status under its json tag (the status carries the group whole), and needs no other
-// change: a reload updates it in place, and a hand-over's receiver shows its own.
+// none of it. It has no field yet. A field added here (with the json tag /status shows it
+// under: the status carries the group whole) is read from the drivers file in file.go, and
+// admitted by the chart's values.schema.json; multireg status -o json shows it, and its table
+// only if cmd/multireg/status.go gives it a column. A reload updates it in place, and a
+// hand-over's receiver shows its own.
 type Display struct{}
 
 // Backoff is an exponential backoff policy. Retries never stop; a success resets it.

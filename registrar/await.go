@@ -9,7 +9,8 @@ import (
 
 // How a loop waits on the socket it serves while it awaits kubelet's verdict or serves a
 // registration: kubelet's verdict, its timeout, the sockets and the endpoint watched. The wait
-// reports what it saw (awaitEvents); what follows is the table's.
+// reports what it saw (the events machine.go's waits declare for AwaitingVerdict and
+// Registered); what follows is the table's.
 
 // await serves cur until something ends or changes the wait, and returns that event: kubelet's
 // verdict (Accepted, Rejected with the error that says so), the registration timeout (only
@@ -47,9 +48,14 @@ func (l *loop) awaitNext() event {
 	if w.sockAgain {
 		// A rollover's previous socket went at the last wake-up: g's own is looked at too.
 		w.sockAgain = false
-		if l.socks.replaced(0, g) {
+		if l.socks.replaced(w.sockEv, g) {
 			return event{kind: evSocketGone}
 		}
+	}
+	if k := w.next; k != evNone {
+		// What the look that saw the old instance gone saw of the endpoint besides.
+		w.next = evNone
+		return event{kind: k}
 	}
 	if w.moveOnVerdict && g.registered {
 		w.moveOnVerdict = false
@@ -59,7 +65,7 @@ func (l *loop) awaitNext() event {
 	}
 	// The view's channel is taken before the view is read: a reading in between wakes the
 	// sleep.
-	l.c = wakeups{view: l.mv.watchView(), done: l.ctx.Done(), verdict: l.d.verdictC,
+	l.c = wakeups{view: l.mv.watchView(), done: l.wctx.Done(), verdict: l.d.verdictC,
 		timeout: w.timeoutC, sock: ws.sock.C(), recheck: w.recheck.C, ep: ws.ep.C()}
 	if k := l.mv.check(g, l.ro != nil, l.st == stRegistered); k != evNone {
 		return event{kind: k}
@@ -141,7 +147,7 @@ func (l *loop) woke(which int) (event, bool) {
 		}
 	case wakeVerify:
 	case wakeDone:
-		return l.stopped(), true
+		return l.interrupted(), true
 	case wakeVerdict:
 		switch v := l.d.takeVerdict(g); {
 		case v == nil:
@@ -171,7 +177,7 @@ func (l *loop) woke(which int) (event, bool) {
 // has withdrawn that registration; g's own is looked at next), SocketGone when g's is not.
 func (l *loop) lookSockets(ev fswatch.Change) eventKind {
 	if l.ro != nil && l.socks.replaced(0, l.ro.prev) {
-		l.w.sockAgain = true
+		l.w.sockAgain, l.w.sockEv = true, ev
 		return evPrevSocketGone
 	}
 	if l.socks.replaced(ev, l.cur) {
@@ -182,7 +188,10 @@ func (l *loop) lookSockets(ev fswatch.Change) eventKind {
 
 // waiting is the state of a loop's wait on one generation.
 type waiting struct {
-	g        *generation
+	g *generation
+	// since is when the wait began; lifted, that kubelet registered g (lift).
+	since    time.Time
+	lifted   bool
 	timeout  *time.Timer      // nil without a registration timeout
 	timeoutC <-chan time.Time // nil once kubelet registered g, or without a timeout
 	// Another socket matching the endpoint pattern is looked at again, sooner at first: it
@@ -194,8 +203,12 @@ type waiting struct {
 	// hand-over in between tells the next instance of a restart.
 	epID fsid.ID
 	// sockAgain: a rollover's previous socket went (PrevSocketGone); g's own socket is looked
-	// at before the next sleep.
+	// at before the next sleep, after sockEv, the wake-up that showed it.
 	sockAgain bool
+	sockEv    fswatch.Change
+	// next is what a look saw of the endpoint besides the rollover's old instance gone
+	// (OldInstanceGone, reported first); None: nothing.
+	next eventKind
 	// moveOnVerdict: a newer instance answered while kubelet was registering g; the pattern
 	// is looked at again once the verdict is in (see look).
 	moveOnVerdict bool
@@ -207,13 +220,26 @@ type waiting struct {
 // newWaiting begins a wait on g, the endpoint's socket last probed being epID: with a
 // registration timeout (0: none) unless kubelet has registered g already (registered).
 func newWaiting(g *generation, epID fsid.ID, timeout time.Duration, registered bool) *waiting {
-	w := &waiting{g: g, recheck: time.NewTimer(time.Hour), epID: epID}
+	w := &waiting{g: g, since: time.Now(), lifted: registered, recheck: time.NewTimer(time.Hour), epID: epID}
 	w.recheck.Stop()
-	if timeout > 0 && !registered {
-		w.timeout = time.NewTimer(timeout)
+	w.rearm(timeout)
+	return w
+}
+
+// rearm sets the registration timeout to timeout (0: none) from the wait's beginning, unless
+// kubelet has registered g; one already past fires at once.
+func (w *waiting) rearm(timeout time.Duration) {
+	if w.lifted {
+		return
+	}
+	if w.timeout != nil {
+		w.timeout.Stop()
+	}
+	w.timeout, w.timeoutC = nil, nil
+	if timeout > 0 {
+		w.timeout = time.NewTimer(max(0, time.Until(w.since.Add(timeout))))
 		w.timeoutC = w.timeout.C
 	}
-	return w
 }
 
 func (w *waiting) stop() {
@@ -228,7 +254,7 @@ func (w *waiting) stop() {
 
 // lift ends the registration timeout: kubelet registered g.
 func (w *waiting) lift() {
-	w.timeoutC = nil
+	w.lifted, w.timeoutC = true, nil
 	if w.timeout != nil {
 		w.timeout.Stop()
 	}
@@ -240,7 +266,7 @@ func (w *waiting) lift() {
 func (l *loop) look(ev fswatch.Change) eventKind {
 	g, w, ep := l.cur, l.w, &l.ep
 	if l.d.spec.EndpointIsPattern() {
-		to, others := ep.newer(l.ctx)
+		to, others := ep.newer(l.wctx)
 		switch {
 		case to == "":
 		case l.socks.rollsOver(l.ro != nil) && !g.registered && g.awaiting():
@@ -256,15 +282,19 @@ func (l *loop) look(ev fswatch.Change) eventKind {
 			l.log.Info("driver endpoint moved", "from", ep.at.local, "to", to)
 			return evEndpointMoved
 		}
+		oldGone := false
 		if l.st == stRegistered && l.ro != nil {
-			if ep.gone(l.ctx, l.ro.prev.at) {
-				return evOldInstanceGone
+			if oldGone = ep.gone(l.wctx, l.ro.prev.at); !oldGone {
+				others = true
 			}
-			others = true
 		}
 		w.recheckIn = nextRecheck(w.recheckIn, ev != 0, others)
 		if w.recheckIn > 0 {
 			w.recheck.Reset(w.recheckIn)
+		}
+		if oldGone {
+			w.next = ep.change(ev, &w.epID)
+			return evOldInstanceGone
 		}
 	}
 	return ep.change(ev, &w.epID)

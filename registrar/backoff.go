@@ -89,8 +89,10 @@ func (p *pacing) takeOver(timeout time.Duration, failures int) {
 
 // setPolicy takes a new policy of the driver (a reload): the backoff goes on where it stood,
 // its failures replayed on the new curve, and a timeout grown after timeouts stays grown by as
-// much over the new registrationTimeout (at most maxTimeoutFactor times it).
-func (p *pacing) setPolicy(spec config.Driver) {
+// much over the new registrationTimeout (at most maxTimeoutFactor times it). It returns the
+// wait the new curve gives the last failure replayed (0: none): what a backoff under way waits
+// under the new policy.
+func (p *pacing) setPolicy(spec config.Driver) time.Duration {
 	grown := 1.0
 	if p.base > 0 && p.timeout > p.base {
 		grown = float64(p.timeout) / float64(p.base)
@@ -103,19 +105,22 @@ func (p *pacing) setPolicy(spec config.Driver) {
 	} else {
 		timeout = time.Duration(f).Round(time.Millisecond)
 	}
-	p.goOn(timeout, failures)
+	return p.goOn(timeout, failures)
 }
 
 // goOn makes a fresh pacing go on from a timeout in force and a count of failures: the timeout
 // is kept when it is at least the configured one (at most maxTimeout), and the failures are
-// replayed on the backoff (at most 64 of them: the curve has long reached maxInterval).
-func (p *pacing) goOn(timeout time.Duration, failures int) {
+// replayed on the backoff (at most 64 of them: the curve has long reached maxInterval). It
+// returns the last wait replayed (0: none).
+func (p *pacing) goOn(timeout time.Duration, failures int) time.Duration {
 	if p.base > 0 && timeout >= p.base {
 		p.timeout = min(timeout, p.maxTimeout())
 	}
+	var last time.Duration
 	for range min(failures, 64) {
-		p.wait()
+		last = p.wait()
 	}
+	return last
 }
 
 // maxTimeout is the longest timeout the policy allows: maxTimeoutFactor times the configured

@@ -208,11 +208,12 @@ func (m *moveCheck) check(g *generation, rolling, registered bool) eventKind {
 	return evNone
 }
 
-// end ends the verification of a move; one that lasted its whole time says what it saw.
-func (m *moveCheck) end() {
+// end ends the verification of a move while the loop waits on g; one that lasted its whole
+// time, on g, says what it saw.
+func (m *moveCheck) end(g *generation) {
 	v := m.v
 	m.v = nil
-	if v == nil || v.until.IsZero() || time.Now().Before(v.until) {
+	if v == nil || v.until.IsZero() || time.Now().Before(v.until) || g.gen != v.gen {
 		return
 	}
 	n, _, _ := m.devices()

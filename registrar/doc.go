@@ -110,7 +110,7 @@
 //	Registered          DevicesDropped     WaitingForEndpoint  register again, in a path kubelet does not hold
 //	Registered          MoveVerified       Registered          end the move's verification
 //	BackingOff          BackoffOver        WaitingForEndpoint  nothing
-//	(any)               Reload             (the same)          take the new loop policy: the next wait follows it
+//	(any)               Reload             (the same)          take the new loop policy: a backoff or registration timeout under way is planned anew by it, and every wait from now on follows it
 //	(any)               Removed            Stopped             withdraw the sockets: kubelet deregisters
 //	(any)               Shutdown           Stopped             stop serving; the sockets stay, unless cleanup was asked for
 //	(any)               HandOver           Stopped             stop serving; the sockets stay, listening, and are handed over
@@ -131,6 +131,6 @@
 // socket served, an earlier run's, or one removed by someone else a moment ago. That one is
 // withdrawn first, and the new one is published in a path kubelet no longer holds: the same
 // path once kubelet has let go of it (settling), or at once the driver's other path when it
-// has two (rollover.go: withdrawsFirst; sockets.go: clearPaths). A socket kubelet rejected is
+// has two (sockets.go: withdrawsFirst, clearPaths). A socket kubelet rejected is
 // none it holds: the next one follows as soon as the backoff allows.
 package registrar

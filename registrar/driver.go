@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"sync"
@@ -35,13 +36,14 @@ type driver struct {
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
-	// guards: gen, lastGen, pending, policy, st, shown. The fields above it are set before the
-	// loop starts, and spec's Policy is the loop goroutine's.
+	// guards: gen, lastGen, pending, policy, endWait, st, shown. The fields above it are set
+	// before the loop starts, and spec's Policy is the loop goroutine's.
 	mu      sync.Mutex
 	gen     uint64             // the current socket generation; verdicts for others are dropped
 	lastGen uint64             // the newest generation numbered: each socket gets its own number
 	pending *regserver.Verdict // the latest verdict for gen
 	policy  *config.Driver     // a loop policy not yet taken by the loop (updatePolicy)
+	endWait context.CancelFunc // ends the loop's wait under way, for a new policy (beginWait)
 	st      DriverStatus
 	shown   shownState // what the status's phase is derived from (show)
 }
@@ -64,7 +66,7 @@ func newDriver(spec config.Driver, log *slog.Logger) *driver {
 		Results:     map[string]int{},
 		Recreations: map[string]int{},
 	}
-	d.st.Phase = d.shown.phase(spec.Type, false)
+	d.st.Phase = d.shown.phase(WaitingForEndpoint)
 	return d
 }
 
@@ -134,13 +136,39 @@ func (d *driver) undoGen(gen, prev uint64) {
 
 // updatePolicy gives the loop spec's loop policy and what status shows of it (its Policy and
 // Display: spec registers as the loop does, so nothing is published and kubelet sees nothing).
-// The status shows it at once; the loop takes the rest at its next step (the Reload event). It
-// never blocks.
+// The status shows it at once; the loop's wait under way ends, and the loop takes the rest
+// before it waits again (the Reload event). It never blocks.
 func (d *driver) updatePolicy(spec config.Driver) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Required, d.st.Display = spec.Required, spec.Display
 	d.policy = &spec
+	if d.endWait != nil {
+		d.endWait()
+	}
+}
+
+// beginWait returns the context of the loop's next wait: ctx's, which a new policy ends too
+// (updatePolicy), at once when one is already waiting to be taken. end ends the wait.
+func (d *driver) beginWait(ctx context.Context) (wctx context.Context, end context.CancelFunc) {
+	wctx, cancel := context.WithCancel(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.policy != nil {
+		cancel()
+	}
+	d.endWait = cancel
+	return wctx, d.stopWait
+}
+
+// stopWait ends the loop's wait under way (beginWait).
+func (d *driver) stopWait() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.endWait != nil {
+		d.endWait()
+		d.endWait = nil
+	}
 }
 
 // takePolicy takes the loop policy updatePolicy gave, if any.

@@ -55,12 +55,12 @@ const (
 // with what the wait saw), or that it answers under another name while cur is served
 // (EndpointRenamed: that socket must go first).
 func (l *loop) waitEndpoint() event {
-	up, err := l.ep.waitUp(l.ctx, l.probeB, l.ws.ep, l.cur != nil)
+	up, err := l.ep.waitUp(l.wctx, l.probeB, l.ws.ep, l.cur != nil)
 	if _, renamed := errors.AsType[*probe.NameMismatchError](err); renamed {
 		return event{kind: evEndpointRenamed, err: err}
 	}
 	if err != nil {
-		return l.stopped()
+		return l.interrupted()
 	}
 	return event{kind: evEndpointUp, up: up}
 }

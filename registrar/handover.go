@@ -113,14 +113,12 @@ func (l *loop) handOverState() *handover.Driver {
 // status hands over. It reports whether g is left to hand over.
 func (l *loop) lateVerdict(g *generation, v *regserver.Verdict) bool {
 	if v.Registered {
-		l.registered(context.Background(), g) // the loop's context has ended; the call has its own timeout
-		l.d.show(shownState{st: stRegistered, waits: l.d.spec.WaitForEndpoint})
+		l.registered(context.WithoutCancel(l.ctx), g) // the loop's context has ended; the call has its own timeout
 		return true
 	}
 	l.d.record(outRejected)
-	l.socks.withdrawRejected(g)
-	l.backOff(v.Rejection())
-	l.d.show(shownState{st: stBackingOff, waits: l.d.spec.WaitForEndpoint, retryAt: l.retryAt})
+	l.socks.withdraw(g, false)
+	l.backOff(v.Rejection()) // shows BackingOff (Registered while a rollover keeps the previous registration)
 	return false
 }
 
@@ -281,13 +279,11 @@ func (d *driver) boundedAttempt(at time.Time) time.Time {
 // localEndpoint is its own (config.Local): kubelet sees nothing of it, and this process may
 // reach the same socket by another path.
 func handedTarget(spec config.Driver, endpoint string) target {
-	if !spec.EndpointIsPattern() {
-		return fixedTarget(spec)
+	if spec.EndpointIsPattern() && endpoint == "" {
+		return target{} // no match was registered
 	}
-	if endpoint == "" {
-		return target{}
-	}
-	return target{endpoint: endpoint, local: filepath.Join(filepath.Dir(spec.LocalEndpoint), filepath.Base(endpoint))}
+	endpoint, local := spec.Concrete(filepath.Base(endpoint))
+	return target{endpoint: endpoint, local: local}
 }
 
 // handedNodeInfo decodes the NodeGetInfo answer h recorded; nil when none.

@@ -290,9 +290,9 @@ func TestHandOverAbandonedResumes(t *testing.T) {
 	}
 }
 
-// TestInheritRefusesAReplacedSocket: a handed-over descriptor whose socket is no longer the
+// TestTakeOverRefusesAReplacedSocket: a handed-over descriptor whose socket is no longer the
 // file at its path is not served; the loop publishes its own socket there.
-func TestInheritRefusesAReplacedSocket(t *testing.T) {
+func TestTakeOverRefusesAReplacedSocket(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	ds := handoverDrivers(t, dir)
 	d := ds[1] // the device plugin

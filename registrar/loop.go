@@ -41,9 +41,12 @@ type env struct {
 type loop struct {
 	d   *driver
 	env *env
-	ctx context.Context
-	log *slog.Logger
-	st  state
+	// ctx is the loop's: it ends when the loop must (its cause says why: stopped). wctx is the
+	// wait's under way, which a new policy ends too (driver.beginWait); acts use ctx.
+	ctx  context.Context
+	wctx context.Context
+	log  *slog.Logger
+	st   state
 
 	// cur is the socket this loop serves: one it published, or one a hand-over gave it.
 	cur *generation
@@ -73,10 +76,11 @@ type loop struct {
 	pub publication
 	// err and retryIn are why the loop backs off and for how long (stBackingOff only); err is
 	// nil when a hand-over gave the loop the rest of a wait another instance began. retryAt
-	// is when the wait ends.
-	err     error
-	retryIn time.Duration
-	retryAt time.Time
+	// is when the wait ends, failedAt when the attempt failed (zero after a hand-over).
+	err      error
+	retryIn  time.Duration
+	retryAt  time.Time
+	failedAt time.Time
 	// verifySwap: the next generation registers a device plugin's new instance in place of
 	// the old one's registration (swapsPaths): kubelet's view is read to verify the move
 	// (devicemoves.go).
@@ -108,7 +112,9 @@ func (d *driver) run(ctx context.Context, e *env, a *takeover) *handover.Driver 
 	defer l.ws.close()
 	for l.st != stStopped {
 		var ev event
-		if l.st.awaits() && l.ctx.Err() == nil {
+		var endWait context.CancelFunc
+		l.wctx, endWait = d.beginWait(l.ctx)
+		if l.st.awaits() && l.wctx.Err() == nil {
 			// await, inlined: a parked loop holds run's frame and sleep's only.
 			for ev = l.awaitNext(); ev.kind == evNone; ev = l.awaitNext() {
 				var ok bool
@@ -120,10 +126,15 @@ func (d *driver) run(ctx context.Context, e *env, a *takeover) *handover.Driver 
 		} else {
 			ev = l.wake()
 		}
+		endWait()
+		// A new policy is taken before the event the wait reported, whatever ended the wait;
+		// a wait it ended reported nothing else (Reload).
 		if spec := d.takePolicy(); spec != nil {
 			l.step(event{kind: evReload, spec: spec})
 		}
-		l.step(ev)
+		if ev.kind != evReload {
+			l.step(ev)
+		}
 	}
 	return l.handed
 }
@@ -151,26 +162,35 @@ func newLoop(ctx context.Context, d *driver, e *env, a *takeover) *loop {
 }
 
 // wake waits for what the loop's state waits for, and returns the event that ends the wait
-// (cut: the end of the loop, when it cut the wait short).
+// (cut: the end of the loop, or a new policy, when it cut the wait short).
 func (l *loop) wake() event {
-	if l.ctx.Err() != nil {
-		return l.stopped()
+	if l.wctx.Err() != nil {
+		return l.interrupted()
 	}
 	return l.cut(waits[l.st].wait(l))
 }
 
-// cut returns e, what a wait reported, or the end of the loop when the loop's context ended
-// while the wait looked: a look cut short decides nothing. kubelet's verdict is taken as it
-// is: kubelet holds the registration, or refused it, whatever this process does next. A wait
-// that reports what its state does not declare (waits) is a programming error.
+// cut returns e, what a wait reported, or what ended the wait while it looked (interrupted):
+// a look cut short decides nothing. kubelet's verdict is taken as it is: kubelet holds the
+// registration, or refused it, whatever this process does next. A wait that reports what its
+// state does not declare (waits) is a programming error.
 func (l *loop) cut(e event) event {
-	if l.ctx.Err() != nil && e.kind != evAccepted && e.kind != evRejected {
-		return l.stopped()
+	if l.wctx.Err() != nil && e.kind != evAccepted && e.kind != evRejected {
+		return l.interrupted()
 	}
 	if !reports(l.st, e.kind) {
 		panic(fmt.Sprintf("registrar: a wait in %s reported %s, which the state does not declare (machine.go: waits)", l.st, e.kind))
 	}
 	return e
+}
+
+// interrupted is the event of the wait's context's end: a new policy (Reload), or the loop's
+// end (stopped).
+func (l *loop) interrupted() event {
+	if l.ctx.Err() == nil {
+		return event{kind: evReload}
+	}
+	return l.stopped()
 }
 
 // stopped is the event of the loop's context's end, by its cause.
@@ -193,12 +213,17 @@ func (l *loop) dropWaiting() {
 }
 
 // shown is what the status shows of the loop's state (driver.show).
-func (l *loop) shown() shownState {
-	s := shownState{st: l.st, rolling: l.ro != nil, waits: l.d.spec.WaitForEndpoint}
+func (l *loop) shown() shownState { return l.shownAs(l.st) }
+
+// shownAs is what the status shows of the loop in st, the rest of its state as it is: an act
+// shows it before its step ends when what it does next takes time (registered), or when the
+// loop does not step again (lateVerdict).
+func (l *loop) shownAs(st state) shownState {
+	s := shownState{st: st, rolling: l.ro != nil, waits: l.d.spec.WaitForEndpoint, keeps: l.ep.keepsOnRestart(l.cur)}
 	switch {
-	case l.st == stTakingOver && l.a != nil:
+	case st == stTakingOver && l.a != nil:
 		s.handed = l.a.phase
-	case l.st == stBackingOff:
+	case st == stBackingOff:
 		s.retryAt = l.retryAt
 	}
 	return s
@@ -211,8 +236,8 @@ func (l *loop) waitPath() event {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
-		case <-l.ctx.Done():
-			return l.stopped()
+		case <-l.wctx.Done():
+			return l.interrupted()
 		case <-t.C:
 		}
 	}
@@ -221,8 +246,8 @@ func (l *loop) waitPath() event {
 
 // waitBackoff waits for the backoff interval, or for what blocks the socket's path to go.
 func (l *loop) waitBackoff() event {
-	if !l.socks.sleepBackoff(l.ctx, l.retryIn, l.err, l.ws, &l.ep) {
-		return l.stopped()
+	if !l.socks.sleepBackoff(l.wctx, time.Until(l.retryAt), l.err, l.ws, &l.ep) {
+		return l.interrupted()
 	}
 	return event{kind: evBackoffOver}
 }

@@ -88,7 +88,7 @@ const (
 	evDevicesDropped                     // kubelet dropped a moved device plugin's devices (devicemoves.go)
 	evMoveVerified                       // a device plugin's move needs no more reading of kubelet's view
 	evBackoffOver                        // the backoff interval passed, or what blocked the socket's path went
-	evReload                             // a new loop policy of the driver (an edit that needs no new registration)
+	evReload                             // a new loop policy of the driver (an edit that needs no new registration): it ends every wait
 	evRemoved                            // the driver left the configuration, or an edit registers it anew
 	evShutdown                           // the process stops
 	evHandOver                           // the loop's sockets go to another instance, or to the loop that goes on in this one
@@ -144,8 +144,12 @@ type endpointUp struct {
 // The events that end the loop, from any state: the cause of its context's end (stopped).
 var endEvents = []eventKind{evRemoved, evShutdown, evHandOver}
 
+// anyWait are the events any wait may end on: a new policy (it ends every wait, and the loop
+// takes it: Reload), and the end of the loop.
+var anyWait = append([]eventKind{evReload}, endEvents...)
+
 // waits are what the loop waits for in each state: the function that waits (wake calls it),
-// and the events that end its wait, besides the end of the loop (endEvents). A wait only
+// and the events that end its wait, besides a new policy and the end of the loop (anyWait). A wait only
 // reports what it saw; the row of the table for the state and the event acts on it.
 var waits = [numStates]struct {
 	wait  func(*loop) event
@@ -168,9 +172,9 @@ var waits = [numStates]struct {
 }
 
 // reports reports whether a wait in state s may end on an event of kind k: one it declares
-// (waits), or the end of the loop.
+// (waits), a new policy or the end of the loop.
 func reports(s state, k eventKind) bool {
-	return slices.Contains(waits[s].emits, k) || slices.Contains(endEvents, k)
+	return slices.Contains(waits[s].emits, k) || slices.Contains(anyWait, k)
 }
 
 // anyState, in a row, stands for every state but stStopped; as a destination, for the state
@@ -254,7 +258,7 @@ var rows = []row{
 	{stRegistered, evDevicesDropped, devicesDropped, []dest{{stWaitingForEndpoint, "register again, in a path kubelet does not hold"}}},
 	{stRegistered, evMoveVerified, moveVerified, []dest{{stRegistered, "end the move's verification"}}},
 	{stBackingOff, evBackoffOver, backoffOver, []dest{{stWaitingForEndpoint, "nothing"}}},
-	{anyState, evReload, reload, []dest{{anyState, "take the new loop policy: the next wait follows it"}}},
+	{anyState, evReload, reload, []dest{{anyState, "take the new loop policy: a backoff or registration timeout under way is planned anew by it, and every wait from now on follows it"}}},
 	{anyState, evRemoved, removed, []dest{{stStopped, "withdraw the sockets: kubelet deregisters"}}},
 	{anyState, evShutdown, shutdown, []dest{{stStopped, "stop serving; the sockets stay, unless cleanup was asked for"}}},
 	{anyState, evHandOver, handOver, []dest{{stStopped, "stop serving; the sockets stay, listening, and are handed over"}}},

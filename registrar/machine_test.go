@@ -39,10 +39,16 @@ func TestTableIsTotal(t *testing.T) {
 }
 
 // TestWaitsReportWhatTheyDeclare: each state's wait can report, in its code, only events that
-// the states waiting with it declare (waits), or the end of the loop. The events a wait can
-// report are read from the package's source: every event its function, and every function of
-// the package it calls (by name, transitively), names. With TestTableIsTotal, no pair without
-// a row can reach step.
+// the states waiting with it declare (waits), a new policy or the end of the loop. The events a
+// wait can report are read from the package's source: every event its function, and every
+// function of the package it calls (by name, transitively), names; for the states that await
+// cur, run's own code too, which inlines the wait. With TestTableIsTotal, no pair without a row
+// can reach step.
+//
+// The check is over every state that shares a wait: what one of them reports and another does
+// not (a rollover settled, a drop repaired and a timeout armed only while Registered or
+// AwaitingVerdict) is decided by the wait's own guards on the state, which cut checks as the
+// loop runs.
 func TestWaitsReportWhatTheyDeclare(t *testing.T) {
 	funcs := packageFuncs(t)
 	byWait := map[string][]state{}
@@ -54,9 +60,29 @@ func TestWaitsReportWhatTheyDeclare(t *testing.T) {
 		byWait[name] = append(byWait[name], s)
 	}
 	for name, states := range byWait {
-		for _, k := range eventsNamed(funcs, name) {
+		roots := []string{name}
+		if slices.ContainsFunc(states, state.awaits) {
+			roots = append(roots, "run") // run calls await's parts itself
+		}
+		for _, k := range eventsNamed(funcs, roots...) {
 			if !slices.ContainsFunc(states, func(s state) bool { return reports(s, k) }) {
 				t.Errorf("%s, the wait of %v, can report %s, which none of them declares (machine.go: waits)", name, states, k)
+			}
+		}
+	}
+}
+
+// TestEndsComeFromTheContext: a wait reports the end of the loop, or a new policy, only as its
+// context's end says (interrupted, stopped): no function of the package names an end event
+// but stopped, nor Reload but interrupted and run (which steps on the policy it takes), so no
+// wait can end the loop while its context lives.
+func TestEndsComeFromTheContext(t *testing.T) {
+	funcs := packageFuncs(t)
+	allowed := map[eventKind][]string{evRemoved: {"stopped"}, evShutdown: {"stopped"}, evHandOver: {"stopped"}, evReload: {"interrupted", "run"}}
+	for name := range funcs {
+		for _, k := range eventsNamedBy(funcs, name) {
+			if want, ok := allowed[k]; ok && !slices.Contains(want, name) {
+				t.Errorf("%s names %s: only %v may", name, k, want)
 			}
 		}
 	}
@@ -99,11 +125,31 @@ func packageFuncs(t *testing.T) map[string][]*ast.FuncDecl {
 	return funcs
 }
 
-// eventsNamed are the events (but None) named in the function name and in every function of
-// the package it calls, transitively.
-func eventsNamed(funcs map[string][]*ast.FuncDecl, name string) []eventKind {
-	seen := map[string]bool{name: true}
-	queue := []string{name}
+// eventsNamedBy are the events (but None) named in the body of the functions name, not in what
+// they call.
+func eventsNamedBy(funcs map[string][]*ast.FuncDecl, name string) []eventKind {
+	var kinds []eventKind
+	for _, fd := range funcs[name] {
+		ast.Inspect(fd.Body, func(node ast.Node) bool {
+			if x, ok := node.(*ast.Ident); ok && strings.HasPrefix(x.Name, "ev") {
+				if k := eventNamed(strings.TrimPrefix(x.Name, "ev")); k != numEvents && k != evNone && !slices.Contains(kinds, k) {
+					kinds = append(kinds, k)
+				}
+			}
+			return true
+		})
+	}
+	return kinds
+}
+
+// eventsNamed are the events (but None) named in the functions names and in every function of
+// the package they call, transitively.
+func eventsNamed(funcs map[string][]*ast.FuncDecl, names ...string) []eventKind {
+	seen := map[string]bool{}
+	queue := slices.Clone(names)
+	for _, n := range names {
+		seen[n] = true
+	}
 	var kinds []eventKind
 	for len(queue) > 0 {
 		n := queue[0]

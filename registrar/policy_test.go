@@ -1,7 +1,10 @@
 package registrar
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +76,103 @@ func TestHandOverWithAnotherLoopPolicyKeepsEverySocket(t *testing.T) {
 	}
 	if now := ids(t, ds); !slices.Equal(now, before) {
 		t.Errorf("sockets replaced: %v, were %v", now, before)
+	}
+}
+
+// TestPolicyReachesEveryWait: a loop policy edited while the loop waits — for an endpoint that
+// does not answer (also taking a handed socket over, and while a restarted driver comes up),
+// through a backoff, for kubelet's verdict — takes effect at once, not when the wait under way
+// ends (a minute here): the edit ends the wait, and the wait begins again under the new
+// policy. The time each took is logged.
+func TestPolicyReachesEveryWait(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, log *testkit.Buffer) (*Supervisor, config.Driver)
+		edit  func(config.Driver) config.Driver
+		done  func(s *Supervisor, d config.Driver) bool
+	}{{
+		// The documented way out for a driver multireg cannot probe: waitForEndpoint false.
+		name: "WaitingForEndpoint",
+		setup: func(t *testing.T, log *testkit.Buffer) (*Supervisor, config.Driver) {
+			s, d := setupWaiting(t, config.DevicePlugin, slowBackoff)
+			if err := os.MkdirAll(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			deadSocket(t, d.LocalEndpoint)
+			testkit.Eventually(t, 5*time.Second, "waiting for the endpoint", func() bool {
+				return strings.Contains(statusOf(s, d.Name).LastError, "connection refused")
+			})
+			return s, d
+		},
+		edit: func(d config.Driver) config.Driver { d.WaitForEndpoint = false; return d },
+		done: func(s *Supervisor, d config.Driver) bool { return testkit.IsSocket(d.SocketPath) },
+	}, {
+		name: "TakingOver",
+		setup: func(t *testing.T, log *testkit.Buffer) (*Supervisor, config.Driver) {
+			dir := testkit.ShortDir(t)
+			d := testDriver(dir, "vendor.example/gpu", config.DevicePlugin, filepath.Join(dir, "ep", "dp.sock"))
+			slowBackoff(&d)
+			if err := os.MkdirAll(filepath.Dir(d.LocalEndpoint), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			deadSocket(t, d.LocalEndpoint)
+			id, f := handedSocket(t, d)
+			s := runSupervisor(t, Options{Log: log.Logger()})
+			s.TakeOver(handedWith(d, id, f, true, id))
+			s.Start(d)
+			testkit.Eventually(t, 5*time.Second, "taking over, the endpoint not answering", func() bool {
+				return strings.Contains(statusOf(s, d.Name).LastError, "connection refused")
+			})
+			return s, d
+		},
+		edit: func(d config.Driver) config.Driver { d.WaitForEndpoint = false; return d },
+		done: func(s *Supervisor, d config.Driver) bool {
+			return statusOf(s, d.Name).Phase == Registered && statusOf(s, d.Name).LastError == ""
+		},
+	}, {
+		name: "Restarting",
+		setup: func(t *testing.T, log *testkit.Buffer) (*Supervisor, config.Driver) {
+			s, d, e := registeredCSINode(t, log, "node-a")
+			d.Backoff = config.Backoff{InitialInterval: time.Minute, MaxInterval: time.Minute, Multiplier: 2}
+			s.Update(d)
+			crash(t, s, d, e)
+			deadSocket(t, d.LocalEndpoint) // the driver restarted, and does not answer yet
+			testkit.Eventually(t, 5*time.Second, "the restarted driver not answering", func() bool {
+				return strings.Contains(statusOf(s, d.Name).LastError, "connection refused")
+			})
+			return s, d
+		},
+		edit: func(d config.Driver) config.Driver { d.WaitForEndpoint = false; return d },
+		done: func(s *Supervisor, d config.Driver) bool { return statusOf(s, d.Name).Attempts == 2 },
+	}, {
+		name: "BackingOff",
+		setup: func(t *testing.T, log *testkit.Buffer) (*Supervisor, config.Driver) {
+			s, d, _ := setupOpts(t, config.CSIPlugin, true, Options{Log: log.Logger()}, slowBackoff)
+			awaitSocket(t, d)
+			register(t, d.SocketPath, false, "no")
+			testkit.Eventually(t, 5*time.Second, "BackingOff", func() bool { return statusOf(s, d.Name).Phase == BackingOff })
+			return s, d
+		},
+		edit: func(d config.Driver) config.Driver { return withPolicy(d, 50*time.Millisecond, 0) },
+		done: func(s *Supervisor, d config.Driver) bool { return statusOf(s, d.Name).Attempts == 2 },
+	}, {
+		name: "AwaitingVerdict",
+		setup: func(t *testing.T, log *testkit.Buffer) (*Supervisor, config.Driver) {
+			s, d, _ := setupOpts(t, config.CSIPlugin, true, Options{Log: log.Logger()}, slowBackoff)
+			awaitSocket(t, d)
+			return s, d
+		},
+		edit: func(d config.Driver) config.Driver { return withPolicy(d, time.Minute, time.Second) },
+		done: func(s *Supervisor, d config.Driver) bool { return statusOf(s, d.Name).Results[ResultTimeout] == 1 },
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var log testkit.Buffer
+			s, d := tc.setup(t, &log)
+			at := time.Now()
+			s.Update(tc.edit(d))
+			testkit.Eventually(t, 10*time.Second, "the new policy in force", func() bool { return tc.done(s, d) })
+			t.Logf("in force %s after the edit", time.Since(at).Round(time.Millisecond))
+		})
 	}
 }

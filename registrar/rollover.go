@@ -68,7 +68,7 @@ func (l *loop) settle(g *generation) {
 		}
 		return
 	}
-	if prev := l.ro.prev; l.ep.gone(l.ctx, prev.at) {
+	if gone := l.ep.gone(l.ctx, l.ro.prev.at); gone && l.ctx.Err() == nil { // a look cut short decides nothing
 		l.withdrawPrev(g)
 	}
 }
@@ -79,7 +79,7 @@ func (l *loop) withdrawPrev(g *generation) {
 	prev := l.ro.prev
 	l.log.Info("the new instance is registered and the old one is gone; withdrawing the old registration",
 		"socket", prev.path, "endpoint", prev.at.local)
-	l.socks.withdraw(prev)
+	l.socks.withdraw(prev, true)
 	l.ro = nil
 	l.mv.withdrawn(g)
 }

@@ -148,7 +148,8 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 			}
 			theirs := mustID(t, d.SocketPath)
 
-			s := runSupervisor(t, Options{})
+			var log testkit.Buffer
+			s := runSupervisor(t, Options{Log: log.Logger()})
 			s.Start(d)
 			if how == "frozen" {
 				awaitSocket(t, d)
@@ -163,10 +164,16 @@ func TestServedSocketIsNotReplaced(t *testing.T) {
 				st := statusOf(s, d.Name)
 				return strings.Contains(st.LastError, "is served by another process") && st.HeldByOther
 			})
-			testkit.Never(t, 500*time.Millisecond, "the other process's socket replaced", func() bool {
+			// Retried every 50-200 ms meanwhile: each retry is BackingOff, held by another, from
+			// its start to its end, and the phase changed once.
+			testkit.Never(t, 500*time.Millisecond, "the other process's socket replaced, or the status other than BackingOff, held by another", func() bool {
 				id, _, err := fsid.Stat(d.SocketPath)
-				return err != nil || id != theirs
+				st := statusOf(s, d.Name)
+				return err != nil || id != theirs || st.Phase != BackingOff || !st.HeldByOther
 			})
+			if n := strings.Count(log.String(), `msg="phase changed"`); n != 1 {
+				t.Errorf("the phase changed %d times, want once (BackingOff)", n)
+			}
 			if st := statusOf(s, d.Name); st.Phase != BackingOff || st.Ready() {
 				t.Errorf("while another process serves the path: %+v, want BackingOff, not ready", st)
 			}

@@ -118,25 +118,20 @@ func (s *sockets) checkGuard() error {
 	return s.env.guard()
 }
 
-// withdraw stops a generation and removes its socket, so that kubelet deregisters it; kubelet
-// may hold its path for a moment (markWithdrawn).
-func (s *sockets) withdraw(g *generation) {
-	if s.withdrawRejected(g) {
-		s.markWithdrawn(g.path)
-	}
-}
-
-// withdrawRejected stops a generation and removes its socket, and reports whether it did:
-// withdraw for a generation kubelet holds no registration of, such as one it rejected (its
-// failed registration is no longer in its actual state from 1.36, and held nothing in its
-// handler before), whose next socket may follow at once.
-func (s *sockets) withdrawRejected(g *generation) bool {
+// withdraw stops a generation and removes its socket, so that kubelet deregisters it. held
+// says whether kubelet may hold its registration, and so its path for a moment after
+// (markWithdrawn): not a socket it rejected (its failed registration is no longer in its actual
+// state from 1.36, and held nothing in its handler before), whose next socket may follow at
+// once.
+func (s *sockets) withdraw(g *generation, held bool) {
 	g.stop()
 	removed, err := sockfile.RemoveIfOurs(g.path, g.id)
 	if err != nil {
 		s.d.log.Warn("remove registration socket", "socket", g.path, "err", err)
 	}
-	return removed
+	if removed && held {
+		s.markWithdrawn(g.path)
+	}
 }
 
 // withdrawStale removes a socket at path that no one serves (see sockfile.RemoveStale): one an
@@ -164,7 +159,7 @@ func (s *sockets) replaced(ev fswatch.Change, g *generation) bool {
 // over (rolls) publishes over a socket an earlier run of multireg left, keeping one: the
 // first of the paths where a socket is, the others' withdrawn (kubelet still holds the
 // first's meanwhile). A DRA driver outside a rollover publishes where clearPaths says instead
-// (loop.withdrawsFirst).
+// (withdrawsFirst).
 func (s *sockets) publishPath(cur, prev *generation, swaps, rolls bool) string {
 	spec := s.d.spec
 	switch {
@@ -267,8 +262,9 @@ func (s *sockets) markWithdrawn(path string) {
 	s.withdrawnAt[path] = time.Now()
 }
 
-// sleepBackoff waits for the backoff interval wait after the failure err (nil: a wait a
-// hand-over gave the loop) and reports whether the loop goes on. When something that is not
+// sleepBackoff waits for the rest of the backoff interval (wait) after the failure err (nil: a
+// wait a hand-over gave the loop) and reports whether the wait ran its course (false: ctx
+// ended it). When something that is not
 // ours blocks a registration socket's path (err holds a sockfile.NotSocketError or a
 // sockfile.ServedError), the wait also ends once it is gone: ws watches the path.
 func (s *sockets) sleepBackoff(ctx context.Context, wait time.Duration, err error, ws watches, ep *endpoint) bool {
@@ -276,7 +272,6 @@ func (s *sockets) sleepBackoff(ctx context.Context, wait time.Duration, err erro
 		return s.sleepBlocked(ctx, wait, ws.of(ns.Path), ns.Path, func() bool { return pathClear(ns.Path) })
 	}
 	if se, served := errors.AsType[*sockfile.ServedError](err); served {
-		s.d.setHeldByOther()
 		return s.sleepBlocked(ctx, wait, ws.of(se.Path), se.Path, func() bool { return sockfile.CheckNotServed(se.Path, fsid.ID{}) == nil })
 	}
 	// Whether the driver is on this node is kept up to date meanwhile: a driver removed from

@@ -142,50 +142,69 @@ type shownState struct {
 	st      state
 	rolling bool      // a rollover keeps the previous registration (loop.ro)
 	waits   bool      // the loop waits for the endpoint (waitForEndpoint)
+	keeps   bool      // kubelet holds cur, which a restart of the driver may keep (endpoint.keepsOnRestart)
 	handed  Phase     // stTakingOver: the phase the other instance showed
 	retryAt time.Time // stBackingOff: when the next attempt starts
+	// unanswered: the wait for the endpoint has seen it not answer (report) since the loop
+	// entered st.
+	unanswered bool
 }
 
-// phase is the status phase of a loop in s, for a driver of type typ whose endpoint answered
-// the last look (up). While a rollover keeps the previous registration, kubelet holds the
-// driver's registration: it is Registered whatever the new instance's attempt goes through.
-func (s shownState) phase(typ string, up bool) Phase {
+// phase is the status phase of a loop in s, for a driver of type typ; "" keeps the phase shown
+// (was). While a rollover keeps the previous registration, kubelet holds the driver's
+// registration: it is Registered whatever the new instance's attempt goes through.
+//
+// A loop that goes back to waiting for its endpoint, or that waits to publish, shows what it
+// showed until it knows better: its endpoint does not answer (WaitingForEndpoint; Registered
+// while kubelet holds a registration the driver's restart may keep), or its socket is published
+// (Serving). A retry after a backoff is BackingOff until then, a socket removed by someone else
+// Registered: each phase is one the loop is in for more than the instant of a step.
+func (s shownState) phase(was Phase) Phase {
 	if s.rolling {
 		return Registered
 	}
+	waiting := WaitingForEndpoint
+	if s.keeps {
+		waiting = Registered // kubelet holds the registration while the driver comes up
+	}
 	switch s.st {
 	case stWaitingForEndpoint:
-		if !s.waits {
+		switch {
+		case !s.waits:
 			return Serving // it publishes at once
+		case s.unanswered:
+			return waiting
 		}
-		return WaitingForEndpoint
+		return was
 	case stTakingOver:
-		if s.handed != "" {
-			return s.handed
+		if s.unanswered || s.handed == "" {
+			return waiting
 		}
-		return WaitingForEndpoint
+		return s.handed
 	case stRestarting:
 		return Registered // kubelet holds the registration while the driver comes up
 	case stFallingBack:
 		// kubelet holds the previous registration; a device plugin's lives only while its
-		// instance answers (kubelet's stream to it).
-		if typ == config.DevicePlugin && !up {
-			return WaitingForEndpoint
+		// instance answers (kubelet's stream to it), which keeps says.
+		if s.unanswered {
+			return waiting
 		}
 		return Registered
-	case stPublishing, stAwaitingVerdict:
+	case stPublishing:
+		return was
+	case stAwaitingVerdict:
 		return Serving
 	case stRegistered:
 		return Registered
 	case stBackingOff:
 		return BackingOff
 	}
-	return WaitingForEndpoint // stStopped: not shown
+	return was // stStopped: not shown
 }
 
 // show records the loop's state, from which the status's phase is derived, and logs a change
-// of phase. Entering a phase clears what the last one said: whether another process holds the
-// path, the next attempt (but a backoff's), and on registration the last error.
+// of phase. Entering a phase clears what the last one said (whether another process holds the
+// path); the next attempt is a backoff's, if any; a registration clears the last error.
 func (d *driver) show(s shownState) {
 	if s.st == stStopped {
 		return // the loop has ended: its status shows where it stood
@@ -206,7 +225,7 @@ func (d *driver) show(s shownState) {
 
 // derive sets the phase from what show recorded, and reports whether it changed. mu is held.
 func (d *driver) derive() bool {
-	p := d.shown.phase(d.spec.Type, d.st.EndpointUp)
+	p := d.shown.phase(d.st.Phase)
 	if p == d.st.Phase {
 		return false
 	}
@@ -236,20 +255,27 @@ func (d *driver) record(o outcome) {
 	}
 }
 
-// report records why the loop waits (err) and when it looks again (next), as a wait for the
-// endpoint sees it.
+// report records that the endpoint does not answer, why (err) and when the wait for it looks
+// again (next); the phase may follow (shownState.phase).
 func (d *driver) report(err string, next time.Time) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.st.LastError, d.st.NextAttempt, d.st.HeldByOther = err, next, false
+	d.shown.unanswered = true
+	changed := d.derive()
+	p := d.st.Phase
+	d.mu.Unlock()
+	if changed {
+		d.log.Info("phase changed", "phase", p)
+	}
 }
 
-// countFailure counts a failed attempt, err: the loop backs off.
-func (d *driver) countFailure(err string) {
+// countFailure counts a failed attempt, err: the loop backs off. held: another process serves
+// the registration socket's path (HeldByOther), which the failure says.
+func (d *driver) countFailure(err string, held bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Failures++
-	d.st.LastError, d.st.HeldByOther = err, false
+	d.st.LastError, d.st.HeldByOther = err, held
 }
 
 // setPresence records whether the endpoint's file is there, from the error of a look at it.
@@ -257,13 +283,6 @@ func (d *driver) setPresence(statErr error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
-}
-
-// setHeldByOther records that another process serves the registration socket's path.
-func (d *driver) setHeldByOther() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.st.HeldByOther = true
 }
 
 // setSocket records the registration socket the loop serves: a driver that rolls over has two.
@@ -287,17 +306,11 @@ func (d *driver) countRestart() {
 	d.st.EndpointRestarts++
 }
 
-// setEndpointUp records the endpoint's state and reports whether it changed. The phase may
-// follow it (shownState.phase).
+// setEndpointUp records the endpoint's state and reports whether it changed.
 func (d *driver) setEndpointUp(up bool) bool {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	changed := d.st.EndpointUp != up
 	d.st.EndpointUp = up
-	phaseChanged := changed && d.derive()
-	p := d.st.Phase
-	d.mu.Unlock()
-	if phaseChanged {
-		d.log.Info("phase changed", "phase", p)
-	}
 	return changed
 }

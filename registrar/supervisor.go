@@ -174,7 +174,7 @@ func (s *Supervisor) Start(d config.Driver) {
 	s.start(d, nil, true)
 }
 
-// start is Start, with what a hand-over gave the driver (h), if anything: otherwise what
+// start is Start, with what a hand-over gave the driver (hd), if anything: otherwise what
 // TakeOver left for it. counted: the sockets taken from hd are counted as a hand-over's
 // (TakenOver); a loop moved in this process (move) takes its own.
 func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
@@ -185,7 +185,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 	if s.ctx.Err() != nil {
 		s.mu.Unlock()
 		if hd != nil {
-			hd.Close()
+			s.endUntaken(hd, !counted)
 		}
 		return
 	}
@@ -240,24 +240,49 @@ func (s *Supervisor) Update(d config.Driver) {
 	switch {
 	case !ok:
 	case was.Changes(d)&config.ChangeLocal != 0:
-		s.move(h, d)
+		s.move(h, was, d)
 	default:
 		h.d.updatePolicy(d)
 	}
 }
 
-// move restarts h's loop as d, which differs from it in where this process reaches the
-// endpoint (config.Local), the way a hand-over restarts it in another process: the loop
-// stops and hands over its sockets and state, and the new one serves them and goes on, its
-// endpoint probed where d says. kubelet sees nothing.
-func (s *Supervisor) move(h *handle, d config.Driver) {
+// move restarts h's loop, configured as was, as d, which differs from it in where this
+// process reaches the endpoint (config.Local), the way a hand-over restarts it in another
+// process: the loop stops and hands over its sockets and state, and the new one serves them
+// and goes on, its endpoint probed where d says. kubelet sees nothing.
+func (s *Supervisor) move(h *handle, was, d config.Driver) {
 	h.cancel(errHandOver)
 	<-h.done
 	hd := h.handed
 	h.handed = nil
+	s.mu.Lock()
+	current := s.running[d.Name] == h
+	s.mu.Unlock()
+	if !current { // stopped or started anew meanwhile: what it handed over is no one's now
+		if hd != nil {
+			hd.Withdraw(h.d.log)
+		}
+		return
+	}
 	h.d.log.Info("where this process reaches the driver's endpoint changed; the loop goes on there with its sockets",
 		"localEndpoint", d.LocalEndpoint)
+	if was.Policy != d.Policy {
+		h.d.log.Info("loop policy updated; the registration stays", "backoff", d.Backoff, "registrationTimeout", d.RegistrationTimeout,
+			"waitForEndpoint", d.WaitForEndpoint, "required", d.Required)
+	}
 	s.start(d, hd, false)
+}
+
+// endUntaken ends what a hand-over left that no loop takes over because the supervisor has
+// ended: closed, or, when it is the supervisor's own (own: a loop of this process handed it
+// over, to move or to be resumed) and the supervisor shut down with cleanup asked for,
+// withdrawn, as its loop would have withdrawn it.
+func (s *Supervisor) endUntaken(hd *handover.Driver, own bool) {
+	if own && s.env.cleanup && errors.Is(context.Cause(s.ctx), errShutdown) {
+		hd.Withdraw(s.log.With("driver", hd.Spec.Name))
+		return
+	}
+	hd.Close()
 }
 
 // Stop stops the named driver, removes its socket (kubelet deregisters the plugin) and

@@ -313,9 +313,9 @@ func returned(done <-chan struct{}) func() bool {
 	}
 }
 
-// TestDetachHoldsStartUntilResume: a Start during a hand-over's pause waits until Resume has
+// TestHandOverHoldsStartUntilResume: a Start during a hand-over's pause waits until Resume has
 // run the paused loops again, then runs its own.
-func TestDetachHoldsStartUntilResume(t *testing.T) {
+func TestHandOverHoldsStartUntilResume(t *testing.T) {
 	s, a, b, snap := paused(t)
 	started := make(chan struct{})
 	go func() {
@@ -334,9 +334,9 @@ func TestDetachHoldsStartUntilResume(t *testing.T) {
 	}
 }
 
-// TestReleaseEndsTheCallsWaitingOnDetach: the calls waiting on a hand-over's pause return
+// TestReleaseEndsTheCallsWaitingOnHandOver: the calls waiting on a hand-over's pause return
 // once it succeeded (Release), and change nothing: the sockets are the next instance's.
-func TestReleaseEndsTheCallsWaitingOnDetach(t *testing.T) {
+func TestReleaseEndsTheCallsWaitingOnHandOver(t *testing.T) {
 	s, a, b, _ := paused(t)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -361,9 +361,9 @@ func TestReleaseEndsTheCallsWaitingOnDetach(t *testing.T) {
 	}
 }
 
-// TestRunEndingEndsTheCallsWaitingOnDetach: once Run has returned, Start does nothing and
+// TestRunEndingEndsTheCallsWaitingOnHandOver: once Run has returned, Start does nothing and
 // Stop and Update return, also when they waited on a hand-over's pause that never ended.
-func TestRunEndingEndsTheCallsWaitingOnDetach(t *testing.T) {
+func TestRunEndingEndsTheCallsWaitingOnHandOver(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	a := testDriver(dir, "vendor.example/a", config.DevicePlugin, filepath.Join(dir, "ep", "a.sock"))
 	b := testDriver(dir, "vendor.example/b", config.DevicePlugin, filepath.Join(dir, "ep", "b.sock"))

@@ -8,6 +8,7 @@ import (
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/regdir"
+	"multireg.dev/multireg/internal/sockfile"
 )
 
 // The acts of the table's rows (machine.go): each takes the loop in the row's state and the
@@ -65,7 +66,7 @@ func renamed(l *loop, e event) state {
 		l.ep.countReregistration()
 	}
 	l.log.Warn("driver reports another name; its registration is withdrawn", "err", e.err)
-	l.socks.withdraw(l.cur)
+	l.socks.withdraw(l.cur, true)
 	l.cur, l.a = nil, nil
 	return stWaitingForEndpoint
 }
@@ -85,7 +86,7 @@ func publish(l *loop, _ event) state {
 	case cur.path == g.path:
 		cur.stop() // its file was just replaced by g's
 	default:
-		l.socks.withdraw(cur) // kubelet deregisters it in the pass that registers g (swapsPaths)
+		l.socks.withdraw(cur, true) // kubelet deregisters it in the pass that registers g (swapsPaths)
 		if l.verifySwap {
 			l.mv.startSwap(g)
 		}
@@ -99,7 +100,9 @@ func publish(l *loop, _ event) state {
 // registration, and a hand-over hands it over as such.
 func accepted(l *loop, _ event) state {
 	l.w.lift()
-	l.registered(l.ctx, l.cur)
+	// A verdict taken as the loop ends asks NodeGetInfo all the same, for the loop it is
+	// handed over to: the call has its own timeout.
+	l.registered(context.WithoutCancel(l.ctx), l.cur)
 	l.settle(l.cur)
 	return stRegistered
 }
@@ -107,7 +110,7 @@ func accepted(l *loop, _ event) state {
 // rejected: kubelet refused cur, which it holds no registration of.
 func rejected(l *loop, e event) state {
 	l.d.record(outRejected)
-	l.socks.withdrawRejected(l.cur)
+	l.socks.withdraw(l.cur, false)
 	l.cur = nil
 	return l.backOff(e.err)
 }
@@ -117,7 +120,7 @@ func timedOut(l *loop, _ event) state {
 	allowed := l.p.timeout
 	err := fmt.Errorf("no registration verdict from kubelet within %s; the next attempt allows %s", allowed, l.p.timedOut())
 	l.d.record(outTimeout)
-	l.socks.withdraw(l.cur)
+	l.socks.withdraw(l.cur, true)
 	l.cur = nil
 	return l.backOff(err)
 }
@@ -192,7 +195,7 @@ func endpointMoved(l *loop, _ event) state {
 		// kubelet holds cur: the registration stays with it until the new instance's is made.
 		// An older one still kept is no longer needed.
 		if l.ro != nil {
-			l.socks.withdraw(l.ro.prev)
+			l.socks.withdraw(l.ro.prev, true)
 		}
 		l.startRollover(cur)
 		l.cur = nil
@@ -206,7 +209,7 @@ func endpointMoved(l *loop, _ event) state {
 // fallBackFrom withdraws cur, a rollover's new instance's registration, and goes back to the
 // previous one, which kubelet holds and whose instance answers.
 func (l *loop) fallBackFrom(cur *generation) state {
-	l.socks.withdraw(cur)
+	l.socks.withdraw(cur, true)
 	l.cur = l.fallBack()
 	// The new instance's registration went: an older device manager dropped the resource's
 	// client with it, which kubelet's view shows.
@@ -224,7 +227,7 @@ func devicesDropped(l *loop, _ event) state {
 
 // moveVerified: a device plugin's move needs no more reading of kubelet's view.
 func moveVerified(l *loop, _ event) state {
-	l.mv.end()
+	l.mv.end(l.cur)
 	return l.st
 }
 
@@ -232,10 +235,23 @@ func moveVerified(l *loop, _ event) state {
 func backoffOver(*loop, event) state { return stWaitingForEndpoint }
 
 // reload: the driver's new loop policy (config.Policy): what it registers is what the loop
-// registers already. Every wait from the next one on follows it; a wait under way (a backoff
-// interval, a registration timeout, a probe's interval) runs its course.
+// registers already. The wait it ended begins again under it: a backoff interval under way
+// is the new curve's for the same failure, counted from the failure; a registration timeout
+// under way counts the new timeout from the socket's publication; waiting for the endpoint
+// (or not: waitForEndpoint) follows it at once.
 func reload(l *loop, e event) state {
-	l.applyPolicy(*e.spec)
+	wait := l.applyPolicy(*e.spec)
+	switch {
+	case l.st == stBackingOff && wait > 0:
+		from := l.failedAt
+		if from.IsZero() { // a wait a hand-over gave: counted from now
+			from = time.Now()
+		}
+		l.retryIn, l.retryAt = wait, from.Add(wait)
+		l.log.Info("the backoff under way follows the new policy", "nextAttempt", l.retryAt.Format(time.RFC3339Nano))
+	case l.st.awaits() && l.w != nil:
+		l.w.rearm(l.p.timeout)
+	}
 	return l.st
 }
 
@@ -287,7 +303,7 @@ func (l *loop) publishing() state {
 			break
 		}
 		if l.cur != nil {
-			l.socks.withdraw(l.cur)
+			l.socks.withdraw(l.cur, true)
 			l.cur = nil
 		}
 		l.pub = l.socks.clearPaths()
@@ -303,6 +319,7 @@ func (l *loop) registered(ctx context.Context, g *generation) {
 	g.registered = true
 	l.p.registered()
 	l.d.record(outRegistered)
+	l.d.show(l.shownAs(stRegistered)) // kubelet holds it now, whatever the questions below take
 	l.ep.recordNodeInfo(ctx)
 }
 
@@ -310,22 +327,33 @@ func (l *loop) registered(ctx context.Context, g *generation) {
 // next attempt.
 func (l *loop) backOff(err error) state {
 	wait := l.p.wait()
-	l.err, l.retryIn, l.retryAt = err, wait, time.Now().Add(wait)
-	l.d.countFailure(err.Error())
+	l.failedAt = time.Now()
+	l.err, l.retryIn, l.retryAt = err, wait, l.failedAt.Add(wait)
+	_, held := errors.AsType[*sockfile.ServedError](err)
+	l.d.countFailure(err.Error(), held)
+	l.d.show(l.shownAs(stBackingOff))
 	l.log.Warn("registration failed", "err", err, "retryIn", wait.Round(time.Millisecond))
 	return stBackingOff
 }
 
-// applyPolicy takes spec's loop policy (config.Policy).
-func (l *loop) applyPolicy(spec config.Driver) {
-	l.d.spec.Policy = spec.Policy
-	l.p.setPolicy(spec)
+// applyPolicy takes spec's loop policy (config.Policy) and what status shows of it
+// (config.Display), and returns the wait the new backoff curve gives the last failure (0:
+// none since the last registration).
+func (l *loop) applyPolicy(spec config.Driver) time.Duration {
+	was := l.d.spec.Policy
+	l.d.spec.Policy, l.d.spec.Display = spec.Policy, spec.Display // what a hand-over hands over, or Resume resumes
+	if spec.Policy == was {
+		l.log.Debug("what status shows of the driver updated")
+		return 0
+	}
+	wait := l.p.setPolicy(spec)
 	l.probeB = newBackoff(spec.Backoff)
 	if !nodeInfoTracked(l.d.spec) {
 		l.ep.nodeInfo = nil // not asked of a driver multireg does not talk to: its next restart registers it again
 	}
 	l.log.Info("loop policy updated; the registration stays", "backoff", spec.Backoff, "registrationTimeout", spec.RegistrationTimeout,
 		"waitForEndpoint", spec.WaitForEndpoint, "required", spec.Required)
+	return wait
 }
 
 // end stops the loop's sockets as it ends: withdrawn (remove), or stopped, their files kept.
@@ -335,7 +363,7 @@ func (l *loop) end(remove bool) {
 		switch {
 		case g == nil:
 		case remove:
-			l.socks.withdraw(g)
+			l.socks.withdraw(g, true)
 		default:
 			g.stop()
 		}

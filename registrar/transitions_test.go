@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -39,8 +40,25 @@ func transitionsIn(log string) []string {
 // awaitTransition waits until the log holds the transition name (From_Event_To).
 func awaitTransition(t testing.TB, log *testkit.Buffer, name string) {
 	t.Helper()
-	testkit.Eventually(t, 10*time.Second, "the transition "+name, func() bool {
-		return slices.Contains(transitionsIn(log.String()), name)
+	awaitTransitions(t, log, name, 1)
+}
+
+// countOf counts name in names.
+func countOf(names []string, name string) int {
+	n := 0
+	for _, m := range names {
+		if m == name {
+			n++
+		}
+	}
+	return n
+}
+
+// awaitTransitions waits until the log holds the transition name (From_Event_To) n times.
+func awaitTransitions(t testing.TB, log *testkit.Buffer, name string, n int) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("the transition %s, %d times", name, n), func() bool {
+		return countOf(transitionsIn(log.String()), name) >= n
 	})
 }
 
@@ -477,29 +495,26 @@ var transitionTests = []struct {
 		}
 	}},
 	{"BackingOff_Reload_BackingOff", func(t *testing.T, log *testkit.Buffer, name string) {
-		// A backoff under way runs its course; the one after it follows the new policy.
-		s, d, _ := setupOpts(t, config.DevicePlugin, true, Options{Log: log.Logger()}, func(d *config.Driver) {
-			d.Backoff = config.Backoff{InitialInterval: time.Second, MaxInterval: time.Second, Multiplier: 2}
-		})
+		// A backoff of a minute under way follows a new policy's 50 ms at once.
+		s, d, _ := setupOpts(t, config.DevicePlugin, true, Options{Log: log.Logger()}, slowBackoff)
 		awaitSocket(t, d)
+		first := mustID(t, d.SocketPath)
 		register(t, d.SocketPath, false, "no")
 		awaitTransition(t, log, "AwaitingVerdict_Rejected_BackingOff")
-		s.Update(withPolicy(d, time.Minute, 0))
+		s.Update(withPolicy(d, 50*time.Millisecond, 0))
 		awaitTransition(t, log, name)
-		awaitSocket(t, d)
-		register(t, d.SocketPath, false, "no")
-		testkit.Eventually(t, 5*time.Second, "the next attempt a minute away", func() bool {
-			return time.Until(statusOf(s, d.Name).NextAttempt) > 30*time.Second
+		testkit.Eventually(t, 5*time.Second, "a new socket published, not a minute later", func() bool {
+			id, _, err := fsid.Stat(d.SocketPath)
+			return err == nil && id != first
 		})
 	}},
 	{"AwaitingVerdict_Reload_AwaitingVerdict", func(t *testing.T, log *testkit.Buffer, name string) {
-		// The attempt under way keeps its timeout (none); the next attempt has the new one.
-		s, d, e := setupOpts(t, config.DRAPlugin, true, Options{Log: log.Logger()}, slowBackoff)
+		// An attempt awaiting its verdict without a timeout gets the new policy's, counted
+		// from its socket's publication.
+		s, d, _ := setupOpts(t, config.DRAPlugin, true, Options{Log: log.Logger()}, slowBackoff)
 		awaitTransition(t, log, "Publishing_PathFree_AwaitingVerdict")
 		s.Update(withPolicy(d, time.Minute, 300*time.Millisecond))
-		crash(t, s, d, e)
 		awaitTransition(t, log, name)
-		startEndpoint(t, d.LocalEndpoint, "")
 		awaitTransition(t, log, "AwaitingVerdict_Timeout_BackingOff")
 		if st := statusOf(s, d.Name); !strings.Contains(st.LastError, "within 300ms") {
 			t.Errorf("last error %q, want the new timeout's", st.LastError)
@@ -577,6 +592,8 @@ var transitionTests = []struct {
 	{"Registered_OldInstanceGone_Registered", func(t *testing.T, log *testkit.Buffer, name string) {
 		s, d, a, _ := rolledOver(t, Options{Log: log.Logger()})
 		alt := mustID(t, d.AltSocketPath)
+		// Once kubelet's verdict on dra-b is taken: an old instance gone before settles in it.
+		awaitTransitions(t, log, "AwaitingVerdict_Accepted_Registered", 2)
 		a.Stop()
 		awaitTransition(t, log, name)
 		testkit.Eventually(t, 5*time.Second, "the old registration withdrawn", func() bool { return !testkit.IsSocket(d.SocketPath) })
@@ -641,16 +658,18 @@ var transitionTests = []struct {
 	}},
 	{"Registered_EndpointMoved_Registered", func(t *testing.T, log *testkit.Buffer, name string) {
 		// After a rollover, a newer instance answers: whether the registered new instance is
-		// gone decides, and the driver is removed while that probe runs.
+		// gone decides, and the driver is removed while that probe runs. Only the act's probe
+		// is held: one of dra-b made once dra-c answers (a look probes dra-b only when dra-c
+		// does not, between its bind and its listen).
 		d := patternDriver(testkit.ShortDir(t), config.DRAPlugin, "dra-*.sock")
 		a := startInstance(t, d, "dra-a.sock")
 		ageFile(t, a.Path(), 2*time.Minute)
 		var armed atomic.Bool
-		var bPath string
+		var bPath, cPath string
 		entered := make(chan struct{})
 		s := runSupervisor(t, Options{Log: log.Logger()})
 		s.env.probe = func(ctx context.Context, spec config.Driver) error {
-			if armed.Load() && spec.LocalEndpoint == bPath && armed.CompareAndSwap(true, false) {
+			if armed.Load() && spec.LocalEndpoint == bPath && answers(cPath) && armed.CompareAndSwap(true, false) {
 				close(entered)
 				<-ctx.Done()
 				return ctx.Err()
@@ -662,10 +681,10 @@ var transitionTests = []struct {
 		registerAndWait(t, s, d)
 		b := startInstance(t, d, "dra-b.sock")
 		ageFile(t, b.Path(), time.Minute)
-		bPath = b.Path()
+		bPath, cPath = b.Path(), filepath.Join(filepath.Dir(b.Path()), "dra-c.sock")
 		testkit.Eventually(t, 5*time.Second, "the second registration socket", func() bool { return testkit.IsSocket(d.AltSocketPath) })
 		register(t, d.AltSocketPath, true, "")
-		awaitTransition(t, log, "AwaitingVerdict_Accepted_Registered")
+		awaitTransitions(t, log, "AwaitingVerdict_Accepted_Registered", 2) // dra-a's, then dra-b's
 		armed.Store(true)
 		startInstance(t, d, "dra-c.sock")
 		<-entered
@@ -710,6 +729,16 @@ func withPolicy(d config.Driver, interval, timeout time.Duration) config.Driver 
 	d.Backoff = config.Backoff{InitialInterval: interval, MaxInterval: interval, Multiplier: 2}
 	d.RegistrationTimeout = timeout
 	return d
+}
+
+// answers reports whether something accepts a connection at path now.
+func answers(path string) bool {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // startStuckCSINode serves a CSI driver's endpoint at path whose NodeGetInfo never answers: it
@@ -775,6 +804,11 @@ func TestTransitions(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var log testkit.Buffer
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(log.String())
+				}
+			})
 			tt.run(t, &log, tt.name)
 			for _, tr := range transitionsIn(log.String()) {
 				if !inTable(tr) {

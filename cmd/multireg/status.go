@@ -279,7 +279,8 @@ func decodeStatus(body []byte, each func(driverStatus)) (statusDoc, error) {
 }
 
 // maxStatusDepth is how deep decodeStatus lets the values it does not know nest: the daemon's
-// document is 3 deep, and writeYAML recurses once per level.
+// document is a few levels deep (a driver's display fields may add one), and writeYAML
+// recurses once per level.
 const maxStatusDepth = 32
 
 // skipValue reads the value a decoder is at, a token at a time: it holds none of it.

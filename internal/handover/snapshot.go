@@ -18,7 +18,8 @@ import (
 
 // Snapshot is what one instance hands the next: for each driver, its
 // configuration, its listening registration sockets and where its loop stands. A Supervisor
-// given one (TakeOver) serves those sockets for every driver whose configuration is unchanged,
+// given one (TakeOver) serves those sockets for every driver that registers as it did
+// (Driver.RegistersAs: its config.Registration is unchanged),
 // so that kubelet sees nothing. Whoever holds a Snapshot owns its descriptors until Close.
 type Snapshot struct {
 	drivers map[string]*Driver
