@@ -60,7 +60,7 @@ MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$
 .PHONY: all build demo test test-nightly e2e-older unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
 	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
-	dockerfile-check build-args release-binaries faults-check
+	dockerfile-check build-args release-binaries faults-check e2e-node-helm
 
 all: build
 
@@ -219,9 +219,9 @@ test: fmt-check vet unit build release-checks e2e manifests
 ## (.github/workflows/nightly.yaml) runs every night: the config parser fuzzed for FUZZTIME, the
 ## monitoring objects with promtool, the end-to-end tests against kubelet 1.33 to 1.36 too
 ## (1.36 with the race detector), the image built twice (equal digests), the arm64 unit tests
-## under emulation, and the real single-node Kubernetes 1.37 and 1.35, built from source (as
-## root).
-test-nightly: test fuzz monitoring e2e-older image-reproducible unit-arm64 e2e-node
+## under emulation, the real single-node Kubernetes 1.37 and 1.35, built from source (as
+## root), and the README's install with Helm on a real node of 1.37.
+test-nightly: test fuzz monitoring e2e-older image-reproducible unit-arm64 e2e-node e2e-node-helm
 
 ## release-checks: what the release workflow builds, built here without network: every
 ## platform's binary, the image, the Dockerfile's image against it, the SBOMs, the binaries a
@@ -285,6 +285,14 @@ monitoring: promtool
 ## e2e/node/Makefile). Needs root; installs its Debian packages; caches each release's binaries.
 e2e-node: build image
 	$(MAKE) -C e2e/node fmt tidy-check test MULTIREG=$(CURDIR)/bin/multireg LAYOUT=$(abspath $(LAYOUT))
+
+## e2e-node-helm: the README's install with Helm, its commands run as written (e2e/node's
+## TestHelmInstall, with -helm), on a real single-node Kubernetes of its own, 1.37 (KUBE=1.35
+## for another): make image-push to the test's registry, helm install, rollout status, multireg
+## status in the pod, helm test, an upgrade that moves one driver, a rollback and the
+## uninstall. Part of test-nightly, after e2e-node; as root.
+e2e-node-helm: build image
+	$(MAKE) -C e2e/node deps release helm MULTIREG=$(CURDIR)/bin/multireg LAYOUT=$(abspath $(LAYOUT))
 
 ## bench: bin/multireg against kubelet's real plugin manager, beside the sidecar baseline, into
 ## BENCHMARKS.md (about 25 min; not part of test).

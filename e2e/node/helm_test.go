@@ -24,12 +24,15 @@ import (
 	"multireg.dev/multireg/e2e/node/endpoints"
 )
 
-// The README's install, run on the node, is not part of `make e2e-node` (it builds and pushes
-// the image again, minutes on a cold cache): -helm runs it, alone with
+// The README's install, run on the node, is not part of the scenarios' run (it builds and
+// pushes the image again, minutes on a cold cache): -helm runs it, on a cluster of its own,
+// with
 //
-//	sudo make e2e-node KUBE=1.37 NODE_ARGS='-test.run=TestHelmInstall -helm'
+//	sudo make e2e-node-helm        # from the repository's root; part of make test-nightly
 //
-// (see README.md here).
+// or `sudo make e2e-node KUBE=1.37 NODE_ARGS='-test.run=TestHelmInstall -helm'` (see README.md
+// here). Either way make runs this test, and the test runs the README's make commands as a
+// user's shell would (doccmd).
 var helmScenario = flag.Bool("helm", false, "run TestHelmInstall: the README's install with Helm, then upgrade, rollback and uninstall")
 
 // TestHelmInstall's drivers: two CSI drivers (the upgrade moves the second to a new endpoint
