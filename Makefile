@@ -48,6 +48,13 @@ QEMU_ARM64 ?= qemu-aarch64-static
 # Pinned tools, built from the Go module proxy and cached (hack/go-tool.sh).
 ACTIONLINT      := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 CYCLONEDX_GOMOD := github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
+GOVULNCHECK     := golang.org/x/vuln/cmd/govulncheck@v1.9.0
+# The modules make vulncheck checks: the product's, and hack/image's, which builds the image
+# and pushes it with the release's credentials.
+VULNCHECK_MODULES := . hack/image
+# The vulnerability database govulncheck reads: its own default, https://vuln.go.dev, unless
+# set (a mirror's URL, or file:///PATH of a copy).
+VULNDB ?=
 FUZZTIME ?= 2m
 # Prometheus's promtool, which checks and unit-tests the alerts: built from source once per
 # release and Go toolchain (e2e/monitoring/build-promtool.sh), then cached here.
@@ -60,7 +67,7 @@ MODFILE  := $(if $(filter 1.33 1.34 1.35 1.37,$(KUBE)),-modfile=kube$(subst .,,$
 .PHONY: all build demo test test-nightly e2e-older unit fuzz vet fmt-check e2e manifests e2e-node bench promtool monitoring \
 	binaries image image-push image-tool image-reproducible unit-arm64 sbom chart chart-readme \
 	actionlint release-notes release-checks image-repo chart-repo platforms version image-tag \
-	dockerfile-check build-args release-binaries faults-check
+	dockerfile-check build-args release-binaries faults-check vulncheck e2e-node-helm
 
 all: build
 
@@ -204,6 +211,18 @@ platforms:
 actionlint:
 	$$(hack/go-tool.sh actionlint $(ACTIONLINT)) -no-color
 
+## vulncheck: the known vulnerabilities that the code of VULNCHECK_MODULES reaches, in its
+## dependencies and in this Go toolchain's standard library: govulncheck (pinned, built from
+## the Go module proxy) against the Go vulnerability database (VULNDB). Fails when a call path
+## reaches a vulnerable function. It needs the database, which make test does not reach: the ci
+## and nightly workflows run it as a job of its own.
+vulncheck:
+	@tool=$$(hack/go-tool.sh govulncheck $(GOVULNCHECK)) || exit 1; rc=0; \
+	for m in $(VULNCHECK_MODULES); do \
+		echo "=== govulncheck: $$m"; \
+		(cd $$m && $$tool $(if $(VULNDB),-db $(VULNDB)) ./...) || rc=1; \
+	done; exit $$rc
+
 ## demo: multireg registering three drivers with kubelet's real plugin manager, one after a failure.
 demo: build
 	cd e2e && $(GO) run $(MODFILE) ./cmd/demo -multireg ../bin/multireg -config ../examples/local/config.yaml
@@ -219,9 +238,10 @@ test: fmt-check vet unit build release-checks e2e manifests
 ## (.github/workflows/nightly.yaml) runs every night: the config parser fuzzed for FUZZTIME, the
 ## monitoring objects with promtool, the end-to-end tests against kubelet 1.33 to 1.36 too
 ## (1.36 with the race detector), the image built twice (equal digests), the arm64 unit tests
-## under emulation, and the real single-node Kubernetes 1.37 and 1.35, built from source (as
-## root).
-test-nightly: test fuzz monitoring e2e-older image-reproducible unit-arm64 e2e-node
+## under emulation, the real single-node Kubernetes 1.37 and 1.35, built from source (as
+## root), and the README's install with Helm on a real node of 1.37. (make vulncheck, which
+## needs the vulnerability database, is a job of its own in the workflow.)
+test-nightly: test fuzz monitoring e2e-older image-reproducible unit-arm64 e2e-node e2e-node-helm
 
 ## release-checks: what the release workflow builds, built here without network: every
 ## platform's binary, the image, the Dockerfile's image against it, the SBOMs, the binaries a
@@ -285,6 +305,14 @@ monitoring: promtool
 ## e2e/node/Makefile). Needs root; installs its Debian packages; caches each release's binaries.
 e2e-node: build image
 	$(MAKE) -C e2e/node fmt tidy-check test MULTIREG=$(CURDIR)/bin/multireg LAYOUT=$(abspath $(LAYOUT))
+
+## e2e-node-helm: the README's install with Helm, its commands run as written (e2e/node's
+## TestHelmInstall, with -helm), on a real single-node Kubernetes of its own, 1.37 (KUBE=1.35
+## for another): make image-push to the test's registry, helm install, rollout status, multireg
+## status in the pod, helm test, an upgrade that moves one driver, a rollback and the
+## uninstall. Part of test-nightly, after e2e-node; as root.
+e2e-node-helm: build image
+	$(MAKE) -C e2e/node deps release helm MULTIREG=$(CURDIR)/bin/multireg LAYOUT=$(abspath $(LAYOUT))
 
 ## bench: bin/multireg against kubelet's real plugin manager, beside the sidecar baseline, into
 ## BENCHMARKS.md (about 25 min; not part of test).

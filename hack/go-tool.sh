@@ -1,5 +1,5 @@
 #!/bin/sh
-# go-tool.sh NAME MODULE/PATH@VERSION: builds a Go tool the checks need (actionlint,
+# go-tool.sh NAME MODULE/PATH@VERSION: builds a Go tool the checks need (actionlint, govulncheck,
 # cyclonedx-gomod) from the Go module proxy at the pinned version, keeps it in
 # ~/.cache/multireg/NAME/, and prints the binary's path. It is built again only when the
 # version or the Go toolchain changes: a cold build costs a minute or so, a warm one nothing.

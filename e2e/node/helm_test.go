@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -20,16 +19,20 @@ import (
 	"helm.sh/helm/v3/pkg/cli/values"
 	"helm.sh/helm/v3/pkg/getter"
 
+	"multireg.dev/multireg/e2e/internal/doccmd"
 	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/node/endpoints"
 )
 
-// The README's install, run on the node, is not part of `make e2e-node` (it builds and pushes
-// the image again, minutes on a cold cache): -helm runs it, alone with
+// The README's install, run on the node, is not part of the scenarios' run (it builds and
+// pushes the image again, minutes on a cold cache): -helm runs it, on a cluster of its own,
+// with
 //
-//	sudo make e2e-node KUBE=1.37 NODE_ARGS='-test.run=TestHelmInstall -helm'
+//	sudo make e2e-node-helm        # from the repository's root; part of make test-nightly
 //
-// (see README.md here).
+// or `sudo make e2e-node KUBE=1.37 NODE_ARGS='-test.run=TestHelmInstall -helm'` (see README.md
+// here). Either way make runs this test, and the test runs the README's make commands as a
+// user's shell would (doccmd).
 var helmScenario = flag.Bool("helm", false, "run TestHelmInstall: the README's install with Helm, then upgrade, rollback and uninstall")
 
 // TestHelmInstall's drivers: two CSI drivers (the upgrade moves the second to a new endpoint
@@ -95,7 +98,7 @@ type helmEnv struct {
 	values string // the values file, the node's drivers
 	csi    map[string]*endpoints.CSI
 	dp     *endpoints.DevicePlugin
-	pushed string // what make image-push printed: REPO:TAG@DIGEST
+	pushed string // what make image-push printed it pushed: REPO:TAG@DIGEST
 }
 
 // command runs one documented command line, the README's registry and values file replaced
@@ -114,12 +117,12 @@ func (e *helmEnv) command(t *testing.T, line string) string {
 	var err error
 	switch args[0] {
 	case "make":
+		// As the user's shell runs it, though make runs this test (doccmd.Make: without the
+		// parent makes' variables, --no-print-directory).
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "make", args[1:]...)
-		cmd.Dir = repoRoot(t)
 		var b []byte
-		b, err = cmd.CombinedOutput()
+		b, err = doccmd.Make(ctx, repoRoot(t), args[1:]...).CombinedOutput()
 		out = string(b)
 	case "helm":
 		out, err = helmCommand(t, args[1:])
@@ -138,15 +141,14 @@ func (e *helmEnv) command(t *testing.T, line string) string {
 }
 
 // substitute replaces each command substitution $(...) of line with what the command prints,
-// run by sh in the repository's root, as the user's shell would.
+// run by sh in the repository's root, as the user's shell would (doccmd.Shell: without the
+// parent makes' variables).
 func substitute(t *testing.T, line string) string {
 	t.Helper()
 	return regexp.MustCompile(`\$\(([^()]*)\)`).ReplaceAllStringFunc(line, func(m string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "sh", "-c", m[2:len(m)-1])
-		cmd.Dir = repoRoot(t)
-		out, err := cmd.Output()
+		out, err := doccmd.Shell(ctx, repoRoot(t), m[2:len(m)-1]).Output()
 		if err != nil {
 			t.Fatalf("%s: %v", m, err)
 		}
@@ -367,9 +369,9 @@ func TestHelmInstall(t *testing.T) {
 			out := e.command(t, l)
 			switch {
 			case strings.HasPrefix(l, "make image-push"):
-				e.pushed = strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:])
-				if want := e.repo + ":"; !strings.HasPrefix(e.pushed, want) || !strings.Contains(e.pushed, "@sha256:") {
-					t.Fatalf("make image-push printed %q last; want %sTAG@sha256:…", e.pushed, want)
+				var err error
+				if e.pushed, err = doccmd.PushedImage(out, e.repo); err != nil {
+					t.Fatal(err)
 				}
 			case strings.Contains(l, "/multireg status"):
 				if !strings.Contains(out, fmt.Sprintf("%d of %d drivers registered", len(helmDrivers), len(helmDrivers))) {
