@@ -299,3 +299,52 @@ func TestChartNotes(t *testing.T) {
 		})
 	}
 }
+
+// TestChartNotesUnpublishedImage: what `helm install` prints warns when the pods would pull an
+// image nobody publishes — the release workflow's repository with a development tag (a
+// development chart's appVersion, …-dev), no digest — and says how to set image.repository
+// and image.tag; it says nothing of the kind for a release's tag, a repository of one's own,
+// or a digest.
+func TestChartNotesUnpublishedImage(t *testing.T) {
+	c := loadChart(t)
+	repo := makeVar(t, "IMAGE_REPO")
+	digest := "sha256:" + strings.Repeat("0123456789abcdef", 4)
+	for _, tc := range []struct {
+		name, values, image string // image: the one the warning names; "" for no warning
+	}{
+		{"default values", "", map[bool]string{true: repo + ":" + c.Metadata.AppVersion}[strings.HasSuffix(c.Metadata.AppVersion, "-dev")]},
+		{"a development tag", "image: {tag: v9.9.9-dev}", repo + ":v9.9.9-dev"},
+		{"the release repository, named", "image: {repository: " + repo + ", tag: v9.9.9-dev}", repo + ":v9.9.9-dev"},
+		{"a development build's tag", "image: {tag: v9.9.9-dev.0123abc}", repo + ":v9.9.9-dev.0123abc"},
+		{"a release's tag", "image: {tag: v9.9.9}", ""},
+		{"a repository of one's own", "image: {repository: registry.test/mr, tag: v9.9.9-dev}", ""},
+		{"a digest", "image: {tag: v9.9.9-dev, digest: " + digest + "}", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			notes := renderNotes(t, c, mustValues(t, tc.values+"\ndrivers: []\n"))
+			warns := strings.Contains(notes, "WARNING")
+			switch {
+			case tc.image == "" && warns:
+				t.Errorf("NOTES.txt warns of the image, though it is %s:\n%s", tc.name, notes)
+			case tc.image != "" && !warns:
+				t.Errorf("NOTES.txt does not warn that %s is not published:\n%s", tc.image, notes)
+			case tc.image != "":
+				if !strings.HasPrefix(notes, "WARNING") {
+					t.Errorf("NOTES.txt's warning is not the first thing it says:\n%s", notes)
+				}
+				for _, want := range []string{
+					"the image " + tc.image + " is not published",
+					"ImagePullBackOff",
+					"make image-push IMAGE=",
+					"--set image.repository=",
+					"--set image.tag=$(make -s image-tag)",
+					"helm upgrade " + releaseName + " charts/multireg -n " + releaseNamespace + " --reuse-values",
+				} {
+					if !strings.Contains(notes, want) {
+						t.Errorf("NOTES.txt's warning does not say %q:\n%s", want, notes)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -79,21 +80,130 @@ func TestOneVersion(t *testing.T) {
 	case !released && slices.Contains(sections, version):
 		t.Errorf("CHANGELOG.md has a section %s, but the chart is a development chart (%s): a release's section comes with its commit", version, c.Metadata.Version)
 	}
-	var changes []struct{ Kind, Description string }
-	if err := yaml.Unmarshal([]byte(c.Metadata.Annotations["artifacthub.io/changes"]), &changes); err != nil || len(changes) == 0 {
-		t.Errorf("artifacthub.io/changes: %d changes (%v); want this release's", len(changes), err)
-	}
-	for _, ch := range changes {
-		if !regexp.MustCompile(`^(added|changed|deprecated|removed|fixed|security)$`).MatchString(ch.Kind) || ch.Description == "" {
-			t.Errorf("artifacthub.io/changes: %+v: want a kind Artifact Hub knows and a description", ch)
-		}
-	}
+	// The chart's changes are checked against this section: TestChartChanges.
 	// The release workflow pushes to the same repository and checks the tag against VERSION.
 	wf := string(readRepoFile(t, ".github/workflows/release.yaml"))
 	for _, want := range []string{"make -s image-repo", "$(cat VERSION)", "make -s image-push", "make image sbom chart release-notes", ".ci/run", "RELEASE: \"1\""} {
 		if !strings.Contains(wf, want) {
 			t.Errorf("the release workflow does not run %q", want)
 		}
+	}
+}
+
+// changelogItem is one bullet of a CHANGELOG.md section, under its "### " heading.
+type changelogItem struct {
+	kind string // the heading's first word, lower case: fixed, added, changed, security, …
+	text string // the bullet, its lines joined
+}
+
+// newestChangelogSection returns the name of CHANGELOG.md's first "## " section (Unreleased, or
+// the release's version on its commit) and its bullets.
+func newestChangelogSection(changelog string) (name string, items []changelogItem) {
+	kind := ""
+	in := false
+	for _, line := range strings.Split(changelog, "\n") {
+		switch {
+		case strings.HasPrefix(line, "## "):
+			if in {
+				return name, items
+			}
+			in, name = true, strings.Trim(strings.TrimSpace(strings.TrimPrefix(line, "## ")), "[]")
+		case !in:
+		case strings.HasPrefix(line, "### "):
+			kind = strings.ToLower(strings.Fields(strings.TrimPrefix(line, "### "))[0])
+		case strings.HasPrefix(line, "- "):
+			items = append(items, changelogItem{kind: kind, text: strings.TrimPrefix(line, "- ")})
+		case strings.HasPrefix(line, "  ") && len(items) > 0 && strings.TrimSpace(line) != "":
+			items[len(items)-1].text += " " + strings.TrimSpace(line)
+		}
+	}
+	return name, items
+}
+
+// beforeUpgrading returns what an item's "**Before upgrading**" is about: the code spans of its
+// bold lead and of the sentence that begins with "**Before upgrading**"; ok is false when the
+// item has none.
+func beforeUpgrading(text string) (terms []string, ok bool) {
+	i := strings.Index(text, "**Before upgrading**")
+	if i < 0 {
+		return nil, false
+	}
+	sentence := text[i:]
+	if j := strings.Index(sentence, ". "); j >= 0 {
+		sentence = sentence[:j]
+	}
+	lead := ""
+	if strings.HasPrefix(text, "**") {
+		if j := strings.Index(text[2:], "**"); j >= 0 {
+			lead = text[2 : 2+j]
+		}
+	}
+	for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(lead+" "+sentence, -1) {
+		terms = append(terms, m[1])
+	}
+	return terms, true
+}
+
+// TestChartChanges: the chart's artifacthub.io/changes are the CHANGELOG's section of this
+// release (Unreleased until the release's commit): each entry of a kind the section has (its
+// "### " headings: Fixed, Added, Changed, Security, …), every "**Before upgrading**" item of the
+// section an entry of its own kind that says "Before upgrading" and names what the item names,
+// and containsSecurityUpdates true only for a release whose section has security fixes.
+func TestChartChanges(t *testing.T) {
+	annotations := loadChart(t).Metadata.Annotations
+	name, items := newestChangelogSection(string(readRepoFile(t, "CHANGELOG.md")))
+	if len(items) == 0 {
+		t.Fatalf("CHANGELOG.md's section %q has no item", name)
+	}
+	kinds := map[string]bool{}
+	for _, it := range items {
+		kinds[it.kind] = true
+	}
+
+	var changes []struct{ Kind, Description string }
+	if err := yaml.Unmarshal([]byte(annotations["artifacthub.io/changes"]), &changes); err != nil || len(changes) == 0 {
+		t.Fatalf("artifacthub.io/changes: %d changes (%v); want this release's", len(changes), err)
+	}
+	for _, ch := range changes {
+		if !regexp.MustCompile(`^(added|changed|deprecated|removed|fixed|security)$`).MatchString(ch.Kind) || ch.Description == "" {
+			t.Errorf("artifacthub.io/changes: %+v: want a kind Artifact Hub knows and a description", ch)
+		}
+		if !kinds[ch.Kind] {
+			t.Errorf("artifacthub.io/changes: an entry of kind %q, but CHANGELOG.md's section %s has no such heading (its kinds: %v): %s",
+				ch.Kind, name, slices.Sorted(maps.Keys(kinds)), ch.Description)
+		}
+	}
+
+	used := make([]bool, len(changes))
+	for _, it := range items {
+		terms, ok := beforeUpgrading(it.text)
+		if !ok {
+			continue
+		}
+		found := false
+		for i, ch := range changes {
+			if used[i] || ch.Kind != it.kind || !strings.Contains(strings.ToLower(ch.Description), "before upgrading") {
+				continue
+			}
+			if slices.ContainsFunc(terms, func(term string) bool { return strings.Contains(ch.Description, term) }) {
+				used[i], found = true, true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("CHANGELOG.md's section %s says **Before upgrading** in a %q item, and artifacthub.io/changes has no entry of that kind that says \"Before upgrading\" and names one of %q:\n%.300s",
+				name, it.kind, terms, it.text)
+		}
+	}
+
+	switch security := annotations["artifacthub.io/containsSecurityUpdates"]; security {
+	case "", "false":
+	case "true":
+		if !kinds["security"] {
+			t.Errorf("artifacthub.io/containsSecurityUpdates is true, but CHANGELOG.md's section %s has no Security heading: Artifact Hub tells the users of earlier releases that this one fixes security issues of theirs", name)
+		}
+	default:
+		t.Errorf("artifacthub.io/containsSecurityUpdates %q; want \"true\" or \"false\"", security)
 	}
 }
 

@@ -46,6 +46,19 @@ helm.sh/chart: {{ include "multireg.chart" . }}
 {{- end }}
 {{- end }}
 
+{{/* The repository the release workflow publishes to: the Makefile's IMAGE_REPO, values.yaml's image.repository (e2e/manifests checks both). */}}
+{{- define "multireg.publishedRepository" -}}
+ghcr.io/multireg/multireg
+{{- end }}
+
+{{/* "true" when the image is one nobody publishes: the published repository with a development tag (…-dev, as a development chart's appVersion), no digest. Only a tagged release's image is pushed there. */}}
+{{- define "multireg.unpublishedImage" -}}
+{{- $tag := toString (.Values.image.tag | default .Chart.AppVersion) }}
+{{- if and (eq .Values.image.repository (include "multireg.publishedRepository" .)) (not .Values.image.digest) (contains "-dev" $tag) -}}
+true
+{{- end }}
+{{- end }}
+
 {{/* The pods' service account: the created one (the full name unless named), or the named or "default" one. */}}
 {{- define "multireg.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
