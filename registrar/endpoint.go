@@ -27,8 +27,10 @@ type endpoint struct {
 	at target
 	// probed is the endpoint's socket as last probed ready; zero when it was not there. It
 	// stays the one the registration was made or kept with until the loop takes the next
-	// answer, so that a hand-over in between tells the next instance of a restart.
-	probed fsid.ID
+	// answer, so that a hand-over in between tells the next instance of a restart. probedAt is
+	// when a probe last found it ready (zero: not probed).
+	probed   fsid.ID
+	probedAt time.Time
 	// health is what the loop knows of the DRAResourceHealth services the endpoint serves
 	// (health.go).
 	health healthKnowledge
@@ -50,6 +52,13 @@ const (
 	quickProbeMin = 50 * time.Millisecond
 	quickProbeMax = 1600 * time.Millisecond
 )
+
+// freshFor is how long an endpoint that a probe found ready stays ready without another probe,
+// while its socket is the same file: a retry after kubelet refused the driver, or after the
+// socket was removed, does not wait for a place among the probes of every other driver (the
+// start-up burst of a thousand), for an answer it has just had. A driver gone meanwhile costs
+// one attempt kubelet refuses.
+const freshFor = 5 * time.Second
 
 // waitEndpoint waits until the driver is ready to be registered, and reports it (EndpointUp,
 // with what the wait saw), or that it answers under another name while cur is served
@@ -77,6 +86,9 @@ func (ep *endpoint) waitUp(ctx context.Context, b *backoff.ExponentialBackOff, s
 		d.setPresence(err)
 		return &endpointUp{id: id, target: ep.at}, nil
 	}
+	if up := ep.fresh(); up != nil {
+		return up, nil
+	}
 	lastErr := ""
 	// After the endpoint's socket is created, a driver may still be between bind and listen,
 	// or registering its services: probe again soon, a few times, before the backoff goes on.
@@ -98,7 +110,7 @@ func (ep *endpoint) waitUp(ctx context.Context, b *backoff.ExponentialBackOff, s
 				id = fsid.ID{}
 			}
 			d.setEndpointUp(true)
-			return &endpointUp{id: id, target: t, health: health}, nil
+			return &endpointUp{id: id, target: t, health: health, probedAt: time.Now()}, nil
 		}
 		_, mismatch := errors.AsType[*probe.NameMismatchError](err)
 		d.setEndpointUp(mismatch) // a driver that answers under another name is up
@@ -139,6 +151,21 @@ func (ep *endpoint) waitUp(ctx context.Context, b *backoff.ExponentialBackOff, s
 			quick = quickProbeMin
 		}
 	}
+}
+
+// fresh is the endpoint as last probed ready when that was less than freshFor ago and its
+// socket is still that file; nil otherwise. Only a fixed endpoint's: a pattern's newest match
+// may have changed meanwhile.
+func (ep *endpoint) fresh() *endpointUp {
+	if ep.d.spec.EndpointIsPattern() || ep.probedAt.IsZero() || time.Since(ep.probedAt) >= freshFor {
+		return nil
+	}
+	if id, _, err := fsid.Stat(ep.at.local); err != nil || id != ep.probed {
+		return nil
+	}
+	ep.d.setPresence(nil)
+	ep.d.setEndpointUp(true)
+	return &endpointUp{id: ep.probed, target: ep.at, probedAt: ep.probedAt}
 }
 
 // takeUp makes what a wait for the endpoint saw (up) what the loop knows of the endpoint: the

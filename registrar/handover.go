@@ -373,7 +373,7 @@ func takeOverDecides(l *loop, e event) state {
 	default:
 		l.ep.countReregistration("why", "the driver restarted during the hand-over")
 	}
-	l.ep.probed, l.a = up.id, nil
+	l.ep.probed, l.ep.probedAt, l.a = up.id, up.probedAt, nil
 	if next == stPublishing {
 		return l.publishing()
 	}

@@ -59,8 +59,10 @@ func (ep *endpoint) askHealth(ctx context.Context, t target, id fsid.ID) (*healt
 	if !ep.d.spec.DetectsHealth() || id != (fsid.ID{}) && id == ep.health.of {
 		return nil, nil
 	}
+	// Apart from the other probes: the driver may say nothing for the probe's whole bound, and
+	// no other driver waits for that.
 	var h probe.Health
-	err := ep.env.inFlight.Do(ctx, func() (err error) {
+	err := ep.env.healthWaits.Do(ctx, func() (err error) {
 		h, err = probe.HealthServices(ctx, t.local)
 		return err
 	})

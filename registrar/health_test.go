@@ -2,9 +2,12 @@ package registrar
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -241,4 +244,80 @@ func TestHandOverSilenceKeepsHealth(t *testing.T) {
 
 	crash(t, b.sup, d, e)
 	restartSilent(t, d, &log, first)
+}
+
+// TestBadDRADriversDelayNoOther: 300 DRA drivers whose device health answer hangs (half of
+// them: their endpoint serves gRPC and says nothing) or whose endpoint speaks no HTTP/2 at all
+// (the other half: it accepts and is silent) start beside 10 that answer at once, after them
+// in the file: each bad one's question takes the probe's whole bound (2 s), and none delays a
+// good one's registration. (When the questions took the 32 places of the endpoint probes, the
+// good ones waited for the bad ones' questions and retries: 6.1 s here with -race, 19-20 s on
+// a node; 0.4 s since.) The time the good ones took is logged.
+func TestBadDRADriversDelayNoOther(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	var bad, good []config.Driver
+	for i := range 300 {
+		d := testDriver(dir, fmt.Sprintf("bad%d.example.com", i), config.DRAPlugin, filepath.Join(dir, "ep", fmt.Sprintf("b%d.sock", i)))
+		if i%2 == 0 {
+			testkit.HealthEndpointWith(t, d.LocalEndpoint, testkit.HealthOptions{Services: []string{"v1"}, Delay: time.Hour})
+		} else {
+			silentListener(t, d.LocalEndpoint)
+		}
+		bad = append(bad, d)
+	}
+	for i := range 10 {
+		d := testDriver(dir, fmt.Sprintf("good%d.example.com", i), config.DRAPlugin, filepath.Join(dir, "ep", fmt.Sprintf("g%d.sock", i)))
+		testkit.HealthEndpoint(t, d.LocalEndpoint, "v1")
+		good = append(good, d)
+	}
+	s := runSupervisor(t, Options{})
+	start := time.Now()
+	for _, d := range slices.Concat(bad, good) {
+		s.Start(d)
+	}
+	testkit.Eventually(t, 3*time.Second, "the good drivers' sockets published", func() bool {
+		return !slices.ContainsFunc(good, func(d config.Driver) bool { return !testkit.IsSocket(d.SocketPath) })
+	})
+	t.Logf("the 10 good drivers' sockets published %s after the start, beside 300 bad ones", time.Since(start).Round(time.Millisecond))
+	for _, d := range good {
+		if got := register(t, d.SocketPath, true, "").GetSupportedVersions(); !slices.Contains(got, "v1.DRAResourceHealth") {
+			t.Errorf("%s advertised %q, want its health service", d.Name, got)
+		}
+	}
+}
+
+// silentListener accepts connections at path and says nothing on them: no HTTP/2, no gRPC.
+func silentListener(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
 }

@@ -26,6 +26,9 @@ type env struct {
 	w        *fswatch.Watcher
 	hub      *regserver.Hub
 	inFlight probe.InFlight
+	// healthWaits bound the questions of a DRA driver's device health services in flight,
+	// apart from inFlight: each waits for the driver's answer (health.go).
+	healthWaits probe.InFlight
 	// moves is what the loops know of how kubelet takes a device plugin's move to a new
 	// endpoint, with kubelet's view of device-plugin resources (devicemoves.go).
 	moves *deviceMoves

@@ -3,6 +3,7 @@ package registrar
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
@@ -139,6 +140,8 @@ type endpointUp struct {
 	// health is what the endpoint answered of the device health services it serves, when it
 	// was asked (health.go); nil otherwise.
 	health *healthAnswer
+	// probedAt is when a probe found it ready (zero: it was not probed).
+	probedAt time.Time
 }
 
 // The events that end the loop, from any state: the cause of its context's end (stopped).

@@ -127,7 +127,8 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	moves := &deviceMoves{mode: cmp.Or(opts.DeviceMoves, config.MovesAuto), view: opts.PodResources, log: log}
-	e := &env{w: w, hub: h, inFlight: make(probe.InFlight, probe.MaxInFlight), moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit}
+	e := &env{w: w, hub: h, inFlight: make(probe.InFlight, probe.MaxInFlight), healthWaits: make(probe.InFlight, probe.MaxHealthWaits),
+		moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit}
 	s := &Supervisor{log: log, env: e, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
 	s.cond.L = &s.mu
 	return s, nil

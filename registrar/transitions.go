@@ -37,12 +37,12 @@ func upRestarting(l *loop, e event) state {
 		if !decided {
 			return stRestarting
 		}
-		l.ep.probed = e.up.id
+		l.ep.probed, l.ep.probedAt = e.up.id, e.up.probedAt
 		if keeps {
 			return stRegistered
 		}
 	}
-	l.ep.probed = e.up.id
+	l.ep.probed, l.ep.probedAt = e.up.id, e.up.probedAt
 	return l.publishing()
 }
 
@@ -284,7 +284,7 @@ func handOver(l *loop, _ event) state {
 // tookEndpoint takes what a wait for the endpoint saw, and resets the wait's backoff.
 func (l *loop) tookEndpoint(up *endpointUp) {
 	l.ep.takeUp(up)
-	l.ep.probed = up.id
+	l.ep.probed, l.ep.probedAt = up.id, up.probedAt
 	l.probeB.Reset()
 }
 

@@ -26,6 +26,13 @@ const Timeout = 2 * time.Second
 // place for at most Timeout and delays no other driver for longer.
 const MaxInFlight = 32
 
+// MaxHealthWaits bounds the questions of device health services in flight at once
+// (HealthServices), across every loop of a supervisor, apart from MaxInFlight: such a question
+// waits for the driver's answer for up to Timeout, and a driver that never answers must not
+// hold a place the other drivers' probes wait for. Each costs a connection and about 40 KiB
+// while it waits; the bound keeps a burst of DRA drivers that all say nothing under 20 MiB.
+const MaxHealthWaits = 512
+
 // InFlight bounds a supervisor's endpoint calls in flight (MaxInFlight places); nil: no bound.
 type InFlight chan struct{}
 
