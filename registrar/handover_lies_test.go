@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -201,4 +202,34 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 		}
 	}()
 	return answers
+}
+
+// TestHandOverSaysANonSocketOnce: a predecessor that hands a file that is not a socket for a
+// driver's socket has it refused, and the log says why once ("socket operation on
+// non-socket"), not once per option read.
+func TestHandOverSaysANonSocketOnce(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := handoverDrivers(t, dir)[1] // the device plugin
+	id, f := handedSocket(t, d)
+	defer f.Close()
+	notSocket, err := os.CreateTemp(dir, "not-a-socket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testkit.Buffer
+	s := runSupervisor(t, Options{Log: logs.Logger()})
+	s.TakeOver(handedRegistered(d, id, notSocket))
+	s.Start(d)
+	if n := s.TakenOver(); n != 0 {
+		t.Fatalf("%d sockets taken over, want none", n)
+	}
+	line := ""
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "cannot be served") {
+			line = l
+		}
+	}
+	if n := strings.Count(line, "socket operation on non-socket"); n != 1 {
+		t.Errorf("the log says %d times why the descriptor is refused, want once: %s", n, line)
+	}
 }

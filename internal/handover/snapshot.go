@@ -1,6 +1,7 @@
 package handover
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -292,7 +293,8 @@ func isListeningUnixStream(f *os.File) error {
 	}); err != nil {
 		return err
 	}
-	if err := errors.Join(e1, e2, e3); err != nil {
+	// Each option read fails alike on a descriptor that is not a socket: the first says why.
+	if err := cmp.Or(e1, e2, e3); err != nil {
 		return fmt.Errorf("not a socket: %w", err)
 	}
 	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc != 1 {
