@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -173,6 +174,17 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 		if _, _, _, _, err := c.ReadMsgUnix(buf, nil); err != nil { // the hello
 			return
 		}
+		// answer reads one answer of the new instance; false once it has gone.
+		answer := func() bool {
+			n, _, _, _, err := c.ReadMsgUnix(buf, nil)
+			if err != nil || n == 0 {
+				return false
+			}
+			var m handover.Msg
+			json.Unmarshal(buf[:n], &m)
+			got = append(got, m.Type)
+			return true
+		}
 		for _, r := range msgs {
 			b, err := json.Marshal(r.m)
 			if err != nil {
@@ -187,21 +199,88 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 				oob = syscall.UnixRights(fds...)
 			}
 			if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
+				answer() // the new instance gave up, and closed: what it said last, if anything
 				return
 			}
-			if !r.answer {
-				continue
-			}
-			n, _, _, _, err := c.ReadMsgUnix(buf, nil)
-			if err != nil {
+			if r.answer && !answer() {
 				return
 			}
-			var m handover.Msg
-			json.Unmarshal(buf[:n], &m)
-			got = append(got, m.Type)
 		}
 	}()
 	return answers
+}
+
+// heldLock is reg's lock file, locked as a holder holds it.
+func heldLock(t *testing.T, reg string) *os.File {
+	t.Helper()
+	if err := os.MkdirAll(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(reg, regdir.LockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() })
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	return lock
+}
+
+// TestHandOverRefusesADuplicateDriver: a predecessor that hands one driver over twice (the
+// second time in its last batch, with another socket) is out of protocol: the new instance
+// says abort, names the driver, and keeps the batch received whole before; once the
+// predecessor has ended, it serves the first socket as it was.
+func TestHandOverRefusesADuplicateDriver(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)
+	lock := heldLock(t, reg)
+	d := ds[0]
+	id, f := handedSocket(t, d)
+	first := handedRegistered(d, id, f).Take(d.Name)
+	other, err := testkit.ListenUnlinked(filepath.Join(reg, "other-reg.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherFile, err := other.File()
+	other.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := handedRegistered(d, mustID(t, filepath.Join(reg, "other-reg.sock")), otherFile).Take(d.Name)
+	second.Sockets[0].Path = filepath.Join(reg, "other-reg.sock")
+	answers := fakeHolderSays(t, reg, lock,
+		rawMsg{m: &handover.Msg{Type: handover.MsgWelcome, Version: 2}, answer: true},
+		rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: []*handover.Driver{first}, Sockets: 1}, files: []*os.File{f}},
+		rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: []*handover.Driver{second}, Sockets: 1, Last: true, Lock: true}, files: []*os.File{otherFile, lock}, answer: true},
+	)
+	got := make(chan []string, 1)
+	go func() {
+		a := <-answers
+		f.Close()
+		otherFile.Close()
+		lock.Close()
+		got <- a
+	}()
+	var logs testkit.Buffer
+	in := startMultiregLog(t, reg, ds, logs.Logger())
+	if a := fmt.Sprint(<-got); a != "[take abort]" {
+		t.Errorf("the new instance answered %s, want [take abort]", a)
+	}
+	said := false
+	for l := range strings.Lines(logs.String()) {
+		said = said || strings.Contains(l, "handed over twice") && strings.Contains(l, d.Name)
+	}
+	if !said {
+		t.Errorf("the log does not say that %s was handed over twice:\n%s", d.Name, logs.String())
+	}
+	if n := in.sup.TakenOver(); n != 1 || mustID(t, d.SocketPath) != id {
+		t.Errorf("%d sockets taken over, want the first batch's", n)
+	}
+	if st := statusOf(in.sup, d.Name); st.Phase != Registered {
+		t.Errorf("%s: %s, want Registered on the first socket handed over", d.Name, st.Phase)
+	}
 }
 
 // TestHandOverSaysANonSocketOnce: a predecessor that hands a file that is not a socket for a

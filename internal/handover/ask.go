@@ -45,7 +45,8 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		return kept(), nil, fmt.Errorf("hand-over: %w", err)
 	}
 	var lockF *os.File
-	v := 0 // the version the holder picked
+	v := 0                    // the version the holder picked
+	seen := map[string]bool{} // the drivers received: each comes once
 	for lockF == nil {
 		m, files, err := hc.Recv()
 		if err != nil {
@@ -78,6 +79,12 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		}
 		if err := fill(m, files); err != nil {
 			return abort(nil, err) // fill closed them
+		}
+		for _, hd := range m.Drivers {
+			if seen[hd.Spec.Name] {
+				return abort(files, fmt.Errorf("batch: driver %q handed over twice", hd.Spec.Name))
+			}
+			seen[hd.Spec.Name] = true
 		}
 		for _, hd := range m.Drivers {
 			keepInside(hd, dir, log)

@@ -78,13 +78,15 @@
 // A batch carries at most 64 drivers and about 64 KiB of JSON (it must fit a SOCK_SEQPACKET
 // message whole), and as many descriptors as its drivers have sockets ("sockets"), in order;
 // the last batch ("last") carries the lock's descriptor after them ("lock"), and an empty
-// batch is sent when there is no driver. A driver is its configuration as the holder ran it,
-// where its loop stood (status, pacing, the endpoint's identity, a CSI driver's NodeGetInfo
-// answer) and its sockets (path, file identity, generation, registered or awaiting kubelet's
-// verdict, the versions GetInfo answers). A field a peer does not send takes the receiver's
-// own value. The new instance serves a driver's sockets when its own configuration registers
-// it as kubelet saw it (Driver.RegistersAs: name, type, endpoint, advertised versions,
-// registration socket paths; never the loop's policy), and registers it anew otherwise.
+// batch is sent when there is no driver. A driver comes once: one handed over twice, in one
+// batch or in two, is a protocol error, which names it. A driver is its configuration as the
+// holder ran it, where its loop stood (status, pacing, the endpoint's identity, a CSI driver's
+// NodeGetInfo answer) and its sockets (path, file identity, generation, registered or awaiting
+// kubelet's verdict, the versions GetInfo answers). A field a peer does not send takes the
+// receiver's own value. The new instance serves a driver's sockets when its own configuration
+// registers it as kubelet saw it (Driver.RegistersAs: name, type, endpoint, advertised
+// versions, registration socket paths; never the loop's policy), and registers it anew
+// otherwise.
 //
 // # The lock
 //

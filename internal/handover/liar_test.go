@@ -3,9 +3,10 @@ package handover
 import (
 	"fmt"
 	"net"
-
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -323,5 +324,93 @@ func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
 	defer hd.Close()
 	if err := hd.Sockets[0].Check(); err != nil {
 		t.Errorf("the first batch's socket, kept: %v", err)
+	}
+}
+
+// TestAskRefusesADriverHandedOverTwice: a holder that hands one driver over twice, in one batch
+// or in two, is out of protocol: the new instance says abort, names the driver, and keeps only
+// the batches received whole before the one that repeats it. The second part never replaces the
+// first.
+func TestAskRefusesADriverHandedOverTwice(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		batches [][]string // the sockets' names of each batch, by driver: "<driver>/<socket>"
+		kept    []string   // the sockets kept
+	}{
+		{"in one batch", [][]string{{"a/a1", "a/a2"}}, nil},
+		{"in two batches", [][]string{{"a/a1", "b/b1"}, {"a/a2"}}, []string{"a1", "b1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			lock := lockedFile(t, dir)
+			var msgs []*Msg
+			var files [][]*os.File
+			for i, batch := range tt.batches {
+				m := &Msg{Type: MsgBatch, Version: 1, Last: i == len(tt.batches)-1, Lock: i == len(tt.batches)-1}
+				var fs []*os.File
+				for _, ds := range batch {
+					driver, sock, _ := strings.Cut(ds, "/")
+					path := filepath.Join(dir, sock+"-reg.sock")
+					l, err := testkit.ListenUnlinked(path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { l.Close() })
+					hs := handedSocket(t, l, path)
+					m.Drivers = append(m.Drivers, &Driver{Spec: config.Driver{Registration: config.Registration{Name: driver + ".example.com"}}, Sockets: []*Socket{hs}})
+					fs = append(fs, hs.File)
+				}
+				m.Sockets = len(fs)
+				msgs, files = append(msgs, m), append(files, fs)
+			}
+			answers := make(chan []string, 1)
+			fakeHolder(t, dir, func(hc Conn) {
+				var got []string
+				defer func() { answers <- got }()
+				for i, m := range msgs {
+					fs := files[i]
+					if m.Lock {
+						fs = append(fs, lock)
+					}
+					if hc.Send(m, fs...) != nil {
+						break
+					}
+				}
+				for {
+					m, fs, err := hc.Recv()
+					CloseAll(fs)
+					if err != nil {
+						return
+					}
+					got = append(got, m.Type)
+				}
+			})
+			snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+			defer snap.Close()
+			if err == nil || got != nil {
+				got.Close()
+				t.Fatalf("Ask took a hand-over that repeats a driver: err %v", err)
+			}
+			if !strings.Contains(err.Error(), `"a.example.com" handed over twice`) {
+				t.Errorf("Ask: %v, want the driver named", err)
+			}
+			if a := fmt.Sprint(<-answers); a != "[abort]" {
+				t.Errorf("the new instance answered %s, want [abort]", a)
+			}
+			var kept []string
+			for _, hd := range snap.TakeAll() {
+				for _, hs := range hd.Sockets {
+					if err := hs.Check(); err != nil {
+						t.Errorf("%s: %v", hs.Path, err)
+					}
+					kept = append(kept, strings.TrimSuffix(filepath.Base(hs.Path), "-reg.sock"))
+				}
+				hd.Close()
+			}
+			slices.Sort(kept)
+			if !slices.Equal(kept, tt.kept) {
+				t.Errorf("kept the sockets %q, want %q", kept, tt.kept)
+			}
+		})
 	}
 }
