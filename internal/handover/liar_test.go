@@ -112,7 +112,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	defer unlocked.Close()
 
 	answer := lie(t, dir, nil, nil, unlocked)
-	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 	if err == nil || lock != nil {
 		lock.Close()
 		t.Fatalf("Ask took an unlocked open of the lock file: err %v", err)
@@ -123,7 +123,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	}
 
 	answer = lie(t, dir, nil, nil, held)
-	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 	if err != nil {
 		t.Fatalf("Ask refused the holder's own lock: %v", err)
 	}
@@ -166,12 +166,13 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 		hand(mine, filepath.Join(reg, "retired-reg.sock")),
 	}
 	var files []*os.File
-	for _, hs := range sockets {
+	var ds []*Driver
+	for i, hs := range sockets {
 		files = append(files, hs.File)
+		ds = append(ds, &Driver{Spec: config.Driver{Registration: config.Registration{Name: fmt.Sprintf("gone-%d.example.com", i)}}, Sockets: []*Socket{hs}})
 	}
-	d := &Driver{Spec: config.Driver{Registration: config.Registration{Name: "gone.example.com"}}, Sockets: sockets}
-	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
-	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
+	answer := lie(t, reg, ds, files, lockedFile(t, reg))
+	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +251,7 @@ func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			answers := holderSays(t, dir, lockedFile(t, dir), tt.msgs...)
-			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 			snap.Close()
 			if err == nil || lock != nil {
 				lock.Close()
@@ -304,7 +305,7 @@ func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
 			hc.Send(&Msg{Type: MsgBatch, Version: 1, Drivers: []*Driver{second}, Sockets: 1, Last: true, Lock: true}, secondFile, lock)
 		}
 	})
-	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 	if err == nil || got != nil {
 		got.Close()
 		t.Fatalf("Ask took a hand-over whose last batch is in another version: err %v", err)
@@ -385,7 +386,7 @@ func TestAskRefusesADriverHandedOverTwice(t *testing.T) {
 					got = append(got, m.Type)
 				}
 			})
-			snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+			snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 			defer snap.Close()
 			if err == nil || got != nil {
 				got.Close()

@@ -201,11 +201,15 @@ func (s *Snapshot) Merge(o *Snapshot) {
 // keepInside drops from h, closing their descriptors, the sockets whose path is not a
 // registration socket's in dir: a file of dir's own (not hidden, as kubelet would ignore it
 // and as multireg's own files are). Nothing at such a path is multireg's to serve or remove.
-func keepInside(h *Driver, dir string, log *slog.Logger) {
+// It returns how many it dropped, and why it dropped the first.
+func keepInside(h *Driver, dir string) (dropped int, why error) {
 	kept := h.Sockets[:0]
 	for _, hs := range h.Sockets {
 		if err := insideDir(hs.Path, dir); err != nil {
-			log.Warn("a handed-over socket is not a registration socket of this directory; ignored", "socket", hs.Path, "err", err)
+			if why == nil {
+				why = fmt.Errorf("%s: %w", hs.Path, err)
+			}
+			dropped++
 			hs.File.Close()
 			continue
 		}
@@ -213,6 +217,7 @@ func keepInside(h *Driver, dir string, log *slog.Logger) {
 	}
 	clear(h.Sockets[len(kept):])
 	h.Sockets = kept
+	return dropped, why
 }
 
 // insideDir checks that path names a file of the directory dir, not hidden.

@@ -132,3 +132,12 @@ func socketNames(c *config.RegistrarConfig) []string {
 	}
 	return names
 }
+
+// driverNames returns the names of the configured drivers.
+func driverNames(c *config.RegistrarConfig) []string {
+	names := make([]string, 0, len(c.Drivers))
+	for _, d := range c.Drivers {
+		names = append(names, d.Name)
+	}
+	return names
+}
