@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -177,6 +178,9 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 		// answer reads one answer of the new instance; false once it has gone.
 		answer := func() bool {
 			n, _, _, _, err := c.ReadMsgUnix(buf, nil)
+			if errors.Is(err, syscall.ECONNRESET) { // it closed with messages unread: what it said is read next
+				n, _, _, _, err = c.ReadMsgUnix(buf, nil)
+			}
 			if err != nil || n == 0 {
 				return false
 			}
@@ -210,6 +214,62 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 	return answers
 }
 
+// floodDrivers are n drivers a predecessor hands over that no test configures, each with a
+// listening registration socket in reg (their descriptors returned, in order) when sockets is
+// set, recorded as multireg's own (regdir.OwnedName) as a predecessor records its sockets.
+func floodDrivers(t *testing.T, reg string, n int, sockets bool) ([]*handover.Driver, []*os.File) {
+	t.Helper()
+	var ds []*handover.Driver
+	var files []*os.File
+	var names []string
+	for i := range n {
+		d := testDriver(filepath.Dir(reg), fmt.Sprintf("flood-%d.example.com", i), config.DRAPlugin, filepath.Join(reg, "..", "ep", fmt.Sprintf("flood-%d.sock", i)))
+		hd := &handover.Driver{Spec: d, Endpoint: d.Endpoint, Status: handedStatus(DriverStatus{Phase: WaitingForEndpoint, LastError: "endpoint not ready"})}
+		if sockets {
+			l, err := testkit.ListenUnlinked(d.SocketPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := l.File()
+			l.Close() // f keeps it listening
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			files = append(files, f)
+			names = append(names, d.SocketName)
+			hd.Sockets = []*handover.Socket{{Path: d.SocketPath, ID: mustID(t, d.SocketPath), Generation: 1, Registered: true, Endpoint: d.Endpoint}}
+		}
+		ds = append(ds, hd)
+	}
+	record := "# Registration sockets owned by multireg; it removes those no longer configured.\n" + strings.Join(names, "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(reg, regdir.OwnedName), []byte(record), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ds, files
+}
+
+// inBatches is the hand-over, in version 2, of drivers (files, their sockets' descriptors in
+// order) in batches of 64, the lock with the last one, as a fake holder sends it (fakeHolderSays).
+func inBatches(drivers []*handover.Driver, files []*os.File, lock *os.File) []rawMsg {
+	msgs := []rawMsg{{m: &handover.Msg{Type: handover.MsgWelcome, Version: 2}, answer: true}}
+	for i := 0; i == 0 || i < len(drivers); i += 64 {
+		batch := drivers[i:min(i+64, len(drivers))]
+		r := rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: batch}}
+		for _, hd := range batch {
+			r.files = append(r.files, files[:len(hd.Sockets)]...)
+			files = files[len(hd.Sockets):]
+		}
+		r.m.Sockets = len(r.files)
+		if i+64 >= len(drivers) {
+			r.m.Last, r.m.Lock, r.answer = true, true, true
+			r.files = append(r.files, lock)
+		}
+		msgs = append(msgs, r)
+	}
+	return msgs
+}
+
 // heldLock is reg's lock file, locked as a holder holds it.
 func heldLock(t *testing.T, reg string) *os.File {
 	t.Helper()
@@ -225,6 +285,69 @@ func heldLock(t *testing.T, reg string) *os.File {
 		t.Fatal(err)
 	}
 	return lock
+}
+
+// TestHandOverBoundsWhatItAccepts: a predecessor that hands over far more drivers than the new
+// instance configures (400 with a socket each, 5000 without) is refused as out of protocol
+// once past the bound (256 drivers the new instance does not configure, or as many as it
+// configures): it says abort, keeps no driver it does not configure but what it must withdraw,
+// and logs a summary instead of a line per driver. Once the predecessor has ended, no socket of
+// those drivers is left: those it kept are withdrawn, the others removed as the sockets of
+// drivers no longer configured are (recorded, and nothing listens).
+func TestHandOverBoundsWhatItAccepts(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		n       int
+		sockets bool
+		kept    int // most drivers the new instance may keep
+	}{
+		{"with sockets", 400, true, 256},
+		{"without sockets", 5000, false, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			reg := filepath.Join(dir, "reg")
+			ds := handoverDrivers(t, dir)
+			lock := heldLock(t, reg)
+			flood, files := floodDrivers(t, reg, tt.n, tt.sockets)
+			answers := fakeHolderSays(t, reg, lock, inBatches(flood, files, lock)...)
+			got := make(chan []string, 1)
+			go func() { // the holder ends once it has the answer
+				a := <-answers
+				handover.CloseAll(files)
+				lock.Close()
+				got <- a
+			}()
+			var logs testkit.Buffer
+			in := startMultiregLog(t, reg, ds, logs.Logger())
+			if a := fmt.Sprint(<-got); a != "[take abort]" {
+				t.Errorf("the new instance answered %s, want [take abort]", a)
+			}
+			if in.handed > tt.kept {
+				t.Errorf("the new instance kept %d drivers it does not configure, want %d at most", in.handed, tt.kept)
+			}
+			testkit.Eventually(t, 10*time.Second, "no socket of the drivers handed over left", func() bool {
+				for _, hd := range flood {
+					if testkit.IsSocket(hd.Spec.SocketPath) {
+						return false
+					}
+				}
+				return true
+			})
+			for _, d := range ds {
+				awaitSocket(t, d)
+			}
+			lines := 0
+			for l := range strings.Lines(logs.String()) {
+				if strings.Contains(l, "flood-") {
+					lines++
+				}
+			}
+			if lines > 2 {
+				t.Errorf("%d log lines name a driver handed over, want a summary:\n%s", lines, logs.String())
+			}
+		})
+	}
 }
 
 // TestHandOverRefusesADuplicateDriver: a predecessor that hands one driver over twice (the

@@ -415,3 +415,55 @@ func TestAskRefusesADriverHandedOverTwice(t *testing.T) {
 		})
 	}
 }
+
+// TestWithdrawSumsUpMany: the sockets of drivers no loop took over are withdrawn with a line for
+// each driver when they are few, and one line for all when they are many, which counts the
+// sockets removed and those left alone (a socket replaced since it was handed over), and says
+// why the first was.
+func TestWithdrawSumsUpMany(t *testing.T) {
+	for _, n := range []int{perDriverLines, perDriverLines + 1, 300} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			snap := &Snapshot{}
+			var paths []string
+			for i := range n {
+				name := fmt.Sprintf("gone-%d.example.com", i)
+				hs := listening(t, dir, name)
+				snap.Add(&Driver{Spec: config.Driver{Registration: config.Registration{Name: name}}, Sockets: []*Socket{hs}})
+				paths = append(paths, hs.Path)
+			}
+			// The last one's socket is replaced meanwhile: it is left alone.
+			replaced := paths[n-1]
+			if err := os.Remove(replaced); err != nil {
+				t.Fatal(err)
+			}
+			listening(t, dir, fmt.Sprintf("gone-%d.example.com", n-1))
+			var logs testkit.Buffer
+			snap.Withdraw(logs.Logger())
+			if snap.Len() != 0 || snap.Sockets() != 0 {
+				t.Errorf("%d drivers and %d sockets left in the snapshot", snap.Len(), snap.Sockets())
+			}
+			for _, p := range paths[:n-1] {
+				if testkit.IsSocket(p) {
+					t.Errorf("%s kept", p)
+				}
+			}
+			if !testkit.IsSocket(replaced) {
+				t.Errorf("%s, replaced since it was handed over, removed", replaced)
+			}
+			lines := strings.Count(logs.String(), "\n")
+			switch {
+			case n <= perDriverLines && lines != n:
+				t.Errorf("%d drivers: %d log lines, want one for each:\n%s", n, lines, logs.String())
+			case n > perDriverLines && lines != 1:
+				t.Errorf("%d drivers: %d log lines, want one for all:\n%s", n, lines, logs.String())
+			case n > perDriverLines:
+				for _, want := range []string{fmt.Sprintf("drivers=%d ", n), fmt.Sprintf("removed=%d ", n-1), "leftAlone=1 ", "notRemoved=0 ", replaced} {
+					if !strings.Contains(logs.String(), want) {
+						t.Errorf("the line lacks %q: %s", want, logs.String())
+					}
+				}
+			}
+		})
+	}
+}
