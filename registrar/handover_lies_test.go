@@ -435,3 +435,48 @@ func TestHandOverSaysANonSocketOnce(t *testing.T) {
 		t.Errorf("the log says %d times why the descriptor is refused, want once: %s", n, line)
 	}
 }
+
+// TestHandOverRefusedPastTheBoundResumesTheHolder: a holder that hands over more drivers than
+// the new instance accepts (400, none of which it configures) is refused midway: the new
+// instance says abort and closes with batches unread, and the holder serves every driver again,
+// still holding the directory, its log saying why the new instance gave up.
+func TestHandOverRefusedPastTheBoundResumesTheHolder(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	var ds []config.Driver
+	for i := range 400 {
+		ds = append(ds, testDriver(dir, fmt.Sprintf("held-%d.example.com", i), config.DRAPlugin, filepath.Join(dir, "ep", fmt.Sprintf("%d.sock", i))))
+	}
+	var logs testkit.Buffer
+	a := startMultiregLog(t, reg, ds, logs.Logger())
+	snap, lock, err := handover.Ask(reg, testkit.Logger(t), func(*os.File) error { return nil }, []string{"new.example.com"})
+	snap.Close()
+	if err == nil {
+		lock.Close()
+		t.Fatal("the hand-over of 400 drivers not configured was taken")
+	}
+	testkit.Eventually(t, 10*time.Second, "the holder to serve every driver again", func() bool { return len(a.sup.Status()) == len(ds) })
+	testkit.Eventually(t, 10*time.Second, "the holder to log the hand-over's failure", func() bool { return strings.Contains(logs.String(), "hand-over failed") })
+	if !strings.Contains(logs.String(), "the new instance gave up: more than 256 drivers") {
+		t.Errorf("the holder's log does not say why the new instance gave up:\n%s", grepLines(logs.String(), "hand-over"))
+	}
+	if err := a.dir.Check(); err != nil {
+		t.Errorf("the holder lost the directory: %v", err)
+	}
+	select {
+	case err := <-a.ran:
+		t.Errorf("the holder's Run returned %v", err)
+	default:
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var b strings.Builder
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
+}
