@@ -97,8 +97,8 @@ func (in *intake) admit(m *Msg, size int) error {
 		}
 	}
 	if others > in.bounds.retired {
-		return fmt.Errorf("more than %d drivers handed over that this instance does not configure (it accepts as many as it configures, %d, "+
-			"or %d); their sockets are removed once the previous instance has exited", in.bounds.retired, len(in.own), minRetired)
+		return fmt.Errorf("more than %d drivers handed over that this instance does not configure (it accepts as many as the %d it configures, "+
+			"and %d at least); their sockets are removed once the previous instance has exited", in.bounds.retired, len(in.own), minRetired)
 	}
 	return nil
 }
