@@ -2,8 +2,11 @@ package registrar
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -172,6 +175,20 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 		if _, _, _, _, err := c.ReadMsgUnix(buf, nil); err != nil { // the hello
 			return
 		}
+		// answer reads one answer of the new instance; false once it has gone.
+		answer := func() bool {
+			n, _, _, _, err := c.ReadMsgUnix(buf, nil)
+			if errors.Is(err, syscall.ECONNRESET) { // it closed with messages unread: what it said is read next
+				n, _, _, _, err = c.ReadMsgUnix(buf, nil)
+			}
+			if err != nil || n == 0 {
+				return false
+			}
+			var m handover.Msg
+			json.Unmarshal(buf[:n], &m)
+			got = append(got, m.Type)
+			return true
+		}
 		for _, r := range msgs {
 			b, err := json.Marshal(r.m)
 			if err != nil {
@@ -186,19 +203,280 @@ func fakeHolderSays(t *testing.T, reg string, lock *os.File, msgs ...rawMsg) <-c
 				oob = syscall.UnixRights(fds...)
 			}
 			if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
+				answer() // the new instance gave up, and closed: what it said last, if anything
 				return
 			}
-			if !r.answer {
-				continue
-			}
-			n, _, _, _, err := c.ReadMsgUnix(buf, nil)
-			if err != nil {
+			if r.answer && !answer() {
 				return
 			}
-			var m handover.Msg
-			json.Unmarshal(buf[:n], &m)
-			got = append(got, m.Type)
 		}
 	}()
 	return answers
+}
+
+// floodDrivers are n drivers a predecessor hands over that no test configures, each with a
+// listening registration socket in reg (their descriptors returned, in order) when sockets is
+// set, recorded as multireg's own (regdir.OwnedName) as a predecessor records its sockets.
+func floodDrivers(t *testing.T, reg string, n int, sockets bool) ([]*handover.Driver, []*os.File) {
+	t.Helper()
+	var ds []*handover.Driver
+	var files []*os.File
+	var names []string
+	for i := range n {
+		d := testDriver(filepath.Dir(reg), fmt.Sprintf("flood-%d.example.com", i), config.DRAPlugin, filepath.Join(reg, "..", "ep", fmt.Sprintf("flood-%d.sock", i)))
+		hd := &handover.Driver{Spec: d, Endpoint: d.Endpoint, Status: handedStatus(DriverStatus{Phase: WaitingForEndpoint, LastError: "endpoint not ready"})}
+		if sockets {
+			l, err := testkit.ListenUnlinked(d.SocketPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := l.File()
+			l.Close() // f keeps it listening
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			files = append(files, f)
+			names = append(names, d.SocketName)
+			hd.Sockets = []*handover.Socket{{Path: d.SocketPath, ID: mustID(t, d.SocketPath), Generation: 1, Registered: true, Endpoint: d.Endpoint}}
+		}
+		ds = append(ds, hd)
+	}
+	record := "# Registration sockets owned by multireg; it removes those no longer configured.\n" + strings.Join(names, "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(reg, regdir.OwnedName), []byte(record), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ds, files
+}
+
+// inBatches is the hand-over, in version 2, of drivers (files, their sockets' descriptors in
+// order) in batches of 64, the lock with the last one, as a fake holder sends it (fakeHolderSays).
+func inBatches(drivers []*handover.Driver, files []*os.File, lock *os.File) []rawMsg {
+	msgs := []rawMsg{{m: &handover.Msg{Type: handover.MsgWelcome, Version: 2}, answer: true}}
+	for i := 0; i == 0 || i < len(drivers); i += 64 {
+		batch := drivers[i:min(i+64, len(drivers))]
+		r := rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: batch}}
+		for _, hd := range batch {
+			r.files = append(r.files, files[:len(hd.Sockets)]...)
+			files = files[len(hd.Sockets):]
+		}
+		r.m.Sockets = len(r.files)
+		if i+64 >= len(drivers) {
+			r.m.Last, r.m.Lock, r.answer = true, true, true
+			r.files = append(r.files, lock)
+		}
+		msgs = append(msgs, r)
+	}
+	return msgs
+}
+
+// heldLock is reg's lock file, locked as a holder holds it.
+func heldLock(t *testing.T, reg string) *os.File {
+	t.Helper()
+	if err := os.MkdirAll(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(reg, regdir.LockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() })
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	return lock
+}
+
+// TestHandOverBoundsWhatItAccepts: a predecessor that hands over far more drivers than the new
+// instance configures (400 with a socket each, 5000 without) is refused as out of protocol
+// once past the bound (256 drivers the new instance does not configure, or as many as it
+// configures): it says abort, keeps no driver it does not configure but what it must withdraw,
+// and logs a summary instead of a line per driver. Once the predecessor has ended, no socket of
+// those drivers is left: those it kept are withdrawn, the others removed as the sockets of
+// drivers no longer configured are (recorded, and nothing listens).
+func TestHandOverBoundsWhatItAccepts(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		n       int
+		sockets bool
+		kept    int // most drivers the new instance may keep
+	}{
+		{"with sockets", 400, true, 256},
+		{"without sockets", 5000, false, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			reg := filepath.Join(dir, "reg")
+			ds := handoverDrivers(t, dir)
+			lock := heldLock(t, reg)
+			flood, files := floodDrivers(t, reg, tt.n, tt.sockets)
+			answers := fakeHolderSays(t, reg, lock, inBatches(flood, files, lock)...)
+			got := make(chan []string, 1)
+			go func() { // the holder ends once it has the answer
+				a := <-answers
+				handover.CloseAll(files)
+				lock.Close()
+				got <- a
+			}()
+			var logs testkit.Buffer
+			in := startMultiregLog(t, reg, ds, logs.Logger())
+			if a := fmt.Sprint(<-got); a != "[take abort]" {
+				t.Errorf("the new instance answered %s, want [take abort]", a)
+			}
+			if in.handed > tt.kept {
+				t.Errorf("the new instance kept %d drivers it does not configure, want %d at most", in.handed, tt.kept)
+			}
+			testkit.Eventually(t, 10*time.Second, "no socket of the drivers handed over left", func() bool {
+				for _, hd := range flood {
+					if testkit.IsSocket(hd.Spec.SocketPath) {
+						return false
+					}
+				}
+				return true
+			})
+			for _, d := range ds {
+				awaitSocket(t, d)
+			}
+			lines := 0
+			for l := range strings.Lines(logs.String()) {
+				if strings.Contains(l, "flood-") {
+					lines++
+				}
+			}
+			if lines > 2 {
+				t.Errorf("%d log lines name a driver handed over, want a summary:\n%s", lines, logs.String())
+			}
+		})
+	}
+}
+
+// TestHandOverRefusesADuplicateDriver: a predecessor that hands one driver over twice (the
+// second time in its last batch, with another socket) is out of protocol: the new instance
+// says abort, names the driver, and keeps the batch received whole before; once the
+// predecessor has ended, it serves the first socket as it was.
+func TestHandOverRefusesADuplicateDriver(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	ds := handoverDrivers(t, dir)
+	lock := heldLock(t, reg)
+	d := ds[0]
+	id, f := handedSocket(t, d)
+	first := handedRegistered(d, id, f).Take(d.Name)
+	other, err := testkit.ListenUnlinked(filepath.Join(reg, "other-reg.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherFile, err := other.File()
+	other.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := handedRegistered(d, mustID(t, filepath.Join(reg, "other-reg.sock")), otherFile).Take(d.Name)
+	second.Sockets[0].Path = filepath.Join(reg, "other-reg.sock")
+	answers := fakeHolderSays(t, reg, lock,
+		rawMsg{m: &handover.Msg{Type: handover.MsgWelcome, Version: 2}, answer: true},
+		rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: []*handover.Driver{first}, Sockets: 1}, files: []*os.File{f}},
+		rawMsg{m: &handover.Msg{Type: handover.MsgBatch, Version: 2, Drivers: []*handover.Driver{second}, Sockets: 1, Last: true, Lock: true}, files: []*os.File{otherFile, lock}, answer: true},
+	)
+	got := make(chan []string, 1)
+	go func() {
+		a := <-answers
+		f.Close()
+		otherFile.Close()
+		lock.Close()
+		got <- a
+	}()
+	var logs testkit.Buffer
+	in := startMultiregLog(t, reg, ds, logs.Logger())
+	if a := fmt.Sprint(<-got); a != "[take abort]" {
+		t.Errorf("the new instance answered %s, want [take abort]", a)
+	}
+	said := false
+	for l := range strings.Lines(logs.String()) {
+		said = said || strings.Contains(l, "handed over twice") && strings.Contains(l, d.Name)
+	}
+	if !said {
+		t.Errorf("the log does not say that %s was handed over twice:\n%s", d.Name, logs.String())
+	}
+	if n := in.sup.TakenOver(); n != 1 || mustID(t, d.SocketPath) != id {
+		t.Errorf("%d sockets taken over, want the first batch's", n)
+	}
+	if st := statusOf(in.sup, d.Name); st.Phase != Registered {
+		t.Errorf("%s: %s, want Registered on the first socket handed over", d.Name, st.Phase)
+	}
+}
+
+// TestHandOverSaysANonSocketOnce: a predecessor that hands a file that is not a socket for a
+// driver's socket has it refused, and the log says why once ("socket operation on
+// non-socket"), not once per option read.
+func TestHandOverSaysANonSocketOnce(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := handoverDrivers(t, dir)[1] // the device plugin
+	id, f := handedSocket(t, d)
+	defer f.Close()
+	notSocket, err := os.CreateTemp(dir, "not-a-socket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testkit.Buffer
+	s := runSupervisor(t, Options{Log: logs.Logger()})
+	s.TakeOver(handedRegistered(d, id, notSocket))
+	s.Start(d)
+	if n := s.TakenOver(); n != 0 {
+		t.Fatalf("%d sockets taken over, want none", n)
+	}
+	line := ""
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "cannot be served") {
+			line = l
+		}
+	}
+	if n := strings.Count(line, "socket operation on non-socket"); n != 1 {
+		t.Errorf("the log says %d times why the descriptor is refused, want once: %s", n, line)
+	}
+}
+
+// TestHandOverRefusedPastTheBoundResumesTheHolder: a holder that hands over more drivers than
+// the new instance accepts (400, none of which it configures) is refused midway: the new
+// instance says abort and closes with batches unread, and the holder serves every driver again,
+// still holding the directory, its log saying why the new instance gave up.
+func TestHandOverRefusedPastTheBoundResumesTheHolder(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	reg := filepath.Join(dir, "reg")
+	var ds []config.Driver
+	for i := range 400 {
+		ds = append(ds, testDriver(dir, fmt.Sprintf("held-%d.example.com", i), config.DRAPlugin, filepath.Join(dir, "ep", fmt.Sprintf("%d.sock", i))))
+	}
+	var logs testkit.Buffer
+	a := startMultiregLog(t, reg, ds, logs.Logger())
+	snap, lock, err := handover.Ask(reg, testkit.Logger(t), func(*os.File) error { return nil }, []string{"new.example.com"})
+	snap.Close()
+	if err == nil {
+		lock.Close()
+		t.Fatal("the hand-over of 400 drivers not configured was taken")
+	}
+	testkit.Eventually(t, 10*time.Second, "the holder to serve every driver again", func() bool { return len(a.sup.Status()) == len(ds) })
+	testkit.Eventually(t, 10*time.Second, "the holder to log the hand-over's failure", func() bool { return strings.Contains(logs.String(), "hand-over failed") })
+	if !strings.Contains(logs.String(), "the new instance gave up: more than 256 drivers") {
+		t.Errorf("the holder's log does not say why the new instance gave up:\n%s", grepLines(logs.String(), "hand-over"))
+	}
+	if err := a.dir.Check(); err != nil {
+		t.Errorf("the holder lost the directory: %v", err)
+	}
+	select {
+	case err := <-a.ran:
+		t.Errorf("the holder's Run returned %v", err)
+	default:
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var b strings.Builder
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
 }

@@ -376,9 +376,7 @@ func (s *Supervisor) DropUntaken() {
 		snap.Close()
 		return
 	}
-	for _, h := range snap.TakeAll() {
-		h.Withdraw(s.log.With("driver", h.Spec.Name))
-	}
+	snap.Withdraw(s.log) // a line for each driver when few, one for all when many
 }
 
 // HandOver stops every loop for a hand-over and returns what they hand over (loop.handOverState):

@@ -193,7 +193,7 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		got.Close()
 		return fmt.Errorf("start: %w", err)
 	}
-	takenOver := got.Sockets()
+	handed := got.Sockets() // the loops take over those of their drivers; the others are withdrawn (DropUntaken)
 	sup.TakeOver(got)
 	rl := reload.New(reload.Options{
 		Path:           r.f.path,
@@ -210,13 +210,13 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
 	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors}
 	detail := "holds the registration directory " + r.cfg.RegistrationDir
-	if takenOver > 0 {
+	if handed > 0 {
 		detail = "took the registration directory " + r.cfg.RegistrationDir + " over from the previous instance"
 	}
 	r.in.serve(state, newRegistry(sup, rl), detail)
 	r.served = true
 	fds := sup.Descriptors()
-	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsTakenOver", takenOver,
+	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsHandedOver", handed,
 		"fdLimit", fds.Limit, "socketRoom", fds.MaxSockets)
 	return d.run(ctx, hup, state)
 }

@@ -10,14 +10,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Ask asks the holder of dir for a hand-over. On success it returns what the holder handed
-// over and the directory's lock, an open file that checkLock accepted (before the new
-// instance acknowledges). Otherwise it returns an error and what it received, if anything:
-// the drivers of every batch received whole before the error (a protocol error in one
-// message costs that message's drivers only), or every batch once it acknowledged. The caller
-// waits for the lock, and serves the sockets that are still the files at their paths if it
-// gets it (the holder ended). With nothing received, snap is nil.
-func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Snapshot, lock *os.File, err error) {
+// Ask asks the holder of dir for a hand-over, for a new instance that configures the drivers
+// named own. On success it returns what the holder handed over and the directory's lock, an
+// open file that checkLock accepted (before the new instance acknowledges). Otherwise it
+// returns an error and what it received, if anything: the drivers of every batch received
+// whole before the error (a protocol error in one message costs that message's drivers only),
+// or every batch once it acknowledged. The caller waits for the lock, and serves the sockets
+// that are still the files at their paths if it gets it (the holder ended). With nothing
+// received, snap is nil.
+//
+// It accepts what own can use (bounds.go): of a driver own does not name, it keeps the sockets
+// alone, for the caller to withdraw; one with none it does not keep. A holder that hands over
+// more than that is out of protocol. It logs one line of what it received, whatever the number
+// of drivers.
+func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []string) (snap *Snapshot, lock *os.File, err error) {
 	hc, err := Dial(dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("no instance answers hand-over requests (an older multireg, or one that is stopping): %w", err)
@@ -29,6 +35,8 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 	}
 	halt(log, "new", "hello")
 	snap = &Snapshot{}
+	in := newIntake(own)
+	defer in.log(log)
 	// kept is what the caller keeps after an error: snap, if it holds anything.
 	kept := func() *Snapshot {
 		if snap.Len() == 0 {
@@ -45,9 +53,10 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		return kept(), nil, fmt.Errorf("hand-over: %w", err)
 	}
 	var lockF *os.File
-	v := 0 // the version the holder picked
+	v := 0                          // the version the holder picked
+	buf := make([]byte, maxMessage) // every message is read into it
 	for lockF == nil {
-		m, files, err := hc.Recv()
+		m, files, size, err := hc.recv(buf, hc.stepTimeout())
 		if err != nil {
 			return kept(), nil, fmt.Errorf("hand-over interrupted: %w", err)
 		}
@@ -79,9 +88,11 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error) (snap *Sn
 		if err := fill(m, files); err != nil {
 			return abort(nil, err) // fill closed them
 		}
+		if err := in.admit(m, size); err != nil {
+			return abort(files, err)
+		}
 		for _, hd := range m.Drivers {
-			keepInside(hd, dir, log)
-			snap.Add(hd)
+			in.keep(snap, hd, dir)
 		}
 		if !m.Last {
 			halt(log, "new", "batch", "drivers", len(m.Drivers))

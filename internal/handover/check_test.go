@@ -117,3 +117,37 @@ func TestCheckNeedsTheSocketBoundAtThePath(t *testing.T) {
 		a.Close()
 	}
 }
+
+// TestCheckSaysANonSocketOnce: a descriptor handed for a socket that is not one (a regular file,
+// a pipe) fails the check, which says why once, not once per socket option it reads.
+func TestCheckSaysANonSocketOnce(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	path := filepath.Join(dir, "x-reg.sock")
+	l, err := testkit.ListenUnlinked(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	file, err := os.CreateTemp(dir, "file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for _, f := range []*os.File{file, r} {
+		hs := handedSocket(t, l, path)
+		hs.File = f
+		err := hs.Check()
+		if err == nil {
+			t.Fatalf("%s: taken for a socket", f.Name())
+		}
+		if n := strings.Count(err.Error(), "socket operation on non-socket"); n != 1 {
+			t.Errorf("%s: %q says %d times why, want once", f.Name(), err, n)
+		}
+	}
+}

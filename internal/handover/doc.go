@@ -78,13 +78,40 @@
 // A batch carries at most 64 drivers and about 64 KiB of JSON (it must fit a SOCK_SEQPACKET
 // message whole), and as many descriptors as its drivers have sockets ("sockets"), in order;
 // the last batch ("last") carries the lock's descriptor after them ("lock"), and an empty
-// batch is sent when there is no driver. A driver is its configuration as the holder ran it,
-// where its loop stood (status, pacing, the endpoint's identity, a CSI driver's NodeGetInfo
-// answer) and its sockets (path, file identity, generation, registered or awaiting kubelet's
-// verdict, the versions GetInfo answers). A field a peer does not send takes the receiver's
-// own value. The new instance serves a driver's sockets when its own configuration registers
-// it as kubelet saw it (Driver.RegistersAs: name, type, endpoint, advertised versions,
-// registration socket paths; never the loop's policy), and registers it anew otherwise.
+// batch is sent when there is no driver. A driver comes once: one handed over twice, in one
+// batch or in two, is a protocol error, which names it. A driver is its configuration as the
+// holder ran it, where its loop stood (status, pacing, the endpoint's identity, a CSI driver's
+// NodeGetInfo answer) and its sockets (path, file identity, generation, registered or awaiting
+// kubelet's verdict, the versions GetInfo answers). A field a peer does not send takes the
+// receiver's own value. The new instance serves a driver's sockets when its own configuration
+// registers it as kubelet saw it (Driver.RegistersAs: name, type, endpoint, advertised
+// versions, registration socket paths; never the loop's policy), and registers it anew
+// otherwise.
+//
+// # Bounds
+//
+// A new instance accepts what its own configuration can use (bounds.go), so that a holder that
+// hands over more than any sane batch costs it bounded memory, descriptors, reads and log lines:
+//
+//   - every driver it configures, whole, once;
+//   - of the drivers it does not configure (removed from the drivers file by the rollout), as
+//     many as it configures, 256 at least, and of each only its sockets' paths, identities and
+//     descriptors, to withdraw them once it holds the directory (kubelet deregisters those
+//     drivers, as after a reload); of one without sockets, nothing;
+//   - two sockets a driver (its current one and a rollover's previous one);
+//   - at least one driver in every batch but the last, and 16 KiB of JSON per driver accepted,
+//     on average, in all the batches together.
+//
+// A holder that hands over more is out of protocol: the new instance says abort, closes the
+// descriptors of the batch that went beyond at once, and waits for the lock with the batches
+// received whole before (Errors); the holder serves again. Once it has exited, the new instance
+// removes the sockets it was not handed as it removes those of drivers removed while no
+// multireg ran: they are recorded as multireg's (regdir's .multireg.sockets), and nothing
+// listens on them any more. No socket of a driver the new instance does not configure stays:
+// closing a descriptor without removing its file would leave a dead socket that kubelet dials
+// again and again.
+//
+// It logs one line of what it received and kept, whatever the number of drivers.
 //
 // # The lock
 //

@@ -2,11 +2,13 @@ package handover
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"multireg.dev/multireg/internal/throttle"
@@ -193,6 +195,7 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 		}
 	}
 	if err != nil {
+		err = hc.gaveUp(err)
 		// The lock stays held: this process never let go of its open file. A new instance
 		// that has a copy of it lets go of that copy when no release comes, and waits.
 		s.h.Resume(snap)
@@ -211,6 +214,32 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 	s.log.Info("handed over the registration directory; this instance serves nothing now and exits on SIGTERM",
 		"drivers", snap.Len(), "sockets", snap.Sockets(), "took", took.Round(time.Millisecond).String())
 	return &HandedOver{Snapshot: snap, Took: took}
+}
+
+// abortGrace bounds the read of an abort already sent (Conn.gaveUp).
+const abortGrace = 100 * time.Millisecond
+
+// gaveUp is err, which ended the holder's side of a hand-over, or why the new instance gave up
+// if it said so before it closed the connection: a new instance that refuses a batch says abort
+// and closes with the batches after it unread, and the holder's next send, or its read of the
+// answer, then fails on the closed connection before the abort is read (a read returns the
+// connection's reset first, and what is queued after).
+func (hc Conn) gaveUp(err error) error {
+	if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+		return err
+	}
+	hc.until = time.Now().Add(abortGrace) // the abort is queued already, if it came
+	for range 2 {
+		m, files, rerr := hc.Recv()
+		CloseAll(files)
+		switch {
+		case rerr == nil && m.Type == MsgAbort:
+			return fmt.Errorf("the new instance gave up: %s", m.Reason)
+		case rerr == nil || !errors.Is(rerr, syscall.ECONNRESET):
+			return err
+		}
+	}
+	return err
 }
 
 // sendSnapshot sends snap in batches, the lock's descriptor with the last one.

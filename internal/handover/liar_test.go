@@ -3,9 +3,10 @@ package handover
 import (
 	"fmt"
 	"net"
-
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -111,7 +112,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	defer unlocked.Close()
 
 	answer := lie(t, dir, nil, nil, unlocked)
-	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 	if err == nil || lock != nil {
 		lock.Close()
 		t.Fatalf("Ask took an unlocked open of the lock file: err %v", err)
@@ -122,7 +123,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	}
 
 	answer = lie(t, dir, nil, nil, held)
-	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 	if err != nil {
 		t.Fatalf("Ask refused the holder's own lock: %v", err)
 	}
@@ -165,12 +166,13 @@ func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
 		hand(mine, filepath.Join(reg, "retired-reg.sock")),
 	}
 	var files []*os.File
-	for _, hs := range sockets {
+	var ds []*Driver
+	for i, hs := range sockets {
 		files = append(files, hs.File)
+		ds = append(ds, &Driver{Spec: config.Driver{Registration: config.Registration{Name: fmt.Sprintf("gone-%d.example.com", i)}}, Sockets: []*Socket{hs}})
 	}
-	d := &Driver{Spec: config.Driver{Registration: config.Registration{Name: "gone.example.com"}}, Sockets: sockets}
-	answer := lie(t, reg, []*Driver{d}, files, lockedFile(t, reg))
-	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg))
+	answer := lie(t, reg, ds, files, lockedFile(t, reg))
+	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +251,7 @@ func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			answers := holderSays(t, dir, lockedFile(t, dir), tt.msgs...)
-			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 			snap.Close()
 			if err == nil || lock != nil {
 				lock.Close()
@@ -303,7 +305,7 @@ func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
 			hc.Send(&Msg{Type: MsgBatch, Version: 1, Drivers: []*Driver{second}, Sockets: 1, Last: true, Lock: true}, secondFile, lock)
 		}
 	})
-	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir))
+	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
 	if err == nil || got != nil {
 		got.Close()
 		t.Fatalf("Ask took a hand-over whose last batch is in another version: err %v", err)
@@ -323,5 +325,145 @@ func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
 	defer hd.Close()
 	if err := hd.Sockets[0].Check(); err != nil {
 		t.Errorf("the first batch's socket, kept: %v", err)
+	}
+}
+
+// TestAskRefusesADriverHandedOverTwice: a holder that hands one driver over twice, in one batch
+// or in two, is out of protocol: the new instance says abort, names the driver, and keeps only
+// the batches received whole before the one that repeats it. The second part never replaces the
+// first.
+func TestAskRefusesADriverHandedOverTwice(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		batches [][]string // the sockets' names of each batch, by driver: "<driver>/<socket>"
+		kept    []string   // the sockets kept
+	}{
+		{"in one batch", [][]string{{"a/a1", "a/a2"}}, nil},
+		{"in two batches", [][]string{{"a/a1", "b/b1"}, {"a/a2"}}, []string{"a1", "b1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			lock := lockedFile(t, dir)
+			var msgs []*Msg
+			var files [][]*os.File
+			for i, batch := range tt.batches {
+				m := &Msg{Type: MsgBatch, Version: 1, Last: i == len(tt.batches)-1, Lock: i == len(tt.batches)-1}
+				var fs []*os.File
+				for _, ds := range batch {
+					driver, sock, _ := strings.Cut(ds, "/")
+					path := filepath.Join(dir, sock+"-reg.sock")
+					l, err := testkit.ListenUnlinked(path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { l.Close() })
+					hs := handedSocket(t, l, path)
+					m.Drivers = append(m.Drivers, &Driver{Spec: config.Driver{Registration: config.Registration{Name: driver + ".example.com"}}, Sockets: []*Socket{hs}})
+					fs = append(fs, hs.File)
+				}
+				m.Sockets = len(fs)
+				msgs, files = append(msgs, m), append(files, fs)
+			}
+			answers := make(chan []string, 1)
+			fakeHolder(t, dir, func(hc Conn) {
+				var got []string
+				defer func() { answers <- got }()
+				for i, m := range msgs {
+					fs := files[i]
+					if m.Lock {
+						fs = append(fs, lock)
+					}
+					if hc.Send(m, fs...) != nil {
+						break
+					}
+				}
+				for {
+					m, fs, err := hc.Recv()
+					CloseAll(fs)
+					if err != nil {
+						return
+					}
+					got = append(got, m.Type)
+				}
+			})
+			snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
+			defer snap.Close()
+			if err == nil || got != nil {
+				got.Close()
+				t.Fatalf("Ask took a hand-over that repeats a driver: err %v", err)
+			}
+			if !strings.Contains(err.Error(), `"a.example.com" handed over twice`) {
+				t.Errorf("Ask: %v, want the driver named", err)
+			}
+			if a := fmt.Sprint(<-answers); a != "[abort]" {
+				t.Errorf("the new instance answered %s, want [abort]", a)
+			}
+			var kept []string
+			for _, hd := range snap.TakeAll() {
+				for _, hs := range hd.Sockets {
+					if err := hs.Check(); err != nil {
+						t.Errorf("%s: %v", hs.Path, err)
+					}
+					kept = append(kept, strings.TrimSuffix(filepath.Base(hs.Path), "-reg.sock"))
+				}
+				hd.Close()
+			}
+			slices.Sort(kept)
+			if !slices.Equal(kept, tt.kept) {
+				t.Errorf("kept the sockets %q, want %q", kept, tt.kept)
+			}
+		})
+	}
+}
+
+// TestWithdrawSumsUpMany: the sockets of drivers no loop took over are withdrawn with a line for
+// each driver when they are few, and one line for all when they are many, which counts the
+// sockets removed and those left alone (a socket replaced since it was handed over), and says
+// why the first was.
+func TestWithdrawSumsUpMany(t *testing.T) {
+	for _, n := range []int{perDriverLines, perDriverLines + 1, 300} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			snap := &Snapshot{}
+			var paths []string
+			for i := range n {
+				name := fmt.Sprintf("gone-%d.example.com", i)
+				hs := listening(t, dir, name)
+				snap.Add(&Driver{Spec: config.Driver{Registration: config.Registration{Name: name}}, Sockets: []*Socket{hs}})
+				paths = append(paths, hs.Path)
+			}
+			// The last one's socket is replaced meanwhile: it is left alone.
+			replaced := paths[n-1]
+			if err := os.Remove(replaced); err != nil {
+				t.Fatal(err)
+			}
+			listening(t, dir, fmt.Sprintf("gone-%d.example.com", n-1))
+			var logs testkit.Buffer
+			snap.Withdraw(logs.Logger())
+			if snap.Len() != 0 || snap.Sockets() != 0 {
+				t.Errorf("%d drivers and %d sockets left in the snapshot", snap.Len(), snap.Sockets())
+			}
+			for _, p := range paths[:n-1] {
+				if testkit.IsSocket(p) {
+					t.Errorf("%s kept", p)
+				}
+			}
+			if !testkit.IsSocket(replaced) {
+				t.Errorf("%s, replaced since it was handed over, removed", replaced)
+			}
+			lines := strings.Count(logs.String(), "\n")
+			switch {
+			case n <= perDriverLines && lines != n:
+				t.Errorf("%d drivers: %d log lines, want one for each:\n%s", n, lines, logs.String())
+			case n > perDriverLines && lines != 1:
+				t.Errorf("%d drivers: %d log lines, want one for all:\n%s", n, lines, logs.String())
+			case n > perDriverLines:
+				for _, want := range []string{fmt.Sprintf("drivers=%d ", n), fmt.Sprintf("removed=%d ", n-1), "leftAlone=1 ", "notRemoved=0 ", replaced} {
+					if !strings.Contains(logs.String(), want) {
+						t.Errorf("the line lacks %q: %s", want, logs.String())
+					}
+				}
+			}
+		})
 	}
 }

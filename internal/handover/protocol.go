@@ -168,13 +168,14 @@ func (h Conn) Send(m *Msg, files ...*os.File) error {
 // or descriptors cut short, on the end of the connection (io.EOF) and when nothing comes
 // within the step's bound.
 func (h Conn) Recv() (*Msg, []*os.File, error) {
-	return h.recv(maxMessage, h.stepTimeout())
+	m, files, _, err := h.recv(make([]byte, maxMessage), h.stepTimeout())
+	return m, files, err
 }
 
 // recvShort reads a message of type typ that opens a request (hello, take), within timeout
 // and helloBytes. Descriptors that come with it are closed.
 func (h Conn) recvShort(typ string, timeout time.Duration) (*Msg, error) {
-	m, files, err := h.recv(helloBytes, timeout)
+	m, files, _, err := h.recv(make([]byte, helloBytes), timeout)
 	CloseAll(files)
 	switch {
 	case err != nil:
@@ -185,9 +186,9 @@ func (h Conn) recvShort(typ string, timeout time.Duration) (*Msg, error) {
 	return m, nil
 }
 
-// recv is Recv of a message of at most size bytes, within timeout.
-func (h Conn) recv(size int, timeout time.Duration) (*Msg, []*os.File, error) {
-	b := make([]byte, size)
+// recv is Recv of a message of at most len(b) bytes, read into b, within timeout. It also
+// returns the message's size.
+func (h Conn) recv(b []byte, timeout time.Duration) (*Msg, []*os.File, int, error) {
 	oob := make([]byte, unix.CmsgSpace(4*(2*batchDrivers+1)))
 	h.c.SetReadDeadline(h.deadline(timeout))
 	n, oobn, flags, _, err := h.c.ReadMsgUnix(b, oob)
@@ -195,22 +196,22 @@ func (h Conn) recv(size int, timeout time.Duration) (*Msg, []*os.File, error) {
 	switch {
 	case err != nil:
 		CloseAll(files)
-		return nil, nil, fmt.Errorf("receive: %w", unwrapOp(err)) // not the socket's temporary bound name
+		return nil, nil, 0, fmt.Errorf("receive: %w", unwrapOp(err)) // not the socket's temporary bound name
 	case ferr != nil:
 		CloseAll(files)
-		return nil, nil, ferr
+		return nil, nil, 0, ferr
 	case n == 0 && oobn == 0:
-		return nil, nil, errPeerGone
+		return nil, nil, 0, errPeerGone
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
 		CloseAll(files)
-		return nil, nil, errors.New("hand-over message or its descriptors cut short")
+		return nil, nil, 0, errors.New("hand-over message or its descriptors cut short")
 	}
 	var m Msg
 	if err := json.Unmarshal(b[:n], &m); err != nil {
 		CloseAll(files)
-		return nil, nil, fmt.Errorf("hand-over message: %w", err)
+		return nil, nil, 0, fmt.Errorf("hand-over message: %w", err)
 	}
-	return &m, files, nil
+	return &m, files, n, nil
 }
 
 // errPeerGone: the other end closed the connection, or its process ended.

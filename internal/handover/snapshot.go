@@ -1,12 +1,15 @@
 package handover
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -201,11 +204,15 @@ func (s *Snapshot) Merge(o *Snapshot) {
 // keepInside drops from h, closing their descriptors, the sockets whose path is not a
 // registration socket's in dir: a file of dir's own (not hidden, as kubelet would ignore it
 // and as multireg's own files are). Nothing at such a path is multireg's to serve or remove.
-func keepInside(h *Driver, dir string, log *slog.Logger) {
+// It returns how many it dropped, and why it dropped the first.
+func keepInside(h *Driver, dir string) (dropped int, why error) {
 	kept := h.Sockets[:0]
 	for _, hs := range h.Sockets {
 		if err := insideDir(hs.Path, dir); err != nil {
-			log.Warn("a handed-over socket is not a registration socket of this directory; ignored", "socket", hs.Path, "err", err)
+			if why == nil {
+				why = fmt.Errorf("%s: %w", hs.Path, err)
+			}
+			dropped++
 			hs.File.Close()
 			continue
 		}
@@ -213,6 +220,7 @@ func keepInside(h *Driver, dir string, log *slog.Logger) {
 	}
 	clear(h.Sockets[len(kept):])
 	h.Sockets = kept
+	return dropped, why
 }
 
 // insideDir checks that path names a file of the directory dir, not hidden.
@@ -238,8 +246,34 @@ func insideDir(path, dir string) error {
 // Withdraw removes the sockets of a handed driver that no loop takes over (removed from the
 // configuration, or registering differently now), as a reload would remove them: each only if
 // it is still the socket handed over (Check: the descriptor is the socket bound there). Ask
-// kept only sockets of the registration directory.
+// kept only sockets of the registration directory. It logs a line for each socket.
 func (h *Driver) Withdraw(log *slog.Logger) {
+	h.withdraw(log)
+}
+
+// withdrawal is what became of the sockets withdrawn (Driver.withdraw).
+type withdrawal struct {
+	// removed: kubelet deregisters their drivers. leftAlone: no longer the socket handed over
+	// (replaced, gone), or not the one bound at its path. failed: could not be removed.
+	removed, leftAlone, failed int
+	why                        error // why the first socket not removed was not
+}
+
+func (w *withdrawal) add(o withdrawal) {
+	w.removed, w.leftAlone, w.failed = w.removed+o.removed, w.leftAlone+o.leftAlone, w.failed+o.failed
+	if w.why == nil {
+		w.why = o.why
+	}
+}
+
+// withdraw is Withdraw, logging a line for each socket only when log is not nil; it says what
+// became of them.
+func (h *Driver) withdraw(log *slog.Logger) (w withdrawal) {
+	note := func(path string, err error) {
+		if w.why == nil {
+			w.why = fmt.Errorf("%s: %w", path, err)
+		}
+	}
 	for _, hs := range h.Sockets {
 		if hs.File == nil {
 			continue
@@ -248,15 +282,76 @@ func (h *Driver) Withdraw(log *slog.Logger) {
 		hs.File.Close()
 		hs.File = nil
 		if err != nil {
-			log.Info("a handed-over socket no driver takes is left alone: it is not the socket handed over", "socket", hs.Path, "err", err)
+			w.leftAlone++
+			note(hs.Path, err)
+			if log != nil {
+				log.Info("a handed-over socket no driver takes is left alone: it is not the socket handed over", "socket", hs.Path, "err", err)
+			}
 			continue
 		}
-		if removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID); err != nil {
-			log.Warn("remove registration socket", "socket", hs.Path, "err", err)
-		} else if removed {
-			log.Info("registration socket removed; kubelet deregisters the plugin", "socket", hs.Path)
+		removed, err := sockfile.RemoveIfOurs(hs.Path, hs.ID)
+		switch {
+		case err != nil:
+			w.failed++
+			note(hs.Path, err)
+			if log != nil {
+				log.Warn("remove registration socket", "socket", hs.Path, "err", err)
+			}
+		case removed:
+			w.removed++
+			if log != nil {
+				log.Info("registration socket removed; kubelet deregisters the plugin", "socket", hs.Path)
+			}
+		default:
+			w.leftAlone++
+			note(hs.Path, errors.New("no longer the socket handed over"))
 		}
 	}
+	return w
+}
+
+// perDriverLines is how many drivers' withdrawals Snapshot.Withdraw logs one by one; more are
+// summed up in one line.
+const perDriverLines = 8
+
+// Withdraw removes the sockets of every driver s holds, as Driver.Withdraw does, and empties s:
+// what a hand-over brought that no loop took over, once the configuration is applied (drivers
+// no longer configured). With perDriverLines drivers or fewer that have sockets, each says what
+// became of its sockets, a line for each; with more, one line says it for all: how many sockets
+// were removed, left alone and not removed, why the first was not, and the first drivers'
+// names.
+func (s *Snapshot) Withdraw(log *slog.Logger) {
+	var ds []*Driver
+	for _, h := range s.TakeAll() {
+		if slices.ContainsFunc(h.Sockets, func(hs *Socket) bool { return hs.File != nil }) {
+			ds = append(ds, h)
+		}
+	}
+	slices.SortFunc(ds, func(a, b *Driver) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
+	if len(ds) <= perDriverLines {
+		for _, h := range ds {
+			h.Withdraw(log.With("driver", h.Spec.Name))
+		}
+		return
+	}
+	var w withdrawal
+	var first []string
+	for _, h := range ds {
+		w.add(h.withdraw(nil))
+		if len(first) < 3 {
+			first = append(first, h.Spec.Name)
+		}
+	}
+	attrs := []any{"drivers", len(ds), "removed", w.removed, "leftAlone", w.leftAlone, "notRemoved", w.failed,
+		"first", strings.Join(first, ", ") + ", …"}
+	if w.why != nil {
+		attrs = append(attrs, "why", w.why)
+	}
+	level := slog.LevelInfo
+	if w.failed > 0 {
+		level = slog.LevelWarn
+	}
+	log.Log(context.Background(), level, "withdrew the handed-over sockets of drivers no longer configured; kubelet deregisters those removed", attrs...)
 }
 
 // Check checks that hs's descriptor is a listening unix stream socket, that the file at its
@@ -293,7 +388,8 @@ func isListeningUnixStream(f *os.File) error {
 	}); err != nil {
 		return err
 	}
-	if err := errors.Join(e1, e2, e3); err != nil {
+	// Each option read fails alike on a descriptor that is not a socket: the first says why.
+	if err := cmp.Or(e1, e2, e3); err != nil {
 		return fmt.Errorf("not a socket: %w", err)
 	}
 	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc != 1 {

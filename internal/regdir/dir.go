@@ -89,7 +89,7 @@ type Options struct {
 // With opts.Ask, it first asks the holder to hand the directory over. It returns the sockets
 // a hand-over brought, with opts.Kept: the Supervisor serves them (TakeOver).
 func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, opts Options) (*Dir, *handover.Snapshot, error) {
-	snap, l, err := takeDir(ctx, cfg.RegistrationDir, log, opts)
+	snap, l, err := takeDir(ctx, cfg, log, opts)
 	if err == nil {
 		err = ctx.Err() // stopped while the lock was taken: touch nothing
 		if err != nil {
@@ -114,9 +114,10 @@ func Open(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, op
 	return d, snap, nil
 }
 
-// takeDir takes the lock of dir as Open does, and returns it with the sockets a hand-over
-// brought and opts.Kept.
-func takeDir(ctx context.Context, dir string, log *slog.Logger, opts Options) (*handover.Snapshot, *dirLock, error) {
+// takeDir takes the lock of cfg's directory as Open does, and returns it with the sockets a
+// hand-over brought (what cfg's drivers can use of it: handover.Ask) and opts.Kept.
+func takeDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger, opts Options) (*handover.Snapshot, *dirLock, error) {
+	dir := cfg.RegistrationDir
 	snap := opts.Kept
 	l, err := tryLock(dir, log)
 	if !errors.Is(err, errHeld) {
@@ -124,7 +125,7 @@ func takeDir(ctx context.Context, dir string, log *slog.Logger, opts Options) (*
 	}
 	why := "another instance holds the registration directory"
 	if opts.Ask && handover.Enabled() {
-		got, lf, err := handover.Ask(dir, log, func(f *os.File) error { return lockFileOf(f, dir) })
+		got, lf, err := handover.Ask(dir, log, func(f *os.File) error { return lockFileOf(f, dir) }, driverNames(cfg))
 		drivers, sockets := got.Len(), got.Sockets()
 		if got != nil {
 			if snap == nil {

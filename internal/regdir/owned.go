@@ -46,9 +46,11 @@ func recordOwned(dir string, names []string) error {
 }
 
 // removeOrphans removes the sockets recorded in dir whose names are not in keep, if nothing
-// listens on them: sockets of drivers removed from the file while multireg did not run. A
-// live socket (another registrar's) and anything that is not a socket stay. It returns the
-// paths removed.
+// listens on them: sockets of drivers removed from the file while multireg did not run, or
+// those a hand-over did not bring (a predecessor that handed over more than this instance
+// accepts). A live socket (another registrar's) and anything that is not a socket stay. It
+// returns the paths removed. It logs a line for each socket when few (perSocketLines), and one
+// for all otherwise.
 func removeOrphans(dir string, keep []string, log *slog.Logger) ([]string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, OwnedName))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -58,6 +60,11 @@ func removeOrphans(dir string, keep []string, log *slog.Logger) ([]string, error
 		return nil, fmt.Errorf("read owned sockets: %w", err)
 	}
 	var removed []string
+	type failure struct {
+		path string
+		err  error
+	}
+	var failed []failure
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		name := strings.TrimSpace(sc.Text())
@@ -69,16 +76,34 @@ func removeOrphans(dir string, keep []string, log *slog.Logger) ([]string, error
 			continue
 		}
 		if err := sockfile.RemoveStale(path); err != nil {
-			log.Warn("remove the socket of a driver no longer configured", "socket", path, "err", err)
+			failed = append(failed, failure{path, err})
 			continue
 		}
 		if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
-			log.Info("removed the socket of a driver no longer configured; kubelet deregisters it", "socket", path)
 			removed = append(removed, path)
 		}
 	}
+	if len(removed)+len(failed) <= perSocketLines {
+		for _, f := range failed {
+			log.Warn("remove the socket of a driver no longer configured", "socket", f.path, "err", f.err)
+		}
+		for _, path := range removed {
+			log.Info("removed the socket of a driver no longer configured; kubelet deregisters it", "socket", path)
+		}
+		return removed, nil
+	}
+	if len(failed) > 0 {
+		log.Warn("could not remove the sockets of drivers no longer configured", "sockets", len(failed), "first", failed[0].path, "err", failed[0].err)
+	}
+	if len(removed) > 0 {
+		log.Info("removed the sockets of drivers no longer configured; kubelet deregisters them", "sockets", len(removed),
+			"first", strings.Join(removed[:min(3, len(removed))], ", ")+", …")
+	}
 	return removed, nil
 }
+
+// perSocketLines is how many sockets removeOrphans logs one by one; more are summed up.
+const perSocketLines = 8
 
 // ownedRecord writes the record of the sockets multireg owns (recordOwned) for each applied
 // configuration, and retries a write that failed (a read-only or vanished directory) until it
@@ -129,6 +154,15 @@ func socketNames(c *config.RegistrarConfig) []string {
 	names := make([]string, 0, len(c.Drivers))
 	for _, d := range c.Drivers {
 		names = append(names, d.SocketNames()...)
+	}
+	return names
+}
+
+// driverNames returns the names of the configured drivers.
+func driverNames(c *config.RegistrarConfig) []string {
+	names := make([]string, 0, len(c.Drivers))
+	for _, d := range c.Drivers {
+		names = append(names, d.Name)
 	}
 	return names
 }

@@ -1,8 +1,10 @@
 package regdir
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"multireg.dev/multireg/internal/testkit"
@@ -46,5 +48,40 @@ func TestRemoveOrphans(t *testing.T) {
 	// No record at all (a first run): nothing to do.
 	if removed, err := removeOrphans(testkit.ShortDir(t), nil, testkit.Logger(t)); err != nil || len(removed) != 0 {
 		t.Errorf("without a record: %q, %v", removed, err)
+	}
+}
+
+// TestRemoveOrphansSumsUpMany: the sockets of drivers no longer configured are removed with a
+// line for each when they are few, and one line for all when they are many.
+func TestRemoveOrphansSumsUpMany(t *testing.T) {
+	for _, n := range []int{perSocketLines, perSocketLines + 1, 500} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			dir := testkit.ShortDir(t)
+			var names []string
+			for i := range n {
+				name := fmt.Sprintf("gone-%d-reg.sock", i)
+				l, err := testkit.ListenUnlinked(filepath.Join(dir, name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				l.Close() // the file stays, nothing listens
+				names = append(names, name)
+			}
+			if err := recordOwned(dir, names); err != nil {
+				t.Fatal(err)
+			}
+			var logs testkit.Buffer
+			removed, err := removeOrphans(dir, nil, logs.Logger())
+			if err != nil || len(removed) != n {
+				t.Fatalf("removed %d sockets (%v), want %d", len(removed), err, n)
+			}
+			lines := strings.Count(logs.String(), "\n")
+			switch {
+			case n <= perSocketLines && lines != n:
+				t.Errorf("%d sockets: %d log lines, want one for each:\n%s", n, lines, logs.String())
+			case n > perSocketLines && (lines != 1 || !strings.Contains(logs.String(), fmt.Sprintf("sockets=%d ", n))):
+				t.Errorf("%d sockets: %d log lines, want one that counts them:\n%s", n, lines, logs.String())
+			}
+		})
 	}
 }
