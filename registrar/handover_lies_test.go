@@ -18,9 +18,9 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// TestInheritBoundsTheHandedRetry: a driver handed over as backing off until
+// TestTakeOverBoundsTheHandedRetry: a driver handed over as backing off until
 // 2099 is tried again within its own backoff's longest wait, not parked until then.
-func TestInheritBoundsTheHandedRetry(t *testing.T) {
+func TestTakeOverBoundsTheHandedRetry(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	d := handoverDrivers(t, dir)[1] // the device plugin; backoff up to 200 ms
 	st := handedStatus(DriverStatus{Phase: BackingOff, Failures: 9, NextAttempt: time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)})
@@ -37,10 +37,10 @@ func TestInheritBoundsTheHandedRetry(t *testing.T) {
 	registerAndWait(t, s, d)
 }
 
-// TestInheritRefusesADescriptorBoundElsewhere: a predecessor that hands a
+// TestTakeOverRefusesADescriptorBoundElsewhere: a predecessor that hands a
 // listener bound elsewhere for a path where a dead socket has the identity it claims does not
 // get a dead socket reported Registered: the loop publishes its own socket there.
-func TestInheritRefusesADescriptorBoundElsewhere(t *testing.T) {
+func TestTakeOverRefusesADescriptorBoundElsewhere(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	d := handoverDrivers(t, dir)[1] // the device plugin
 	if err := os.MkdirAll(filepath.Dir(d.SocketPath), 0o750); err != nil {

@@ -134,11 +134,11 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	}
 }
 
-// TestRetireRemovesOnlyWhatWasHanded: the sockets of handed drivers no loop
+// TestWithdrawRemovesOnlyWhatWasHanded: the sockets of handed drivers no loop
 // takes are removed only when they are registration sockets of the directory held and the
 // handed descriptor is the socket bound there: a predecessor that names another process's
 // socket, outside the directory or in it, has it left alone.
-func TestRetireRemovesOnlyWhatWasHanded(t *testing.T) {
+func TestWithdrawRemovesOnlyWhatWasHanded(t *testing.T) {
 	dir := testkit.ShortDir(t)
 	reg, other := filepath.Join(dir, "reg"), filepath.Join(dir, "other")
 	for _, d := range []string{reg, other} {
