@@ -1,7 +1,9 @@
 package registrar
 
 import (
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -382,5 +384,54 @@ func TestVerifyTimerDecidesARecentDrop(t *testing.T) {
 	case <-m.timer(w):
 	case <-time.After(10 * time.Second):
 		t.Fatal("the end of the verification does not wake the wait")
+	}
+}
+
+// TestSpareInTheWay: when kubelet drops a moved device plugin's devices, the repair goes to
+// the third registration path, kubelet holding neither other; something else there (a file,
+// or another process's listening socket, which kubelet would dial for 10 s) is left alone, and
+// the repair goes to a path it can have: dp.1's, which kubelet lets go of within a pass. The
+// status says what is in the way.
+func TestSpareInTheWay(t *testing.T) {
+	for _, what := range []string{"file", "listener"} {
+		t.Run(what, func(t *testing.T) {
+			var log testkit.Buffer
+			m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("multireg's log:\n%s", log.String())
+				}
+			})
+			switch what {
+			case "file":
+				if err := os.WriteFile(m.d.SparePath, []byte("not ours"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			case "listener":
+				silentListener(t, m.d.SparePath)
+			}
+			theirs := mustID(t, m.d.SparePath)
+			startInstance(t, m.d, "dp.2")
+			m.awaitBeside(m.d.AltSocketPath, "dp.2")
+			m.old.Stop()
+			testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
+				return !testkit.IsSocket(m.d.SocketPath)
+			})
+			m.kubelet.Set(m.d.Name, 0) // kubelet dropped the resource with dp.1's registration
+			testkit.Eventually(t, 5*time.Second, "dp.2 published again in dp.1's path", func() bool {
+				return testkit.IsSocket(m.d.SocketPath) && !testkit.IsSocket(m.d.AltSocketPath)
+			})
+			if info := register(t, m.d.SocketPath, true, ""); info.Endpoint != m.instance("dp.2") {
+				t.Errorf("GetInfo's endpoint %q, want dp.2", info.Endpoint)
+			}
+			testkit.Eventually(t, 5*time.Second, "Registered", func() bool { return statusOf(m.s, m.d.Name).Phase == Registered })
+			st := statusOf(m.s, m.d.Name)
+			if !slices.Contains(st.InTheWay, m.d.SparePath) || st.Results[ResultPublishFailed] != 0 {
+				t.Errorf("status %+v, want the third path in the way, no publication failed", st)
+			}
+			if id := mustID(t, m.d.SparePath); id != theirs {
+				t.Errorf("what was in the third path was replaced")
+			}
+		})
 	}
 }

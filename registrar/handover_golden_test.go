@@ -226,9 +226,9 @@ func TestHandOverFromV010(t *testing.T) {
 }
 
 // notHanded are the fields of DriverStatus a hand-over does not carry: the receiver's own
-// configuration says them (name, type, endpoint, required), or the receiver reads them anew
-// (kubelet's view).
-var notHanded = []string{"Name", "Type", "Display", "Endpoint", "Required", "Kubelet"}
+// configuration says them (name, type, display, endpoint, required), or the receiver looks
+// anew (kubelet's view, the paths in the way).
+var notHanded = []string{"Name", "Type", "Display", "Endpoint", "Required", "Kubelet", "InTheWay"}
 
 // TestStatusOnTheWire: every field of DriverStatus is carried by a hand-over (handover.Status,
 // on the wire as internal/handover says) or listed in notHanded; a field added to DriverStatus

@@ -190,15 +190,43 @@ func (s *sockets) publishPath(cur, prev *generation, swaps, rolls bool) string {
 
 // freePath is the path to register in beside, or in place of, the registration at held: the
 // first of the driver's other paths that kubelet does not hold, as far as multireg knows (no
-// socket of its own withdrawn from there within settling). A device plugin's third path is
-// there for when kubelet may hold both others; with none free, the other of two.
+// socket of its own withdrawn from there within settling), and that nothing else is in
+// (inTheWay). A device plugin's third path is there for when kubelet may hold both others;
+// with none free, the other of two. The status says which paths are in the way.
 func (s *sockets) freePath(held string) string {
+	var blocked []string
+	defer func() { s.d.setInTheWay(blocked) }()
 	for _, p := range s.d.spec.SocketPaths() {
-		if p != held && time.Since(s.withdrawnAt[p]) >= settling {
-			return p
+		if p == held || time.Since(s.withdrawnAt[p]) < settling {
+			continue
 		}
+		if why := inTheWay(p); why != "" {
+			blocked = append(blocked, p)
+			s.d.log.Warn("a registration path is in the way; the registration goes to another", "socket", p, "what", why)
+			continue
+		}
+		return p
 	}
 	return s.otherPath(held)
+}
+
+// inTheWay says what, other than nothing or a socket no one accepts on (one an earlier run
+// left), is at a registration path that multireg does not serve: a file, or a socket another
+// process listens on, which kubelet would dial (for 10 s when it does not answer). "" for none.
+func inTheWay(path string) string {
+	_, mode, err := fsid.Stat(path)
+	switch {
+	case err != nil:
+		return ""
+	case mode != fs.ModeSocket:
+		return (&sockfile.NotSocketError{Path: path, Mode: mode}).Error()
+	}
+	c, err := net.DialTimeout("unix", path, 100*time.Millisecond)
+	if err != nil {
+		return "" // no one listens: stale, replaced when published
+	}
+	c.Close()
+	return path + " is a socket another process listens on"
 }
 
 // otherPath is the registration socket path of a rolling-over driver that is not path.

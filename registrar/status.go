@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"maps"
+	"slices"
 	"time"
 
 	"multireg.dev/multireg/config"
@@ -61,6 +62,10 @@ type DriverStatus struct {
 	// EndpointRestarts counts the driver's endpoint created anew while its socket was served:
 	// the driver restarted, whether its registration was kept or made again.
 	EndpointRestarts int
+	// InTheWay are registration paths of the driver's that something else is in (a file, or
+	// another process's socket): the loop registers elsewhere (a device plugin's third path,
+	// when a move's drop is repaired). Set when the loop chooses a path.
+	InTheWay []string
 	// HeldByOther reports that another process serves the driver's registration socket path
 	// (another registrar, such as a node-driver-registrar sidecar whose driver is being moved
 	// to multireg): kubelet holds that registrar's registration, and the loop waits for it to
@@ -240,6 +245,7 @@ func (d *driver) status() DriverStatus {
 	st := d.st
 	st.Results = maps.Clone(d.st.Results)
 	st.Recreations = maps.Clone(d.st.Recreations)
+	st.InTheWay = slices.Clone(d.st.InTheWay)
 	return st
 }
 
@@ -283,6 +289,13 @@ func (d *driver) setPresence(statErr error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
+}
+
+// setInTheWay records the driver's registration paths something else is in.
+func (d *driver) setInTheWay(paths []string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.InTheWay = paths
 }
 
 // setSocket records the registration socket the loop serves: a driver that rolls over has two.

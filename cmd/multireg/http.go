@@ -108,6 +108,7 @@ func newStatusDoc(v instanceView) statusDoc {
 			Absent:      d.Absent,
 			Required:    d.Required,
 			HeldByOther: d.HeldByOther,
+			InTheWay:    d.InTheWay,
 			Attempts:    d.Attempts,
 			Failures:    d.Failures,
 			LastError:   d.LastError,

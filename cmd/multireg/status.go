@@ -94,13 +94,16 @@ type driverStatus struct {
 	// What the drivers file says of the driver for status to show (config.Display), each
 	// field under its own json tag.
 	config.Display
-	Phase       string     `json:"phase"`
-	Socket      string     `json:"socket"`
-	Endpoint    string     `json:"endpoint"`
-	EndpointUp  bool       `json:"endpointUp"`
-	Absent      bool       `json:"absent"`
-	Required    bool       `json:"required"`
-	HeldByOther bool       `json:"heldByOther"`
+	Phase       string `json:"phase"`
+	Socket      string `json:"socket"`
+	Endpoint    string `json:"endpoint"`
+	EndpointUp  bool   `json:"endpointUp"`
+	Absent      bool   `json:"absent"`
+	Required    bool   `json:"required"`
+	HeldByOther bool   `json:"heldByOther"`
+	// InTheWay: registration paths of the driver's that something else is in, which the
+	// loop registers around.
+	InTheWay    []string   `json:"inTheWay,omitempty"`
 	Attempts    int        `json:"attempts"`
 	Failures    int        `json:"failures"`
 	LastError   string     `json:"lastError"`
@@ -630,6 +633,9 @@ func statusRow(d driverStatus, now time.Time) [len(statusColumns)]string {
 		// Published all the same (waitForEndpoint: false): kubelet's answer is the news,
 		// as in the JSON document.
 		lastErr = strings.TrimSuffix("endpoint absent from this node; "+lastErr, "; ")
+	}
+	if len(d.InTheWay) > 0 {
+		lastErr = strings.TrimPrefix(lastErr+"; in the way: "+strings.Join(d.InTheWay, ", "), "; ")
 	}
 	kubelet := "-"
 	if k := d.Kubelet; k != nil {
