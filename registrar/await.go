@@ -67,7 +67,7 @@ func (l *loop) awaitNext() event {
 	// sleep.
 	l.c = wakeups{view: l.mv.watchView(), done: l.wctx.Done(), verdict: l.d.verdictC,
 		timeout: w.timeoutC, sock: ws.sock.C(), recheck: w.recheck.C, ep: ws.ep.C()}
-	if k := l.mv.check(g, l.ro != nil, l.st == stRegistered); k != evNone {
+	if k := l.mv.check(l.wctx, g, l.ro != nil, l.st == stRegistered); k != evNone {
 		return event{kind: k}
 	}
 	l.c.verify = l.mv.timer(w)

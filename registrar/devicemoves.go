@@ -1,12 +1,14 @@
 package registrar
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/podres"
+	"multireg.dev/multireg/internal/probe"
 )
 
 // How a device plugin moves to a new endpoint (an endpoint pattern's new instance) depends
@@ -79,16 +81,15 @@ func (m *deviceMoves) beside() bool {
 	return up && (!m.onePerResource || m.learnedIn != run)
 }
 
-// dropped records that kubelet dropped resource's devices when the old instance of a move
-// went.
-func (m *deviceMoves) dropped(log *slog.Logger, resource string, had int) {
-	_, _, run := m.view.State()
+// learn records that kubelet, in its run-th run, dropped a resource's client when the old
+// instance of a move went and took the new instance's devices once it was registered again:
+// its device manager keeps one client per resource. Nothing else teaches it: not a count of
+// devices alone, which a new instance that reports them unhealthy or late lowers too.
+func (m *deviceMoves) learn(run int) {
 	m.mu.Lock()
 	learned := m.mode == config.MovesAuto && (!m.onePerResource || m.learnedIn != run)
 	m.onePerResource, m.learnedIn = true, run
 	m.mu.Unlock()
-	log.Warn("kubelet dropped the resource's devices when the old instance's registration went: registering the new instance again",
-		"resource", resource, "devicesBefore", had)
 	if learned {
 		m.log.Warn("kubelet's device manager keeps one client per resource (kubelet 1.36 or older, whatever its gRPC release): " +
 			"until kubelet restarts, a device plugin's new instance is registered in place of the old one's registration")
@@ -97,24 +98,39 @@ func (m *deviceMoves) dropped(log *slog.Logger, resource string, had int) {
 
 // verification is a device plugin's move being checked in kubelet's view, from the moment the
 // new instance is registered beside the old one (a rollover: loop.ro) until verifyFor after the
-// old registration is withdrawn. The wait on cur records its readings (moveCheck.check); the
-// transitions start and end it.
+// old registration is withdrawn; or, after a drop, the repair's registration checked for
+// verifyFor (repair). The wait on cur records its readings (moveCheck.check); the transitions
+// start and end it.
 type verification struct {
 	had   int       // the most devices kubelet held for the resource during the move
 	gen   uint64    // the generation whose registration is verified, once the old one went
 	until time.Time // zero while the old registration stays
 	seen  bool      // kubelet's view answered after the withdrawal
 	// decideAt: the view shows the resource without devices since a moment too recent to
-	// decide (droppedFor); the wait looks again then, even if the view reads the same.
+	// decide (droppedFor), or the plugin reported none healthy a pass ago; the wait looks again
+	// then, even if the view reads the same.
 	decideAt time.Time
+	// agreed: kubelet held no device while the new instance reported none healthy: no drop.
+	agreed bool
+	// repair: the registration that repaired a drop in run, which restored: kubelet took the
+	// new instance's devices once it was registered again.
+	repair   bool
+	run      int
+	restored bool
 }
 
 // moveCheck is a loop's verification of a device plugin's move (v; nil when none), with what
-// checking it reads: the driver, and kubelet's view (moves). Only the loop's goroutine uses it.
+// checking it reads: the driver, kubelet's view (moves) and the plugin's own report (env).
+// Only the loop's goroutine uses it.
 type moveCheck struct {
 	d     *driver
+	env   *env
 	moves *deviceMoves
 	v     *verification
+	// dropRun is the run of kubelet in which a drop was repaired, for the repair's check
+	// (startRepair); 0: none pending.
+	dropRun int
+	dropHad int
 }
 
 // devices is what kubelet's view says of the driver's resource: its allocatable devices,
@@ -168,17 +184,32 @@ func (m *moveCheck) withdrawn(g *generation) {
 }
 
 // check reads kubelet's view for a move being verified while the loop waits on g, and records
-// what it read. It returns DevicesDropped when the resource's devices dropped after the old
-// registration was withdrawn while kubelet holds g (registered: the loop is Registered): g must
-// be registered again; and MoveVerified when the move needs no more reading: no drop for
-// verifyFor, or the move ended otherwise (another generation, or no old registration left to
-// withdraw: !rolling).
-func (m *moveCheck) check(g *generation, rolling, registered bool) eventKind {
+// what it read. It returns DevicesDropped when, once the old registration was withdrawn while
+// kubelet holds g (registered: the loop is Registered), kubelet holds none of the resource's
+// devices while the new instance reports some healthy (plugin): kubelet has dropped its
+// client, and g must be registered again; and MoveVerified when the move needs no more reading:
+// no drop for verifyFor, the move ended otherwise (another generation, or no old registration
+// left to withdraw: !rolling), or a repair's registration brought the devices back. A new
+// instance that reports no healthy device (unhealthy, or not yet) explains kubelet's view:
+// no drop.
+func (m *moveCheck) check(ctx context.Context, g *generation, rolling, registered bool) eventKind {
 	v := m.v
 	if v == nil {
 		return evNone
 	}
 	n, since, ok := m.devices()
+	if v.repair {
+		switch _, _, run := m.moves.view.State(); {
+		case ok && n > 0 && time.Since(since) >= droppedFor && run == v.run:
+			v.restored = true
+			return evMoveVerified
+		case ok && n > 0 && run == v.run:
+			v.decideAt = since.Add(droppedFor) // restored two readings running, not one
+		case !time.Now().Before(v.until):
+			return evMoveVerified
+		}
+		return evNone
+	}
 	if v.until.IsZero() { // the old registration stays: kubelet holds the resource through it
 		if !rolling {
 			return evMoveVerified // the move ended without a withdrawal to verify
@@ -197,10 +228,26 @@ func (m *moveCheck) check(g *generation, rolling, registered bool) eventKind {
 	}
 	v.decideAt = time.Time{}
 	if ok && n == 0 && v.had > 0 && registered {
-		if time.Since(since) >= droppedFor {
+		switch {
+		case time.Since(since) < droppedFor:
+			v.decideAt = since.Add(droppedFor)
+		default:
+			healthy, all, err := m.pluginDevices(ctx, g)
+			if err == nil && healthy == 0 {
+				// kubelet holds what the new instance reports: no device healthy, or none yet.
+				if !v.agreed {
+					m.d.log.Info("kubelet holds none of the resource's devices, and the new instance reports none healthy: not a drop",
+						"devices", all)
+				}
+				v.agreed = true
+				v.decideAt = time.Now().Add(podres.Period) // asked again a pass later
+				break
+			}
+			if err != nil {
+				m.d.log.Info("the new instance's own report of its devices could not be read; kubelet's view alone decides the drop", "err", err)
+			}
 			return evDevicesDropped
 		}
-		v.decideAt = since.Add(droppedFor)
 	}
 	if !time.Now().Before(v.until) {
 		return evMoveVerified
@@ -208,16 +255,39 @@ func (m *moveCheck) check(g *generation, rolling, registered bool) eventKind {
 	return evNone
 }
 
+// pluginDevices is what the device plugin serving g reports of its devices (probe.HealthyDevices),
+// asked within the supervisor's bound on endpoint calls in flight.
+func (m *moveCheck) pluginDevices(ctx context.Context, g *generation) (healthy, all int, err error) {
+	err = m.env.inFlight.Do(ctx, func() error {
+		healthy, all, err = probe.HealthyDevices(ctx, g.at.local)
+		return err
+	})
+	return healthy, all, err
+}
+
 // end ends the verification of a move while the loop waits on g; one that lasted its whole
-// time, on g, says what it saw.
+// time, on g, says what it saw. A repair's that restored the devices teaches what kubelet's
+// device manager does (deviceMoves.learn).
 func (m *moveCheck) end(g *generation) {
 	v := m.v
 	m.v = nil
-	if v == nil || v.until.IsZero() || time.Now().Before(v.until) || g.gen != v.gen {
+	switch {
+	case v == nil:
+		return
+	case v.repair && v.restored:
+		m.moves.learn(v.run)
+		return
+	case v.repair:
+		m.d.log.Info("kubelet did not take the new instance's devices after it was registered again: what its device manager does is not learnt from this move")
+		return
+	}
+	if v.until.IsZero() || time.Now().Before(v.until) || g.gen != v.gen {
 		return
 	}
 	n, _, _ := m.devices()
 	switch {
+	case v.agreed:
+		m.d.log.Info("the move verified: the new instance reports no healthy device, and kubelet holds none")
 	case !v.seen:
 		m.d.log.Warn("the move was not verified: kubelet's pod-resources API did not answer after the old registration was withdrawn")
 	case v.had > 0:
@@ -225,12 +295,26 @@ func (m *moveCheck) end(g *generation) {
 	}
 }
 
-// dropped ends the verification of a move whose devices kubelet dropped, and records what that
-// says of kubelet.
+// dropped ends the verification of a move whose devices kubelet dropped: the new instance is
+// registered again, and that registration is checked (startRepair) before anything is learnt.
 func (m *moveCheck) dropped() {
 	had := m.v.had
 	m.v = nil
-	m.moves.dropped(m.d.log, m.d.spec.Name, had)
+	_, _, m.dropRun = m.moves.view.State()
+	m.dropHad = had
+	m.d.log.Warn("kubelet dropped the resource's devices when the old instance's registration went: registering the new instance again",
+		"resource", m.d.spec.Name, "devicesBefore", had)
+}
+
+// startRepair begins checking the registration of g that repairs a drop, if one was repaired:
+// kubelet's view is read quickly for verifyFor.
+func (m *moveCheck) startRepair(g *generation) {
+	if m.dropRun == 0 {
+		return
+	}
+	m.v = &verification{repair: true, run: m.dropRun, had: m.dropHad, gen: g.gen, until: time.Now().Add(verifyFor)}
+	m.dropRun, m.dropHad = 0, 0
+	m.moves.view.Quick(verifyFor)
 }
 
 // watchView returns what wakes a wait while a device plugin's move is verified: kubelet's view

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fsid"
@@ -180,11 +182,16 @@ func TestDevicePluginMoveDropped(t *testing.T) {
 	if st := statusOf(m.s, m.d.Name); st.Recreations[ReasonDevicesDropped] != 1 {
 		t.Errorf("recreations: %v, want one for %s", st.Recreations, ReasonDevicesDropped)
 	}
+	// Learnt once the registration that repaired the drop brought the devices back.
 	for _, want := range []string{"kubelet dropped the resource's devices", "kubelet's device manager keeps one client per resource"} {
-		if !strings.Contains(log.String(), want) {
-			t.Errorf("log without %q:\n%s", want, log.String())
-		}
+		testkit.Eventually(t, 5*time.Second, "the log saying "+want, func() bool { return strings.Contains(log.String(), want) })
 	}
+	// A read of kubelet's API that kubelet refuses (its rate limit) is no restart of kubelet:
+	// what was learnt holds.
+	calls := m.kubelet.Calls()
+	m.kubelet.FailNext(status.Error(codes.ResourceExhausted, "rejected by rate limit"))
+	m.view.Quick(time.Second)
+	testkit.Eventually(t, 5*time.Second, "a refused read, and one answered", func() bool { return m.kubelet.Calls()-calls >= 2 })
 	// From now on the new instance is registered in place of the old registration, in another
 	// path, as soon as it answers.
 	startInstance(t, m.d, "dp.3")
@@ -432,6 +439,53 @@ func TestSpareInTheWay(t *testing.T) {
 			if id := mustID(t, m.d.SparePath); id != theirs {
 				t.Errorf("what was in the third path was replaced")
 			}
+		})
+	}
+}
+
+// TestDevicePluginMoveUnhealthyIsNoDrop: the new instance reports its devices unhealthy, or
+// none yet, when the old one goes, so kubelet's allocatable view (healthy devices only) shows
+// none: that is no drop, nothing is registered again and nothing is learnt; the devices come
+// back when the instance reports them healthy, and the next move goes beside again.
+func TestDevicePluginMoveUnhealthyIsNoDrop(t *testing.T) {
+	for _, how := range []string{"unhealthy", "late"} {
+		t.Run(how, func(t *testing.T) {
+			var log testkit.Buffer
+			m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("multireg's log:\n%s", log.String())
+				}
+			})
+			dp2 := testkit.StartDevicePlugin(t, m.instance("dp.2"), 0)
+			if how == "unhealthy" {
+				dp2.SetDevices(0, 2)
+			}
+			m.awaitBeside(m.d.AltSocketPath, "dp.2")
+			alt := mustID(t, m.d.AltSocketPath)
+			m.old.Stop()
+			testkit.Eventually(t, 5*time.Second, "the old registration withdrawn once dp.1 is gone", func() bool {
+				return !testkit.IsSocket(m.d.SocketPath)
+			})
+			m.kubelet.Set(m.d.Name, 0) // kubelet counts healthy devices only
+			testkit.Eventually(t, 5*time.Second, "the verification's conclusion", func() bool {
+				return strings.Contains(log.String(), "not a drop")
+			})
+			testkit.Never(t, verifyFor, "dp.2 registered again", func() bool {
+				id, _, err := fsid.Stat(m.d.AltSocketPath)
+				return err != nil || id != alt
+			})
+			dp2.SetDevices(2, 0)
+			m.kubelet.Set(m.d.Name, 2)
+			st := statusOf(m.s, m.d.Name)
+			if st.Recreations[ReasonDevicesDropped] != 0 || strings.Contains(log.String(), "keeps one client per resource") {
+				t.Errorf("recreations %v and the log learnt from devices the instance reported %s", st.Recreations, how)
+			}
+			// The next move goes beside again: nothing was learnt.
+			startInstance(t, m.d, "dp.3")
+			testkit.Eventually(t, 5*time.Second, "dp.3 registered beside dp.2", func() bool {
+				return testkit.IsSocket(m.d.AltSocketPath) && testkit.IsSocket(m.d.SocketPath)
+			})
 		})
 	}
 }

@@ -149,7 +149,7 @@ func newLoop(ctx context.Context, d *driver, e *env, a *takeover) *loop {
 	l := &loop{
 		d: d, env: e, ctx: ctx, log: d.log, st: stWaitingForEndpoint,
 		ep:     newEndpoint(d, e),
-		mv:     moveCheck{d: d, moves: e.moves},
+		mv:     moveCheck{d: d, env: e, moves: e.moves},
 		socks:  sockets{d: d, env: e},
 		p:      newPacing(spec),
 		probeB: newBackoff(spec.Backoff),

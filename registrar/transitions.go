@@ -104,6 +104,7 @@ func accepted(l *loop, _ event) state {
 	// handed over to: the call has its own timeout.
 	l.registered(context.WithoutCancel(l.ctx), l.cur)
 	l.settle(l.cur)
+	l.mv.startRepair(l.cur) // the registration that repairs a drop, if it is one, is checked
 	return stRegistered
 }
 

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"multireg.dev/multireg/internal/fsid"
 	"multireg.dev/multireg/internal/sockfile"
 )
 
@@ -36,6 +37,10 @@ const (
 	QuickPeriod = 50 * time.Millisecond
 	// callTimeout bounds one read.
 	callTimeout = time.Second
+	// transientReads is how many reads in a row may fail, the socket still the file it was,
+	// before the view takes kubelet's API for down: kubelet limits the API's rate for every
+	// client of the node together (ResourceExhausted), and a busy kubelet may miss a read.
+	transientReads = 3
 )
 
 // SocketPath is the pod-resources socket of the kubelet whose plugins-registry directory is
@@ -84,13 +89,20 @@ type View struct {
 	path string
 	log  *slog.Logger
 
-	// guards: last, up, down, runs, changed, quickUntil. (wake is a channel, set by New.)
+	// guards: last, up, down, failed, sock, runs, changed, quickUntil. (wake is a channel,
+	// set by New.)
 	mu   sync.Mutex
 	last Reading
-	// up: the last read answered. down: a failed read was logged, and not since a success.
+	// up: kubelet's API answers (its last read did, or the reads since failed only for a
+	// moment: failed, fewer than transientReads, the socket the same file). down: it was
+	// taken for down and logged, and has not answered since.
 	up, down bool
-	// runs counts the times kubelet's API came up (answered after not answering, or first):
-	// each is another run of kubelet, maybe another kubelet.
+	failed   int
+	// sock is the socket file kubelet's API last answered on: kubelet creates it anew when it
+	// starts. runs counts the sockets it answered on: each is another run of kubelet, maybe
+	// another kubelet. A read that fails, and answers again on the same socket, is the same
+	// run.
+	sock fsid.ID
 	runs int
 	// changed is closed, and replaced, when a read finds another count or availability.
 	changed chan struct{}
@@ -168,9 +180,15 @@ func (v *View) read(ctx context.Context, client podresourcesv1.PodResourcesListe
 		return
 	}
 	now := time.Now()
+	sock, _, statErr := fsid.Stat(v.path)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err != nil {
+		v.failed++
+		if v.up && statErr == nil && sock == v.sock && v.failed < transientReads {
+			v.log.Debug("kubelet's pod-resources API did not answer a read; the socket is the same: reading on", "socket", v.path, "err", err)
+			return
+		}
 		if v.up || !v.down {
 			v.log.Warn("kubelet's pod-resources API does not answer: kubelet's view of device plugins is not shown, "+
 				"and a device plugin's move to a new endpoint cannot be verified",
@@ -183,10 +201,18 @@ func (v *View) read(ctx context.Context, client podresourcesv1.PodResourcesListe
 		}
 		return
 	}
+	v.failed = 0
+	if statErr == nil && sock != v.sock {
+		v.sock = sock
+		v.runs++ // kubelet made its socket anew: another run
+		if v.up {
+			v.log.Info("kubelet's pod-resources API answers on a new socket: kubelet restarted", "socket", v.path)
+			v.notify()
+		}
+	}
 	if !v.up {
 		v.log.Info("kubelet's pod-resources API answers: device plugins' resources are read from kubelet", "socket", v.path)
 		v.up, v.down = true, false
-		v.runs++
 		v.notify()
 	}
 	devices := map[string]int{}
@@ -231,8 +257,8 @@ func (v *View) Last() (Reading, bool) {
 	return r, up
 }
 
-// State returns the last reading, whether kubelet answered the last read, and how many times
-// kubelet's API came up: a count that moves when kubelet restarted.
+// State returns the last reading, whether kubelet's API answers, and how many sockets it has
+// answered on: a count that moves when kubelet restarted, and only then.
 func (v *View) State() (Reading, bool, int) {
 	if v == nil {
 		return Reading{}, false, 0

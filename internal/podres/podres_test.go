@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/testkit"
 )
@@ -87,5 +90,42 @@ func TestViewWithoutKubelet(t *testing.T) {
 	var nilView *podres.View
 	if nilView.Available() || nilView.Changed() != nil {
 		t.Error("a nil view reads something")
+	}
+}
+
+// TestViewToleratesATransientError: a read kubelet refuses (its rate limit for every client of
+// the node: ResourceExhausted), or two, on the same socket, leave the view up and in the same
+// run of kubelet; a kubelet that stops is down, and one that starts again, on a socket of its
+// own, is another run.
+func TestViewToleratesATransientError(t *testing.T) {
+	sock := filepath.Join(testkit.ShortDir(t), "kubelet.sock")
+	k := testkit.StartPodResources(t, sock)
+	k.Set("example.com/gpu", 2)
+	var log testkit.Buffer
+	v := podres.New(sock, log.Logger())
+	testkit.RunUntilEnd(t, v.Run)
+	testkit.Eventually(t, 5*time.Second, "kubelet read", v.Available)
+	_, _, run := v.State()
+	calls := k.Calls()
+	k.FailNext(status.Error(codes.ResourceExhausted, "rejected by rate limit"), status.Error(codes.ResourceExhausted, "rejected by rate limit"))
+	v.Quick(time.Second)
+	testkit.Eventually(t, 5*time.Second, "two refused reads and one answered", func() bool { return k.Calls()-calls >= 3 })
+	testkit.Eventually(t, 5*time.Second, "an answered read", func() bool {
+		r, _ := v.Last()
+		return r.At.After(time.Now().Add(-podres.Period))
+	})
+	if _, up, now := v.State(); !up || now != run {
+		t.Errorf("after two refused reads: up %v, run %d; want up, run %d", up, now, run)
+	}
+	if strings.Contains(log.String(), "does not answer") {
+		t.Error("a refused read taken for kubelet's API down")
+	}
+	k.Stop()
+	testkit.Eventually(t, 5*time.Second, "down once kubelet stopped", func() bool { return !v.Available() })
+	k2 := testkit.StartPodResources(t, sock)
+	k2.Set("example.com/gpu", 2)
+	testkit.Eventually(t, 5*time.Second, "up again", v.Available)
+	if _, _, now := v.State(); now != run+1 {
+		t.Errorf("run %d after kubelet's restart, want %d", now, run+1)
 	}
 }

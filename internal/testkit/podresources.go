@@ -16,10 +16,11 @@ type PodResources struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	ep *Endpoint
 
-	// guards: devices, calls.
+	// guards: devices, calls, fail.
 	mu      sync.Mutex
 	devices map[string]int
 	calls   int
+	fail    []error // the answers of the next calls, then the devices again
 }
 
 // StartPodResources serves the pod-resources API at path until the test ends.
@@ -41,6 +42,14 @@ func (p *PodResources) Set(resource string, n int) {
 	p.devices[resource] = n
 }
 
+// FailNext makes the next calls fail with errs, one each, as kubelet's rate limit
+// (ResourceExhausted) or a slow kubelet would; later calls answer again.
+func (p *PodResources) FailNext(errs ...error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fail = append(p.fail, errs...)
+}
+
 // Calls counts the GetAllocatableResources calls answered.
 func (p *PodResources) Calls() int {
 	p.mu.Lock()
@@ -60,6 +69,11 @@ func (p *PodResources) GetAllocatableResources(context.Context, *podresourcesv1.
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++
+	if len(p.fail) > 0 {
+		err := p.fail[0]
+		p.fail = p.fail[1:]
+		return nil, err
+	}
 	resp := &podresourcesv1.AllocatableResourcesResponse{}
 	for name, n := range p.devices {
 		ids := make([]string, n)
