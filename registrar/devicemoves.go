@@ -144,8 +144,10 @@ func (m *moveCheck) devices() (int, time.Time, bool) {
 	return n, since, ok && up
 }
 
-// viewed reports whether there is a view of kubelet to verify a move in.
-func (m *moveCheck) viewed() bool { return m.moves != nil && m.moves.view != nil }
+// viewed reports whether there is a view of kubelet to verify a move in: one that answers. (A
+// view that does not answer said so once, in its own log line; a move then goes as without
+// one.)
+func (m *moveCheck) viewed() bool { return m.moves != nil && m.moves.view.Available() }
 
 // start begins watching kubelet's view for a device plugin whose new instance is being
 // registered beside the old one (rolling: a rollover keeps the old registration); without a

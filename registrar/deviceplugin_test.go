@@ -489,3 +489,33 @@ func TestDevicePluginMoveUnhealthyIsNoDrop(t *testing.T) {
 		})
 	}
 }
+
+// TestDevicePluginMovesWithoutKubeletsView: kubelet's pod-resources API configured but not
+// answering is said once, by the view, and at the instance's level (PodResources: not
+// answering, moves in place); each move goes in place of the old registration without a
+// warning of its own that it was not verified.
+func TestDevicePluginMovesWithoutKubeletsView(t *testing.T) {
+	var log testkit.Buffer
+	dir := testkit.ShortDir(t)
+	view := podres.New(filepath.Join(dir, "none", "kubelet.sock"), log.Logger())
+	m := startDevicePluginMove(t, Options{Log: log.Logger(), PodResources: view}, false)
+	testkit.Eventually(t, 5*time.Second, "the view's absence logged", func() bool { return strings.Contains(log.String(), "does not answer") })
+	if p, ok := m.s.PodResources(); !ok || p.Answers || p.DevicePluginMoves != "in place" {
+		t.Errorf("PodResources() = %+v, %v; want not answering, moves in place", p, ok)
+	}
+	from := m.d.SocketPath
+	for _, name := range []string{"dp.2", "dp.3"} {
+		startInstance(t, m.d, name)
+		from = m.awaitSwap(from, name)
+		testkit.Eventually(t, 5*time.Second, name+" Registered", func() bool {
+			st := statusOf(m.s, m.d.Name)
+			return st.Phase == Registered && st.Endpoint == m.instance(name)
+		})
+	}
+	testkit.Never(t, verifyFor+500*time.Millisecond, "a warning that a move was not verified (the view's absence is said once)", func() bool {
+		return strings.Contains(log.String(), "the move was not verified")
+	})
+	if n := strings.Count(log.String(), "pod-resources API does not answer"); n != 1 {
+		t.Errorf("the view's absence said %d times, want once", n)
+	}
+}

@@ -23,6 +23,34 @@ type KubeletView struct {
 	Missing bool
 }
 
+// PodResources is what the instance knows of kubelet's pod-resources API, for /status: where
+// it reads it, whether it answers, and how a device plugin's new instance is registered now.
+type PodResources struct {
+	// Socket is the API's socket as this process reads it.
+	Socket string
+	// Answers: kubelet's API answers; without it no device plugin's resource is shown, and
+	// no move is verified.
+	Answers bool
+	// DevicePluginMoves is how a device plugin's new instance is registered now: "beside" the
+	// running one, or "in place" of its registration (what the --device-plugin-moves setting,
+	// kubelet's view and what was learnt of its device manager make of it).
+	DevicePluginMoves string
+}
+
+// PodResources says what the instance knows of kubelet's pod-resources API; ok is false when
+// it reads none (--pod-resources-socket empty).
+func (s *Supervisor) PodResources() (PodResources, bool) {
+	v := s.env.moves.view
+	if v == nil {
+		return PodResources{}, false
+	}
+	p := PodResources{Socket: v.Path(), Answers: v.Available(), DevicePluginMoves: "in place"}
+	if s.env.moves.beside() {
+		p.DevicePluginMoves = "beside"
+	}
+	return p, true
+}
+
 // kubeletView is what reading r says of a device plugin's resource, for its status st.
 func kubeletView(r podres.Reading, st DriverStatus) *KubeletView {
 	n, since, ok := r.Count(st.Name)

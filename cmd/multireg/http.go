@@ -40,6 +40,8 @@ type daemonState struct {
 	takenOver func() int
 	// descriptors: the registration sockets' descriptor budget; nil: not known.
 	descriptors func() registrar.Descriptors
+	// podResources: kubelet's pod-resources API as the instance reads it; nil: not known.
+	podResources func() (registrar.PodResources, bool)
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
@@ -90,6 +92,11 @@ func newStatusDoc(v instanceView) statusDoc {
 		doc.Descriptors = &descriptorsStatus{
 			Limit: d.Limit, Reserved: d.Reserved, MaxSockets: d.MaxSockets, Needed: d.Needed,
 			Sockets: d.Sockets, Connections: d.Conns, Fits: d.Fits(), Problem: d.Problem(),
+		}
+	}
+	if v.State != nil && v.State.podResources != nil {
+		if p, ok := v.State.podResources(); ok {
+			doc.PodResources = &podResourcesStatus{Socket: p.Socket, Answers: p.Answers, DevicePluginMoves: p.DevicePluginMoves}
 		}
 	}
 	for _, d := range drivers { // sorted by name

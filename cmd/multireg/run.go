@@ -208,7 +208,7 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		},
 	})
 	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
-	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors}
+	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources}
 	detail := "holds the registration directory " + r.cfg.RegistrationDir
 	if handed > 0 {
 		detail = "took the registration directory " + r.cfg.RegistrationDir + " over from the previous instance"

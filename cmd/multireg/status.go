@@ -54,7 +54,19 @@ type statusDoc struct {
 	// Descriptors: the registration sockets' file descriptors against RLIMIT_NOFILE; absent
 	// from an instance that does not serve the directory.
 	Descriptors *descriptorsStatus `json:"descriptors,omitempty"`
-	Drivers     []driverStatus     `json:"drivers"`
+	// PodResources: kubelet's pod-resources API as the instance reads it; absent when it reads
+	// none (--pod-resources-socket empty) or does not serve the directory.
+	PodResources *podResourcesStatus `json:"podResources,omitempty"`
+	Drivers      []driverStatus      `json:"drivers"`
+}
+
+// podResourcesStatus is registrar.PodResources.
+type podResourcesStatus struct {
+	Socket  string `json:"socket"`
+	Answers bool   `json:"answers"`
+	// DevicePluginMoves: how a device plugin's new instance is registered now, "beside" the
+	// running one or "in place" of its registration.
+	DevicePluginMoves string `json:"devicePluginMoves"`
 }
 
 // descriptorsStatus is registrar.Descriptors: whether the drivers' sockets fit in the
@@ -583,6 +595,13 @@ func printStatusTable(w io.Writer, doc statusDoc, drivers func(each func(driverS
 	fmt.Fprintf(w, "config %s (generation %d): %s\n", c.Path, c.Generation, strings.ReplaceAll(state, "\n", "; "))
 	if d := doc.Descriptors; d != nil && !d.Fits {
 		fmt.Fprintf(w, "NOT ENOUGH %s\n", d.Problem)
+	}
+	if p := doc.PodResources; p != nil {
+		state := "answers"
+		if !p.Answers {
+			state = "DOES NOT ANSWER: no device plugin's resource is shown, no move verified"
+		}
+		fmt.Fprintf(w, "kubelet's pod-resources API %s: %s; device-plugin moves: %s\n", p.Socket, state, p.DevicePluginMoves)
 	}
 	fmt.Fprintf(w, "%d of %d drivers registered", registered, total)
 	if absent > 0 {
