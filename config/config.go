@@ -140,7 +140,9 @@ type Registration struct {
 	// SocketPath is RegistrationDir joined with SocketName.
 	SocketPath string
 	// AltSocketPath is the second registration socket of a driver that rolls its
-	// registration over from one endpoint instance to the next (RollsOver); "" for the others.
+	// registration over from one endpoint instance to the next (RollsOver), and of a DRA
+	// driver, registered again in the path kubelet does not hold; "" for the others
+	// (SetSocketPaths). It follows from SocketName, the type and the endpoint.
 	AltSocketPath string
 	// SparePath is the third registration socket of a device plugin whose endpoint is a
 	// pattern (SpareSocketName; "" for the others): where its instance is registered when
@@ -251,16 +253,22 @@ func (c *RegistrarConfig) Summary() string {
 
 // SetSocketPaths sets the driver's registration socket paths in the registration directory
 // dir from its SocketName, type and endpoint: SocketPath; AltSocketPath for a driver that
-// rolls its registration over from one endpoint instance to the next (RollsOver); SparePath for a
-// device plugin among those.
+// rolls its registration over from one endpoint instance to the next (RollsOver), and for a
+// DRA driver whose endpoint is fixed when it fits (MaxSocketPathLen): registered again, it
+// goes to the path kubelet does not hold, which kubelet registers in the pass that deregisters
+// the old one; SparePath for a device plugin whose endpoint is a pattern.
 func (d *Driver) SetSocketPaths(dir string) {
 	d.SocketPath = filepath.Join(dir, d.SocketName)
 	d.AltSocketPath, d.SparePath = "", ""
-	if d.RollsOver() {
-		d.AltSocketPath = filepath.Join(dir, AltSocketName(d.SocketName))
+	alt := filepath.Join(dir, AltSocketName(d.SocketName))
+	switch {
+	case d.RollsOver():
+		d.AltSocketPath = alt
 		if d.Type == DevicePlugin {
 			d.SparePath = filepath.Join(dir, SpareSocketName(d.SocketName))
 		}
+	case d.Type == DRAPlugin && len(alt) <= MaxSocketPathLen:
+		d.AltSocketPath = alt
 	}
 }
 

@@ -641,7 +641,7 @@ var transitionTests = []struct {
 		s := runSupervisor(t, Options{Log: log.Logger()})
 		s.TakeOver(snap)
 		s.Start(d)
-		<-entered
+		awaitClosed(t, entered, "the held call")
 		s.Stop(d.Name)
 		awaitTransition(t, log, name)
 		awaitTransition(t, log, "TakingOver_Removed_Stopped")
@@ -651,7 +651,7 @@ var transitionTests = []struct {
 		crash(t, s, d, e)
 		entered := startStuckCSINode(t, d.LocalEndpoint, d.Name)
 		awaitTransition(t, log, "Registered_EndpointRestarted_Restarting")
-		<-entered
+		awaitClosed(t, entered, "the held call")
 		s.Stop(d.Name)
 		awaitTransition(t, log, name)
 		awaitTransition(t, log, "Restarting_Removed_Stopped")
@@ -687,7 +687,7 @@ var transitionTests = []struct {
 		awaitTransitions(t, log, "AwaitingVerdict_Accepted_Registered", 2) // dra-a's, then dra-b's
 		armed.Store(true)
 		startInstance(t, d, "dra-c.sock")
-		<-entered
+		awaitClosed(t, entered, "the held call")
 		s.Stop(d.Name)
 		awaitTransition(t, log, name)
 		awaitTransition(t, log, "Registered_Removed_Stopped")
@@ -729,6 +729,16 @@ func withPolicy(d config.Driver, interval, timeout time.Duration) config.Driver 
 	d.Backoff = config.Backoff{InitialInterval: interval, MaxInterval: interval, Multiplier: 2}
 	d.RegistrationTimeout = timeout
 	return d
+}
+
+// awaitClosed waits for c to be closed, failing the test after 10 s.
+func awaitClosed(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out after 10s waiting for %s", what)
+	}
 }
 
 // answers reports whether something accepts a connection at path now.

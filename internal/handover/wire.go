@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -476,16 +477,23 @@ func unsentOf(spec map[string]json.RawMessage) unsent {
 	return u
 }
 
+// derived are the fields of config.Registration that follow from the others
+// (config.Driver.SetSocketPaths: a driver's second and third registration paths): the
+// receiver's own count for them, whatever the predecessor sent, so that a release that gives
+// a driver another path (every DRA driver a second one) takes over its sockets all the same. A
+// socket handed over in a path the receiver's configuration does not have is not served.
+var derived = []string{"AltSocketPath", "SparePath"}
+
 // RegistersAs reports whether own, this instance's configuration of the handed driver,
 // registers it with kubelet as the instance that handed it over did: the same
 // config.Registration, all that kubelet sees of a registration. The rest of the driver (where
 // this process reaches the endpoint, the loop's policy, what status shows) does not count:
 // own's applies to the loop that goes on. A field of the registration the predecessor did not
-// send counts as own's.
+// send, or that follows from the others (derived), counts as own's.
 func (h *Driver) RegistersAs(own config.Driver) bool {
 	theirs := h.Spec.Registration
 	tv, ov := reflect.ValueOf(&theirs).Elem(), reflect.ValueOf(own.Registration)
-	for _, name := range h.unsent {
+	for _, name := range slices.Concat(h.unsent, derived) {
 		tv.FieldByName(name).Set(ov.FieldByName(name))
 	}
 	return theirs.Equal(own.Registration)
