@@ -26,7 +26,8 @@ type Hub struct {
 	ep   *os.File // the epoll instance
 	epRC syscall.RawConn
 
-	// guards: socks, started, closed, dead, nsocks, conns, calls, seq.
+	// guards: socks, started, closed, dead, nsocks, conns, calls, reading, seq, and each
+	// call's handled.
 	mu sync.Mutex
 	// socks: the sockets whose connections the loop accepts, by listening descriptor; each
 	// is counted in nsocks.
@@ -43,6 +44,7 @@ type Hub struct {
 	nsocks    int                // sockets counted against fdLimit, and claims on descriptors
 	conns     map[*conn]connUse  // connections admitted and not released, and what each is doing
 	calls     map[*call]struct{} // calls in flight
+	reading   int                // calls in flight whose handler has not begun (call.handled)
 	seq       uint64             // numbers accepts and calls' ends in their order (connUse.last)
 	refusals  throttle.Warning   // the warning about connections and calls refused or cut; its own lock
 

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
@@ -40,11 +41,24 @@ type limits struct {
 	maxConns int
 	// socketReserve: connections a socket admits whatever the process holds.
 	socketReserve int
-	// maxCalls: calls in flight in the process beyond one per socket served (kubelet makes one
-	// call at a time on each socket's connection). Each may buffer a request of up to
-	// maxRequest. A new call beyond it takes the place of the oldest call in flight, or is
-	// refused with ResourceExhausted. Kubelet's calls take milliseconds: the oldest call is a
-	// stalled one, and a new call always gets in, however fast a flood's arrive.
+	// maxCalls: calls still receiving their request, in the process, beyond one per socket
+	// served (kubelet makes one call at a time on each socket's connection). Each may buffer a
+	// request of up to maxRequest. A new call beyond it takes the place of the oldest of them,
+	// or is refused with ResourceExhausted.
+	//
+	// A call whose request arrived whole (its message and the end of its stream: gRPC then
+	// runs its handler, begin) neither counts nor is cut. Its request's buffer is freed; it
+	// ends with its handler (GetInfo from memory, the verdict handed to the loop without
+	// blocking; a reply of some hundred bytes is queued without waiting for the client's
+	// window); such calls are bounded by the connections, maxCallStreams each. And gRPC no
+	// longer watches its context: a cut would only have the hub forget a call in flight
+	// (kubelet's verdict, as it was) and take its connection for idle, to be closed for the
+	// next one.
+	//
+	// Kubelet's requests arrive whole within milliseconds of their headers: the oldest call
+	// still receiving its request is a stalled one, unless more than the bound's worth of new
+	// calls came within those milliseconds, and a new call always gets in, however fast a
+	// flood's arrive.
 	maxCalls int
 }
 
@@ -82,13 +96,16 @@ type connUse struct {
 }
 
 // call is one call in flight, from its headers (the tap) to its end. Its fields are set by
-// tap, before the call goes on.
+// tap, before the call goes on, but handled, the hub's (under its lock).
 type call struct {
 	cn      *conn
 	at      time.Time
 	cancel  context.CancelCauseFunc
 	timeout context.CancelFunc
 	after   func() bool // stops the context.AfterFunc that ends it
+	// handled: its request arrived whole and its handler runs (begin). Until then it counts
+	// in Hub.reading, and may be cut.
+	handled bool
 }
 
 var (
@@ -275,24 +292,26 @@ func (h *Hub) closeConn(cn *conn) {
 // reserve: maxConns, and one for each socket served. mu is held.
 func (h *Hub) connLimit() int { return h.lim.maxConns + len(h.socks) }
 
-// callLimit is how many calls may be in flight before a new one cuts the oldest stalled one:
-// maxCalls, and one for each socket served. mu is held.
+// callLimit is how many calls may be receiving their request before a new one cuts the
+// oldest stalled one: maxCalls, and one for each socket served. mu is held.
 func (h *Hub) callLimit() int { return h.lim.maxCalls + len(h.socks) }
 
 // tap admits a call whose headers arrived on a connection, giving it callTimeout; a call
-// beyond callLimit cuts the oldest stalled call, or is refused.
+// beyond callLimit cuts the oldest stalled call, or is refused. gRPC calls it on the
+// connection's reading goroutine, before the call has a goroutine or has read its request.
 func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	cn := connOf(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.calls) >= h.callLimit() && !h.cutStalled() {
-		h.refused("call", cn.g.path, fmt.Sprintf("%d calls in flight on the registration sockets", len(h.calls)))
+	if h.reading >= h.callLimit() && !h.cutStalled() {
+		h.refused("call", cn.g.path, fmt.Sprintf("%d calls in flight on the registration sockets still receiving their request", h.reading))
 		return nil, status.Error(codes.ResourceExhausted, "too many calls in flight on multireg's registration sockets; try again")
 	}
 	ctx, timeout := context.WithTimeoutCause(ctx, h.lim.callTimeout, errCallTooLong)
 	ctx, cancel := context.WithCancelCause(ctx)
 	cl := &call{cn: cn, at: time.Now(), cancel: cancel, timeout: timeout}
 	h.calls[cl] = struct{}{}
+	h.reading++
 	if u, admitted := h.conns[cn]; admitted { // else cut since: nothing to count
 		u.calls++
 		if !u.began {
@@ -307,12 +326,35 @@ func (h *Hub) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	return withCall(ctx, cl), nil
 }
 
-// cutStalled cuts the oldest call in flight, a stalled one (kubelet's take milliseconds);
-// false when none is. mu is held.
+// begin is every socket's unary interceptor: gRPC calls it once the call's request arrived
+// whole, its message and the end of its stream (a unary call's RecvMsg reads on to the end;
+// stats' InPayload comes before, with the message alone, and a stream never ended stalls
+// there), just before the handler. From then on the call is not cut, and does not count
+// against callLimit.
+func (h *Hub) begin(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if cl := callOf(ctx); cl != nil {
+		h.handling(cl)
+	}
+	return handler(ctx, req)
+}
+
+// handling notes that cl's handler runs, unless cl ended or was cut meanwhile.
+func (h *Hub) handling(cl *call) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.calls[cl]; ok && !cl.handled {
+		cl.handled = true
+		h.reading--
+	}
+}
+
+// cutStalled cuts the oldest call still receiving its request, a stalled one (kubelet's
+// arrive whole within milliseconds); false when none is. A call whose handler runs is never
+// cut. mu is held.
 func (h *Hub) cutStalled() bool {
 	var old *call
 	for cl := range h.calls {
-		if old == nil || cl.at.Before(old.at) {
+		if !cl.handled && (old == nil || cl.at.Before(old.at)) {
 			old = cl
 		}
 	}
@@ -350,6 +392,9 @@ func (h *Hub) dropCall(cl *call) {
 		return
 	}
 	delete(h.calls, cl)
+	if !cl.handled {
+		h.reading--
+	}
 	if u, admitted := h.conns[cl.cn]; admitted {
 		u.calls--
 		h.seq++

@@ -279,3 +279,151 @@ func TestKubeletsBurstIsNeverCut(t *testing.T) {
 		k.Notify(t, true, "")
 	}
 }
+
+// stall starts, on a new connection to path, a call whose request declares maxRequest/2 bytes
+// and never arrives whole, and waits until the hub has admitted the call.
+func stall(t *testing.T, h *Hub, path string) *h2 {
+	t.Helper()
+	before := connIDs.Load()
+	p := dialH2(t, path)
+	p.call(1, "NotifyRegistrationStatus")
+	p.body(1, maxRequest/2, 100)
+	waitCall(t, h, before)
+	return p
+}
+
+// waitCall waits until a call began on a connection h admitted after connection number before.
+func waitCall(t *testing.T, h *Hub, before uint64) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, "the call admitted", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for cn, u := range h.conns {
+			if cn.id > before && u.began {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestKubeletsVerdictOutlastsStalledCalls: kubelet's NotifyRegistrationStatus, its request
+// arrived whole and its handler under way (held here, to widen that moment), is not cut by
+// stalled calls arriving meanwhile beyond the bound, on its socket and on another: the flood's
+// own stalled calls are cut instead, and kubelet's connection, its call in flight, is not
+// closed for the flood's next connection to its socket. The verdict is answered OK and counts.
+//
+// The oldest call in flight used to be cut, kubelet's: grpc-go no longer watches a call's
+// context once its handler runs, so the reply would still have gone out, but the hub had
+// forgotten the call, and its connection, idle to the hub, was the one the flood's next
+// connection to the socket closed: kubelet's verdict failed with UNAVAILABLE.
+func TestKubeletsVerdictOutlastsStalledCalls(t *testing.T) {
+	h, gs := serveTestWith(t, 2, func(l *limits) { l.maxCalls = 1 }) // and 2 sockets: 3 calls
+	g := gs[0]
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	verdicts := make(chan Verdict, 1)
+	g.rs.notify = func(v Verdict) {
+		close(entered)
+		<-release
+		verdicts <- v
+	}
+	k := dialKubelet(t, g.path)
+	k.GetInfo(t)
+	notified := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := k.C.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true})
+		notified <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("kubelet's verdict never reached its handler")
+	}
+	testkit.Eventually(t, 5*time.Second, "kubelet's GetInfo ended, its verdict in flight", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.calls) == 1
+	})
+	var ps []*h2
+	// Three stalled calls on kubelet's socket, beyond the bound with kubelet's: the socket holds
+	// maxConnsPerSocket connections.
+	for range 3 {
+		ps = append(ps, stall(t, h, g.path))
+	}
+	// The flood's next connection to kubelet's socket: refused (every connection has a call in
+	// flight), or admitted in the place of one idle to the hub.
+	c, err := net.Dial("unix", g.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_, _ = c.Write([]byte(http2.ClientPreface)) // fails if it was closed already
+	// More stalled calls, on the other socket: twice the bound in all.
+	for range 3 {
+		ps = append(ps, stall(t, h, gs[1].path))
+	}
+	// What the hub counts: kubelet's connection (the one that asked GetInfo) and its call, and
+	// the flood's calls in flight, within the bound.
+	h.mu.Lock()
+	var conns, calls, flood int
+	for cn := range h.conns {
+		if cn.asked.Load() {
+			conns++
+		}
+	}
+	for cl := range h.calls {
+		if cl.cn.asked.Load() {
+			calls++
+		} else {
+			flood++
+		}
+	}
+	h.mu.Unlock()
+	if conns != 1 || calls != 1 {
+		t.Errorf("kubelet's verdict in its handler: the hub counts %d of kubelet's connections and %d of its calls in flight, want 1 and 1", conns, calls)
+	}
+	if flood > 3 {
+		t.Errorf("%d of the flood's calls in flight, want at most 3", flood)
+	}
+	free()
+	if err := <-notified; err != nil {
+		t.Fatalf("kubelet's verdict, its handler under way while stalled calls flooded: %v, want OK", err)
+	}
+	if v := <-verdicts; !v.Registered {
+		t.Errorf("verdict %+v, want registered", v)
+	}
+	// The flood's oldest calls were cut, those on kubelet's socket.
+	for i, p := range ps[:3] {
+		if st, closed := p.ended(1, 5*time.Second); closed || st == "0" {
+			t.Errorf("the flood's stalled call %d: grpc-status %q (connection closed: %v), want it cut", i, st, closed)
+		}
+	}
+}
+
+// TestAWholeMessageWithoutItsEndStalls: a call whose request message arrived whole but whose
+// stream the client never ends has not reached its handler (grpc-go reads on to the end of a
+// unary call's stream, and a second message there would take a buffer of its declared size):
+// it is a stalled call, the oldest cut for a new one beyond the bound. Kubelet's calls get in.
+func TestAWholeMessageWithoutItsEndStalls(t *testing.T) {
+	h, gs := serveTestWith(t, 1, func(l *limits) { l.maxCalls = 1 }) // and 1 socket: 2 calls
+	var ps []*h2
+	for range 2 {
+		before := connIDs.Load()
+		p := dialH2(t, gs[0].path)
+		p.call(1, "NotifyRegistrationStatus")
+		if err := p.fr.WriteData(1, false, make([]byte, 5)); err != nil { // an empty message, whole
+			t.Fatal(err)
+		}
+		waitCall(t, h, before)
+		ps = append(ps, p)
+	}
+	testkit.Register(t, gs[0].path, testkit.Kubelet136, true, "") // its GetInfo cuts the oldest
+	if st, closed := ps[0].ended(1, 5*time.Second); closed || st == "0" {
+		t.Errorf("a call whose message is whole and whose stream never ended: grpc-status %q (connection closed: %v), want it cut", st, closed)
+	}
+}

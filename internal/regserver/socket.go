@@ -228,6 +228,7 @@ func (g *Socket) give(cn *conn) *grpc.Server {
 			grpc.Creds(tagger{g}),
 			grpc.StatsHandler(connStats{g}),
 			grpc.InTapHandle(g.hub.tap),
+			grpc.UnaryInterceptor(g.hub.begin),
 			grpc.ConnectionTimeout(handshakeTimeout),
 			grpc.MaxConcurrentStreams(maxCallStreams),
 			grpc.MaxRecvMsgSize(maxRequest),
