@@ -257,3 +257,34 @@ func TestFileInTheWayIsUntouched(t *testing.T) {
 		t.Error("the blocked driver is registered")
 	}
 }
+
+// 6c. A DRA driver with a fixed endpoint registered again by a restart of multireg without a
+// hand-over (SIGKILL, then the next run) goes to its second registration path, which kubelet
+// does not hold: kubelet deregisters the old socket and registers the new one in one
+// reconcile pass. The time kubelet held no registration of it is logged: at most a pass
+// (it was about 3 s here, the old socket's path waited for).
+func TestDRARegisteredAgainWithinAPass(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := []driver{{Name: "again.example.com", Type: "DRAPlugin"}}
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
+	counts := e.Registrations(ds)
+	p.Signal(t, syscall.SIGKILL)
+	p.Wait(t, exitTimeout)
+	before := len(e.K.EventsFor(ds[0].Name))
+	p = mrproc.Start(t, e.Cfg)
+	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
+		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
+	})
+	events := e.K.EventsFor(ds[0].Name)[before:]
+	gap := longestAbsence(events)
+	t.Logf("kubelet %s held no registration of %s for %s", kubelet.Version(), ds[0].Name, gap)
+	if gap > 1500*time.Millisecond {
+		t.Errorf("kubelet held no registration for %s, want at most one reconcile pass (1 s, and a little)", gap)
+	}
+	if c := e.K.Counts(ds[0].Name); c.RegistrationFailures != 0 || c.ValidationFailures != 0 {
+		t.Errorf("kubelet's calls: %+v, want no refusal", c)
+	}
+}
