@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -473,4 +475,45 @@ func TestHandoverSuccessorStopped(t *testing.T) {
 		t.Errorf("sockets replaced or removed: %v", m)
 	}
 	stopIdle(t, first)
+}
+
+// 1b. The new instance reaches every endpoint by another path (localEndpoint through a
+// symbolic link to the endpoints' directory), which kubelet never sees: every socket is taken
+// over and kubelet is not called once, a CSI driver never leaves its registration, nor a DRA
+// driver or a device plugin theirs. (The new instance took the path for a newer instance and
+// registered every driver again: a CSI driver was out for 1.0 s, a DRA driver for 2.0 s.)
+func TestHandoverWithAnotherLocalEndpoint(t *testing.T) {
+	t.Parallel()
+	e, ds, first := handoverFleet(t, 6, mrproc.Options{})
+	before, events := e.sockets(ds), len(e.K.Events())
+	via := filepath.Join(e.Dir, "via")
+	if err := os.Symlink(filepath.Dir(e.EndpointPath(ds[0])), via); err != nil {
+		t.Fatal(err)
+	}
+	edited := slices.Clone(ds)
+	for i := range edited {
+		edited[i].Extra += fmt.Sprintf("    localEndpoint: %s\n", filepath.Join(via, filepath.Base(e.EndpointPath(ds[i]))))
+	}
+	e.WriteConfig(edited)
+	second := mrproc.Start(t, e.Cfg)
+	wait.For(t, registerTimeout, "the second instance to take over", func() bool { return second.Count(msgServing, "") == 1 })
+	wait.For(t, registerTimeout, "the first instance to say it handed over", func() bool { return first.Count(msgHanded, "") == 1 })
+	wait.For(t, registerTimeout, "every driver Registered in the second instance, its endpoint probed", func() bool {
+		st := second.Status(t)
+		for _, d := range ds {
+			if s, _ := st.Driver(d.Name); s.Phase != "Registered" || !s.EndpointUp {
+				return false
+			}
+		}
+		return true
+	})
+	wait.Never(t, 2*time.Second, "kubelet called", func() bool { return len(e.K.Events()) != events })
+	if m := moved(before, e.sockets(ds)); len(m) > 0 {
+		t.Errorf("sockets replaced: %v", m)
+	}
+	for _, d := range ds {
+		if gap := longestAbsence(e.K.EventsFor(d.Name)); gap != 0 {
+			t.Errorf("kubelet held no registration of %s for %s", d.Name, gap)
+		}
+	}
 }
