@@ -517,3 +517,57 @@ func TestHandoverWithAnotherLocalEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// 5c. A rollback to v0.1.0 with a DRA driver registered at its second path (after a restart of
+// multireg without a hand-over). v0.1.0 gives a DRA driver with a fixed endpoint one path
+// only, and refuses a socket handed over at another: the old pod withdraws that socket itself
+// once the hand-over is acknowledged, before it releases the directory, and v0.1.0 registers
+// the driver at its first path. Nothing is left at the second path for kubelet to keep (which
+// would have its DRA manager refuse the driver's endpoint for good), and the CSI driver beside
+// it is handed over untouched.
+func TestRollbackWithADRADriverAtItsSecondPath(t *testing.T) {
+	t.Parallel()
+	old, err := mrproc.BinaryAt(v010)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	dra := driver{Name: "moved.example.com", Type: "DRAPlugin"}
+	csi := driver{Name: "csi.example.com", Type: "CSIPlugin"}
+	ds := []driver{dra, csi}
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
+	counts := e.Registrations(ds)
+	p.Signal(t, syscall.SIGKILL)
+	p.Wait(t, exitTimeout)
+	p = mrproc.Start(t, e.Cfg)
+	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
+		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
+	})
+	if !testenv.IsSocket(e.AltSocketPath(dra)) || testenv.IsSocket(e.SocketPath(dra)) {
+		t.Fatalf("the DRA driver's socket is not at its second path %s alone", e.AltSocketPath(dra))
+	}
+	csiBefore, draBefore := e.sockets([]driver{csi}), len(e.K.EventsFor(dra.Name))
+	csiEvents := len(e.K.EventsFor(csi.Name))
+
+	v010p := mrproc.StartWith(t, mrproc.Options{Bin: old}, e.Cfg)
+	wait.For(t, registerTimeout, "v0.1.0 to take over", func() bool { return v010p.Count(msgTookOver, "") == 1 })
+	wait.For(t, registerTimeout, "this release to say it handed over", func() bool { return p.Count(msgHanded, "") == 1 })
+	wait.For(t, registerTimeout, "the DRA driver registered by v0.1.0 at its first path", func() bool {
+		return testenv.IsSocket(e.SocketPath(dra)) && e.K.Registered(dra.Name) && registeredEverywhere(t, e, v010p, ds)
+	})
+	if _, err := os.Lstat(e.AltSocketPath(dra)); !os.IsNotExist(err) {
+		t.Errorf("%s after the rollback: %v, want nothing there", e.AltSocketPath(dra), err)
+	}
+	wait.Never(t, 3*time.Second, "kubelet to drop the DRA driver again", func() bool { return !e.K.Registered(dra.Name) })
+	events := e.K.EventsFor(dra.Name)[draBefore:]
+	t.Logf("kubelet %s held no registration of %s for %s in the rollback:%s", kubelet.Version(), dra.Name, longestAbsence(events), kubelet.FormatEvents(events))
+	if c := len(e.K.EventsFor(csi.Name)); c != csiEvents {
+		t.Errorf("kubelet's plugin manager was called for the CSI driver in the rollback:%s", kubelet.FormatEvents(e.K.EventsFor(csi.Name)[csiEvents:]))
+	}
+	if m := moved(csiBefore, e.sockets([]driver{csi})); len(m) > 0 {
+		t.Errorf("the CSI driver's socket replaced by the rollback")
+	}
+	stopIdle(t, p)
+}

@@ -203,10 +203,11 @@ func TestRestartAndShutdown(t *testing.T) {
 }
 
 // 6b. SIGKILL, and the next run publishes a DRA driver's socket while kubelet's reconciler is
-// between its two loops (held there until the socket's path changes): kubelet never registers
-// a socket replacing the one it holds before it has unregistered that one, which would leave
-// the old registration in its DRA manager for good and the driver refused. The driver is
-// registered once more.
+// between its two loops (held there until the socket's path changes): the new socket is at
+// the driver's second path, so kubelet's registration of it, before it has unregistered the
+// old one, never overwrites the old one's entry (which would leave the old registration in its
+// DRA manager for good and the driver refused). The DRA manager refuses it at most once (it
+// still holds the endpoint), and the driver is registered once more.
 func TestRestartBetweenReconcileLoops(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -224,8 +225,10 @@ func TestRestartBetweenReconcileLoops(t *testing.T) {
 	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
 		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
 	})
-	if c := e.K.Counts(ds[0].Name); c.Deregistrations != 1 {
-		t.Errorf("kubelet's calls: %+v, want the old registration deregistered", c)
+	c := e.K.Counts(ds[0].Name)
+	t.Logf("kubelet %s: %+v", kubelet.Version(), c)
+	if c.RegistrationFailures > 1 || c.ValidationFailures != 0 {
+		t.Errorf("kubelet's calls: %+v, want one refusal at most", c)
 	}
 }
 

@@ -158,6 +158,12 @@ func (e *Env) SocketPath(d Driver) string {
 	return filepath.Join(e.Reg, Safe(d.Name)+"-reg.sock")
 }
 
+// AltSocketPath is the driver's second registration socket path, which multireg gives a DRA
+// driver and a driver whose endpoint is a pattern: the first's name with .1 before .sock.
+func (e *Env) AltSocketPath(d Driver) string {
+	return filepath.Join(e.Reg, Safe(d.Name)+"-reg.1.sock")
+}
+
 // StartEndpoint starts the driver's service, answering to its own name.
 func (e *Env) StartEndpoint(d Driver) *plugins.Endpoint {
 	e.T.Helper()

@@ -204,6 +204,13 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 		return nil
 	}
 	hc.until = time.Time{}
+	if unsent := snap.Unsent(v); unsent.Sockets() > 0 {
+		// Withdrawn before the release, after which the new instance publishes these
+		// drivers' sockets at their first path: kubelet lets go of the old ones first.
+		s.log.Info("withdrawing the sockets the new instance cannot serve (hand-over version 1: a DRA driver's second registration path, a device plugin's third); it registers those drivers at their first path",
+			"drivers", unsent.Len(), "sockets", unsent.Sockets())
+		unsent.withdraw(s.log, "withdrew the sockets the new instance cannot serve; kubelet deregisters those removed")
+	}
 	s.lock.Let()
 	halt(s.log, "holder", "released")
 	if err := hc.Send(&Msg{Type: MsgReleased, Version: v}); err != nil {
@@ -254,7 +261,7 @@ func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logg
 		m := &Msg{Type: MsgBatch, Version: v, Drivers: batch, Last: last, Lock: last}
 		var files []*os.File
 		for _, hd := range batch {
-			for _, hs := range hd.Sockets {
+			for _, hs := range hd.SentIn(v) {
 				files = append(files, hs.File)
 			}
 		}

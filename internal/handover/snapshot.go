@@ -166,6 +166,45 @@ func (h *Driver) Close() {
 	}
 }
 
+// SentIn are h's sockets that a batch of hand-over version v carries: those a receiver of
+// that version serves. Version 1 is v0.1.0's, which gives a driver a second registration path
+// only when its endpoint is a pattern, and no third: a socket at a DRA driver's second path
+// (its endpoint fixed) or at a device plugin's third is one it refuses, and leaves in place.
+func (h *Driver) SentIn(v int) []*Socket {
+	if v >= 2 {
+		return h.Sockets
+	}
+	var out []*Socket
+	for _, hs := range h.Sockets {
+		if hs.Path != altPathV1(h.Spec) && slices.Contains(h.Spec.SocketPaths()[1:], hs.Path) {
+			continue
+		}
+		out = append(out, hs)
+	}
+	return out
+}
+
+// Unsent removes from s, and returns in a Snapshot of their own, the sockets a hand-over in
+// version v did not carry (Driver.SentIn): after the hand-over, they are this process's to
+// withdraw, or kubelet would keep a registration of a socket nobody serves.
+func (s *Snapshot) Unsent(v int) *Snapshot {
+	out := &Snapshot{}
+	if s == nil {
+		return out
+	}
+	for _, h := range s.drivers {
+		sent := h.SentIn(v)
+		if len(sent) == len(h.Sockets) {
+			continue
+		}
+		rest := *h
+		rest.Sockets = slices.DeleteFunc(slices.Clone(h.Sockets), func(hs *Socket) bool { return slices.Contains(sent, hs) })
+		h.Sockets = sent
+		out.Add(&rest)
+	}
+	return out
+}
+
 // TakeAll removes every driver from s and returns them.
 func (s *Snapshot) TakeAll() []*Driver {
 	if s == nil {
@@ -321,6 +360,11 @@ const perDriverLines = 8
 // were removed, left alone and not removed, why the first was not, and the first drivers'
 // names.
 func (s *Snapshot) Withdraw(log *slog.Logger) {
+	s.withdraw(log, "withdrew the handed-over sockets of drivers no longer configured; kubelet deregisters those removed")
+}
+
+// withdraw is Withdraw, its line for many drivers saying summary.
+func (s *Snapshot) withdraw(log *slog.Logger, summary string) {
 	var ds []*Driver
 	for _, h := range s.TakeAll() {
 		if slices.ContainsFunc(h.Sockets, func(hs *Socket) bool { return hs.File != nil }) {
@@ -351,7 +395,7 @@ func (s *Snapshot) Withdraw(log *slog.Logger) {
 	if w.failed > 0 {
 		level = slog.LevelWarn
 	}
-	log.Log(context.Background(), level, "withdrew the handed-over sockets of drivers no longer configured; kubelet deregisters those removed", attrs...)
+	log.Log(context.Background(), level, summary, attrs...)
 }
 
 // Check checks that hs's descriptor is a listening unix stream socket, that the file at its

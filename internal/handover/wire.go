@@ -265,7 +265,7 @@ func (h *Driver) wireV1() *wireDriverV1 {
 			SupportedVersions:   d.SupportedVersions,
 			SocketName:          d.SocketName,
 			SocketPath:          d.SocketPath,
-			AltSocketPath:       d.AltSocketPath,
+			AltSocketPath:       altPathV1(d),
 			Backoff:             backoffWire(d.Backoff),
 			RegistrationTimeout: d.RegistrationTimeout,
 			WaitForEndpoint:     d.WaitForEndpoint,
@@ -296,8 +296,19 @@ func (h *Driver) wireV1() *wireDriverV1 {
 		},
 		Timeout:  h.Timeout,
 		Failures: h.Failures,
-		Sockets:  socketsWire(h.Sockets),
+		Sockets:  socketsWire(h.SentIn(1)),
 	}
+}
+
+// altPathV1 is d's second registration path as v0.1.0 derives it: a driver whose endpoint
+// is a pattern has one, no other. v0.1.0 compares every key of the spec with its own
+// configuration's, so a second path it would not give the driver (a DRA driver's with a
+// fixed endpoint, from v0.2.0) would make it register the driver anew.
+func altPathV1(d config.Driver) string {
+	if !d.RollsOver() {
+		return ""
+	}
+	return d.AltSocketPath
 }
 
 // wireV2 is h in a batch of version 2.
@@ -314,7 +325,7 @@ func (h *Driver) wireV2() *wireDriverV2 {
 		Status:        wireStatusV2(statusWire(h.Status)),
 		Timeout:       h.Timeout,
 		Failures:      h.Failures,
-		Sockets:       socketsWire(h.Sockets),
+		Sockets:       socketsWire(h.SentIn(2)),
 	}
 }
 

@@ -736,6 +736,11 @@ func TestSpecOnTheWire(t *testing.T) {
 				}
 			}
 		}
+		if v == 1 {
+			// v0.1.0 gives a second path to a driver whose endpoint is a pattern only, and
+			// full's is none: version 1 says the path v0.1.0 would (TestVersion1CarriesWhatV010Serves).
+			want.AltSocketPath = ""
+		}
 		var m struct {
 			Drivers []json.RawMessage `json:"drivers"`
 		}
@@ -893,5 +898,79 @@ func TestLastErrorIsCutOnTheWire(t *testing.T) {
 	}
 	if got := statusWire(Status{LastError: "short"}).LastError; got != "short" {
 		t.Errorf("a short last error on the wire as %q", got)
+	}
+}
+
+// TestVersion1CarriesWhatV010Serves: v0.1.0 gives a driver a second registration path only
+// when its endpoint is a pattern, and none a third. A batch in version 1 says a DRA driver
+// with a fixed endpoint has no second path (v0.1.0 would otherwise take it for a driver that
+// registers differently, and register it anew), and carries no socket at a path v0.1.0 does
+// not have (it would refuse it, and leave it at its path for kubelet to keep); Unsent gives
+// those back, for the holder to withdraw. Version 2 carries every socket and path.
+func TestVersion1CarriesWhatV010Serves(t *testing.T) {
+	dir := "/var/lib/kubelet/plugins_registry"
+	spec := func(name, typ, endpoint string) config.Driver {
+		d := config.Driver{Registration: config.Registration{Name: name, Type: typ, Endpoint: endpoint, SocketName: name + "-reg.sock"}}
+		d.SetSocketPaths(dir)
+		return d
+	}
+	sockets := func(paths ...string) []*Socket {
+		var out []*Socket
+		for _, p := range paths {
+			out = append(out, &Socket{Path: p})
+		}
+		return out
+	}
+	dra := spec("gpu.example.com", config.DRAPlugin, "/var/lib/kubelet/plugins/gpu/dra.sock")
+	dev := spec("example.com/dev", config.DevicePlugin, "/var/lib/kubelet/device-plugins/dev-*.sock")
+	if dra.AltSocketPath == "" || dev.AltSocketPath == "" || dev.SparePath == "" {
+		t.Fatalf("the drivers' paths: %+v, %+v", dra.Registration, dev.Registration)
+	}
+	snap := &Snapshot{}
+	snap.Add(&Driver{Spec: dra, Sockets: sockets(dra.AltSocketPath)})
+	snap.Add(&Driver{Spec: dev, Sockets: sockets(dev.AltSocketPath, dev.SparePath)})
+	paths := func(ss []*wireSocket) []string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.Path)
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		h            *Driver
+		alt1         string   // the second path version 1 says
+		sent1, sent2 []string // the sockets each version carries
+	}{
+		{snap.drivers[dra.Name], "", nil, []string{dra.AltSocketPath}},
+		{snap.drivers[dev.Name], dev.AltSocketPath, []string{dev.AltSocketPath}, []string{dev.AltSocketPath, dev.SparePath}},
+	} {
+		w1, w2 := tt.h.wireV1(), tt.h.wireV2()
+		if w1.Spec.AltSocketPath != tt.alt1 || *w2.Spec.AltSocketPath != tt.h.Spec.AltSocketPath {
+			t.Errorf("%s: second path %q in version 1, %q in version 2; want %q and %q",
+				tt.h.Spec.Name, w1.Spec.AltSocketPath, *w2.Spec.AltSocketPath, tt.alt1, tt.h.Spec.AltSocketPath)
+		}
+		if got := paths(w1.Sockets); !slices.Equal(got, tt.sent1) {
+			t.Errorf("%s: version 1 carries the sockets %q, want %q", tt.h.Spec.Name, got, tt.sent1)
+		}
+		if got := paths(w2.Sockets); !slices.Equal(got, tt.sent2) {
+			t.Errorf("%s: version 2 carries the sockets %q, want %q", tt.h.Spec.Name, got, tt.sent2)
+		}
+	}
+	if n := snap.Unsent(2).Len(); n != 0 {
+		t.Errorf("version 2 leaves the sockets of %d drivers unsent", n)
+	}
+	unsent := snap.Unsent(1)
+	var left []string
+	for _, h := range unsent.TakeAll() {
+		for _, hs := range h.Sockets {
+			left = append(left, hs.Path)
+		}
+	}
+	slices.Sort(left)
+	if want := []string{dev.SparePath, dra.AltSocketPath}; !slices.Equal(left, want) {
+		t.Errorf("unsent in version 1: %q, want %q", left, want)
+	}
+	if got := len(snap.drivers[dra.Name].Sockets) + len(snap.drivers[dev.Name].Sockets); got != 1 {
+		t.Errorf("the snapshot keeps %d sockets after Unsent, want the device plugin's second path's alone", got)
 	}
 }
