@@ -218,6 +218,7 @@ func TestRestartBetweenReconcileLoops(t *testing.T) {
 	counts := e.Registrations(ds)
 	p.Signal(t, syscall.SIGKILL)
 	p.Wait(t, exitTimeout)
+	before := len(e.K.EventsFor(ds[0].Name))
 
 	h := e.holdPass(t, ds[0])
 	p = mrproc.Start(t, e.Cfg)
@@ -226,7 +227,7 @@ func TestRestartBetweenReconcileLoops(t *testing.T) {
 		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
 	})
 	c := e.K.Counts(ds[0].Name)
-	t.Logf("kubelet %s: %+v", kubelet.Version(), c)
+	t.Logf("kubelet %s: %+v; no registration for %s", kubelet.Version(), c, longestAbsence(e.K.EventsFor(ds[0].Name)[before:]))
 	if c.RegistrationFailures > 1 || c.ValidationFailures != 0 {
 		t.Errorf("kubelet's calls: %+v, want one refusal at most", c)
 	}
