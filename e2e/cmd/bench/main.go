@@ -11,7 +11,9 @@
 //     socket and to its new registration, and how many of the other N-1 stayed untouched;
 //   - recovery: kubelet rejects one driver once; the time from the rejection to the new
 //     socket beyond the configured backoff interval, and, for a driver with multireg's default
-//     backoff, the time from the rejection until kubelet registers it again.
+//     backoff, the time from the rejection until kubelet registers it again; and for a CSI
+//     driver with the default backoff that kubelet rejects once in the start-up burst, the
+//     same (its retry must not wait behind the other drivers' first probes).
 //
 // The drivers file is multireg's defaults (every endpoint probed: waitForEndpoint), except
 // the fixed backoff of the two drivers whose recovery overhead is measured.

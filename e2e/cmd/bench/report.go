@@ -209,6 +209,14 @@ var metrics = []metric{
 		check: func(r result) (bool, bool) {
 			return r.RecoveryDefault.Total != 0, r.RecoveryDefault.Total < recoveryDefaultGoal
 		}},
+	{name: "recovery in the start-up burst, default backoff (CSI driver): rejection → registered again (ms)¹", goal: fmt.Sprintf("< %d", recoveryDefaultGoal.Milliseconds()),
+		value: func(r result) string {
+			if r.StartRecovery == 0 {
+				return ""
+			}
+			return fmt.Sprintf("%s (retryIn %s)", millis(r.StartRecovery), r.StartRetryIn)
+		},
+		check: func(r result) (bool, bool) { return r.StartRecovery != 0, r.StartRecovery < recoveryDefaultGoal }},
 	{name: "multireg WARN/ERROR log lines⁴", value: func(r result) string {
 		n := 0
 		for _, c := range r.Warnings {

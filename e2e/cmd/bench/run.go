@@ -137,7 +137,13 @@ type result struct {
 	// RecoveryDefault: a DRA driver with multireg's default backoff, from kubelet's rejection
 	// until it registers the driver again.
 	RecoveryDefault recoveryResult
-	Warnings        map[string]int // multireg's WARN and ERROR log lines, by level and message
+	// StartRecovery: a CSI driver with multireg's default backoff that kubelet rejects once
+	// in the start-up burst, from the rejection until kubelet registers it again (its retry
+	// must not queue behind the other drivers' first probes); StartRetryIn the wait multireg
+	// logged.
+	StartRecovery time.Duration
+	StartRetryIn  string
+	Warnings      map[string]int // multireg's WARN and ERROR log lines, by level and message
 }
 
 type options struct {
@@ -191,6 +197,16 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 			recoverDev = i
 		case "DRAPlugin":
 			recoverDefault = i
+		}
+	}
+	// A CSI driver kubelet rejects once in the start-up burst: the first of the file after
+	// the reloaded one, with the default backoff, rejected while most drivers' first probes
+	// are still to come (none with fewer than three CSI drivers).
+	startReject := -1
+	for i := range ds {
+		if ds[i].typ == "CSIPlugin" && i != reloadI && i != recoverI {
+			startReject = i
+			break
 		}
 	}
 	ds[reloadI].alt = filepath.Join(filepath.Dir(ds[reloadI].endpoint), "t.sock")
@@ -263,6 +279,9 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	if err != nil {
 		return err
 	}
+	if startReject >= 0 {
+		k.FailRegistrations(ds[startReject].name, 1)
+	}
 	t0 := time.Now()
 	mr, err := startMultireg(o.multireg, cfg, append(slices.Clip(o.env), prof.env()...))
 	if err != nil {
@@ -324,7 +343,10 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		return err
 	}
 	lastReg := t0
-	for _, name := range names {
+	for i, name := range names {
+		if i == startReject {
+			continue // registered a retry later: timed below
+		}
 		for _, e := range k.EventsFor(name) {
 			if e.Kind == kubelet.EventRegister {
 				if e.Time.After(lastReg) {
@@ -336,6 +358,13 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	}
 	res.Registered = lastReg.Sub(t0)
 	say("all registered in kubelet %v", res.Registered.Round(time.Millisecond))
+	if startReject >= 0 {
+		if err := startRecovery(ctx, mr, k, ds[startReject].name, t0, res); err != nil {
+			return err
+		}
+		say("a CSI driver rejected in the start-up burst registered again %v after the rejection (multireg waited %s)",
+			res.StartRecovery.Round(time.Millisecond), res.StartRetryIn)
+	}
 	prof.stopCPU()
 
 	// 2. multireg agrees (/readyz), then the idle window.
@@ -682,6 +711,42 @@ func reload(ctx context.Context, mr *multireg, k *kubelet.Kubelet, w *dirWatch, 
 	return nil
 }
 
+// startRecovery times the registration of the driver named name that kubelet rejected once
+// in the start-up burst (from t0): from the rejection to kubelet's next Register.
+func startRecovery(ctx context.Context, mr *multireg, k *kubelet.Kubelet, name string, t0 time.Time, res *result) error {
+	var rejected, again time.Time
+	if err := waitUntil(ctx, mr, 30*time.Second, 5*time.Millisecond, "the driver rejected at start-up registered again", func() bool {
+		for _, e := range k.EventsFor(name) {
+			switch {
+			case e.Kind == kubelet.EventRegisterFailed && rejected.IsZero():
+				rejected = e.Time
+			case e.Kind == kubelet.EventRegister && !rejected.IsZero():
+				again = e.Time
+				return k.Registered(name)
+			}
+		}
+		return false
+	}); err != nil {
+		return err
+	}
+	res.StartRecovery = again.Sub(rejected)
+	if r, ok := mr.logs.find("registration failed", name, t0); ok {
+		res.StartRetryIn = retryIn(r)
+	}
+	return nil
+}
+
+// retryIn is the wait a "registration failed" line logged.
+func retryIn(r logRecord) string {
+	switch v := r.Fields["retryIn"].(type) {
+	case string:
+		return v
+	case float64: // log/slog's JSON handler writes a duration in nanoseconds
+		return time.Duration(v).String()
+	}
+	return ""
+}
+
 // recovery makes kubelet reject one driver once and times multireg's new socket. The driver
 // leaves the drivers file (kubelet deregisters it) and comes back, so that its loop starts
 // afresh and the rejection is its first failure, whose backoff is the configured initial
@@ -732,12 +797,7 @@ func recovery(ctx context.Context, mr *multireg, k *kubelet.Kubelet, w *dirWatch
 		return err
 	}
 	if r, ok := mr.logs.find("registration failed", d.name, rejected); ok {
-		switch v := r.Fields["retryIn"].(type) {
-		case string:
-			res.RetryIn = v
-		case float64: // log/slog's JSON handler writes a duration in nanoseconds
-			res.RetryIn = time.Duration(v).String()
-		}
+		res.RetryIn = retryIn(r)
 		if d.fixed {
 			// multireg stamps milliseconds; the new socket's time is truncated alike.
 			res.FromLog = recreated.Truncate(time.Millisecond).Sub(r.Time) - recoveryBackoff
