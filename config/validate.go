@@ -54,8 +54,13 @@ func resolve(f *file, look func(string) (fs.FileInfo, error)) (*RegistrarConfig,
 		} else if d.Name != "" {
 			byName[d.Name] = i
 		}
+		clashed := map[int]bool{} // one error for each other driver, at its first shared path
 		for _, sp := range d.SocketPaths() {
 			if j, dup := bySocket[sp]; dup && checkSocket {
+				if clashed[j] {
+					continue
+				}
+				clashed[j] = true
 				errs = append(errs, field.Invalid(p.Child("socketName"), omit, fmt.Sprintf("%s: socket path %q is also used by drivers[%d] (%q)",
 					shown, sp, j, cfg.Drivers[j].Name)))
 			} else if checkSocket {

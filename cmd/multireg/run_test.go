@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,22 +52,30 @@ drivers:
 			args = append(args, "--cleanup-on-exit")
 		}
 		go func() { done <- run(ctx, args, nil, &logs, &logs) }()
-		socks := []string{filepath.Join(reg, "vendor.example_gpu-reg.sock"), filepath.Join(reg, "gpu.example.com-reg.sock")}
+		// Each driver's registration paths: a DRA driver registered again goes to the one
+		// kubelet does not hold.
+		socks := [][]string{
+			{filepath.Join(reg, "vendor.example_gpu-reg.sock")},
+			{filepath.Join(reg, "gpu.example.com-reg.sock"), filepath.Join(reg, "gpu.example.com-reg.1.sock")},
+		}
 		// The first run leaves its sockets; wait for this run's own.
 		before := map[string]os.FileInfo{}
-		for _, s := range socks {
+		for _, s := range slices.Concat(socks...) {
 			if fi, err := os.Lstat(s); err == nil {
 				before[s] = fi
 			}
 		}
-		testkit.Eventually(t, 10*time.Second, "both sockets published by this run", func() bool {
-			for _, s := range socks {
+		published := func(paths []string) bool {
+			for _, s := range paths {
 				fi, err := os.Lstat(s)
-				if err != nil || fi.Mode().Type() != os.ModeSocket || (before[s] != nil && os.SameFile(fi, before[s])) {
-					return false
+				if err == nil && fi.Mode().Type() == os.ModeSocket && (before[s] == nil || !os.SameFile(fi, before[s])) {
+					return true
 				}
 			}
-			return true
+			return false
+		}
+		testkit.Eventually(t, 10*time.Second, "both drivers' sockets published by this run", func() bool {
+			return published(socks[0]) && published(socks[1])
 		})
 		cancel()
 		select {
@@ -77,10 +86,15 @@ drivers:
 		case <-time.After(5 * time.Second):
 			t.Fatal("run did not stop within 5s")
 		}
-		for _, s := range socks {
-			_, err := os.Lstat(s)
-			if cleanup != os.IsNotExist(err) {
-				t.Errorf("cleanup %v: socket %s: %v", cleanup, s, err)
+		for _, paths := range socks {
+			left := 0
+			for _, s := range paths {
+				if _, err := os.Lstat(s); err == nil {
+					left++
+				}
+			}
+			if want := map[bool]int{false: 1, true: 0}[cleanup]; left != want {
+				t.Errorf("cleanup %v: %d sockets left at %v, want %d", cleanup, left, paths, want)
 			}
 		}
 		if !strings.Contains(logs.String(), `"msg":"multireg started"`) {
