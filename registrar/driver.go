@@ -33,6 +33,8 @@ type driver struct {
 	// the loop's goroutine only, when the loop takes a Reload (reload).
 	spec config.Driver
 	log  *slog.Logger
+	// changes is told of every change of st (Supervisor.Changed); nil: nobody is.
+	changes *changes
 
 	verdictC chan struct{} // capacity 1: a verdict is pending
 
@@ -48,9 +50,11 @@ type driver struct {
 	shown   shownState // what the status's phase is derived from (show)
 }
 
-func newDriver(spec config.Driver, log *slog.Logger) *driver {
+func newDriver(spec config.Driver, log *slog.Logger, ch *changes) *driver {
+	defer ch.notify() // one more driver
 	d := &driver{
 		spec:     spec,
+		changes:  ch,
 		log:      log.With("driver", spec.Name),
 		verdictC: make(chan struct{}, 1),
 		shown:    shownState{st: stWaitingForEndpoint, waits: spec.WaitForEndpoint},
@@ -139,6 +143,7 @@ func (d *driver) undoGen(gen, prev uint64) {
 // The status shows it at once; the loop's wait under way ends, and the loop takes the rest
 // before it waits again (the Reload event). It never blocks.
 func (d *driver) updatePolicy(spec config.Driver) {
+	defer d.changes.notify()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Required, d.st.Display = spec.Required, spec.Display

@@ -230,6 +230,7 @@ func (d *driver) takeOver(h *handover.Driver, socks *sockets) (*takeover, int) {
 	d.mu.Lock()
 	d.st = st
 	d.mu.Unlock()
+	d.changes.notify()
 	return a, n
 }
 

@@ -227,8 +227,9 @@ func TestHandOverFromV010(t *testing.T) {
 
 // notHanded are the fields of DriverStatus a hand-over does not carry: the receiver's own
 // configuration says them (name, type, display, endpoint, required), or the receiver looks
-// anew (kubelet's view, the paths in the way).
-var notHanded = []string{"Name", "Type", "Display", "Endpoint", "Required", "Kubelet", "InTheWay"}
+// anew (kubelet's view, the paths in the way, since when the endpoint has been up or down:
+// from its first look).
+var notHanded = []string{"Name", "Type", "Display", "Endpoint", "Required", "Kubelet", "InTheWay", "EndpointSince"}
 
 // TestStatusOnTheWire: every field of DriverStatus is carried by a hand-over (handover.Status,
 // on the wire as internal/handover says) or listed in notHanded; a field added to DriverStatus
@@ -261,7 +262,7 @@ func TestStatusOnTheWire(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	d := newDriver(config.Driver{Registration: config.Registration{Name: "b.example.com", Type: config.DevicePlugin, Endpoint: "/ep/b.sock"}}, testkit.Logger(t))
+	d := newDriver(config.Driver{Registration: config.Registration{Name: "b.example.com", Type: config.DevicePlugin, Endpoint: "/ep/b.sock"}}, testkit.Logger(t), nil)
 	got := d.takenStatus(back.Status)
 	want := full
 	want.Name, want.Type, want.Endpoint, want.Required, want.Kubelet = "b.example.com", config.DevicePlugin, "/ep/b.sock", false, nil

@@ -306,7 +306,7 @@ func bareLoop(t testing.TB, spec config.Driver) *loop {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { hub.Close() })
-	d := newDriver(spec, testkit.Logger(t))
+	d := newDriver(spec, testkit.Logger(t), nil)
 	e := &env{hub: hub, moves: &deviceMoves{mode: config.MovesAuto}, probe: probe.Endpoint}
 	return &loop{d: d, env: e, ctx: context.Background(), log: d.log, ep: newEndpoint(d, e), socks: sockets{d: d, env: e},
 		mv: moveCheck{d: d, env: e, moves: e.moves}, p: newPacing(spec), probeB: newBackoff(spec.Backoff)}

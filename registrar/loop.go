@@ -38,6 +38,8 @@ type env struct {
 	// probe asks an endpoint whether it is ready (probe.Endpoint; tests replace it).
 	probe   func(context.Context, config.Driver) error
 	cleanup bool // remove the sockets on shutdown too
+	// changes is told of each change of a driver's status (Supervisor.Changed).
+	changes *changes
 }
 
 // loop is a driver's loop: its state, and everything the loop's goroutine alone uses.

@@ -41,8 +41,11 @@ type DriverStatus struct {
 	Phase    Phase
 	Socket   string
 	Endpoint string
-	// EndpointUp reports whether the endpoint accepted a connection at the last look.
-	EndpointUp bool
+	// EndpointUp reports whether the endpoint accepted a connection at the last look;
+	// EndpointSince since when it has (or has not), as far as this process has looked (zero
+	// before its first look).
+	EndpointUp    bool
+	EndpointSince time.Time
 	// Absent reports that no file was at the endpoint's path at the last look: the driver
 	// does not run on this node (or not yet). Required makes that absence fail readiness.
 	Absent   bool
@@ -214,6 +217,7 @@ func (d *driver) show(s shownState) {
 	if s.st == stStopped {
 		return // the loop has ended: its status shows where it stood
 	}
+	defer d.changes.notify()
 	d.mu.Lock()
 	d.shown = s
 	changed := d.derive()
@@ -264,6 +268,7 @@ func (d *driver) record(o outcome) {
 // report records that the endpoint does not answer, why (err) and when the wait for it looks
 // again (next); the phase may follow (shownState.phase).
 func (d *driver) report(err string, next time.Time) {
+	defer d.changes.notify()
 	d.mu.Lock()
 	d.st.LastError, d.st.NextAttempt, d.st.HeldByOther = err, next, false
 	d.shown.unanswered = true
@@ -278,6 +283,7 @@ func (d *driver) report(err string, next time.Time) {
 // countFailure counts a failed attempt, err: the loop backs off. held: another process serves
 // the registration socket's path (HeldByOther), which the failure says.
 func (d *driver) countFailure(err string, held bool) {
+	defer d.changes.notify()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Failures++
@@ -286,9 +292,14 @@ func (d *driver) countFailure(err string, held bool) {
 
 // setPresence records whether the endpoint's file is there, from the error of a look at it.
 func (d *driver) setPresence(statErr error) {
+	absent := errors.Is(statErr, fs.ErrNotExist)
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.st.Absent = errors.Is(statErr, fs.ErrNotExist)
+	changed := d.st.Absent != absent
+	d.st.Absent = absent
+	d.mu.Unlock()
+	if changed {
+		d.changes.notify()
+	}
 }
 
 // setInTheWay records the driver's registration paths something else is in.
@@ -322,8 +333,14 @@ func (d *driver) countRestart() {
 // setEndpointUp records the endpoint's state and reports whether it changed.
 func (d *driver) setEndpointUp(up bool) bool {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	changed := d.st.EndpointUp != up
+	if changed || d.st.EndpointSince.IsZero() {
+		d.st.EndpointSince = time.Now()
+	}
 	d.st.EndpointUp = up
+	d.mu.Unlock()
+	if changed {
+		d.changes.notify()
+	}
 	return changed
 }

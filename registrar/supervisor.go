@@ -128,7 +128,7 @@ func New(opts Options) (*Supervisor, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	moves := &deviceMoves{mode: cmp.Or(opts.DeviceMoves, config.MovesAuto), view: opts.PodResources, log: log}
 	e := &env{w: w, hub: h, inFlight: make(probe.InFlight, probe.MaxInFlight), healthWaits: make(probe.InFlight, probe.MaxHealthWaits),
-		moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit}
+		moves: moves, guard: opts.Guard, probe: probe.Endpoint, cleanup: opts.CleanupOnExit, changes: &changes{}}
 	s := &Supervisor{log: log, env: e, ctx: ctx, cancel: cancel, running: map[string]*handle{}}
 	s.cond.L = &s.mu
 	return s, nil
@@ -192,7 +192,7 @@ func (s *Supervisor) start(d config.Driver, hd *handover.Driver, counted bool) {
 	}
 	old := s.running[d.Name]
 	ctx, cancel := context.WithCancelCause(s.ctx)
-	h := &handle{d: newDriver(d, s.log), spec: d, cancel: cancel, done: make(chan struct{})}
+	h := &handle{d: newDriver(d, s.log, s.env.changes), spec: d, cancel: cancel, done: make(chan struct{})}
 	s.running[d.Name] = h
 	s.wg.Add(1) // before ctx can end: Run's Wait counts this loop
 	s.mu.Unlock()
@@ -300,6 +300,7 @@ func (s *Supervisor) Stop(name string) {
 	}
 	h.cancel(errRemoved)
 	<-h.done
+	s.env.changes.notify()
 	s.checkDescriptors()
 }
 

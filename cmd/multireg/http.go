@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"multireg.dev/multireg/nodecond"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -42,6 +43,8 @@ type daemonState struct {
 	descriptors func() registrar.Descriptors
 	// podResources: kubelet's pod-resources API as the instance reads it; nil: not known.
 	podResources func() (registrar.PodResources, bool)
+	// nodeCondition: the node condition as the instance keeps it; nil: it keeps none.
+	nodeCondition func() nodecond.Status
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
@@ -50,7 +53,7 @@ type daemonState struct {
 // newRegistry returns the metrics registry of the daemon: multireg's metrics, build info, Go
 // runtime and process metrics. Without a supervisor and a reloader (a process that does not
 // serve the directory), only the last three.
-func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader) *prometheus.Registry {
+func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *nodecond.Reporter) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "multireg_build_info",
@@ -64,6 +67,9 @@ func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader) *prometheus.Reg
 	)
 	if sup != nil {
 		reg.MustRegister(registrar.NewCollector(sup), reload.NewCollector(rl))
+	}
+	if cond != nil {
+		reg.MustRegister(nodecond.NewCollector(cond))
 	}
 	return reg
 }
@@ -99,6 +105,17 @@ func newStatusDoc(v instanceView) statusDoc {
 			doc.PodResources = &podResourcesStatus{Socket: p.Socket, Answers: p.Answers, DevicePluginMoves: p.DevicePluginMoves}
 		}
 	}
+	var cond *nodecond.Status
+	var evidence map[string]nodecond.Evidence
+	if v.State != nil && v.State.nodeCondition != nil {
+		st := v.State.nodeCondition()
+		cond = &st
+		doc.NodeCondition = nodeConditionDoc(st)
+		evidence = make(map[string]nodecond.Evidence, len(st.Verdict.Evidence))
+		for _, e := range st.Verdict.Evidence {
+			evidence[e.Driver] = e
+		}
+	}
 	for _, d := range drivers { // sorted by name
 		var kubelet *kubeletStatus
 		if k := d.Kubelet; k != nil {
@@ -123,6 +140,34 @@ func newStatusDoc(v instanceView) statusDoc {
 			NextAttempt: timePtr(d.NextAttempt),
 			Kubelet:     kubelet,
 		})
+		if e, ok := evidence[d.Name]; ok {
+			ds := &doc.Drivers[len(doc.Drivers)-1]
+			ds.Held = &heldStatus{Held: e.Held, Why: e.Why}
+			if d.Type == "CSIPlugin" && cond.CSINode.Known {
+				since, listed := cond.CSINode.Drivers[d.Name]
+				ds.CSINode = &csiNodeStatus{Listed: listed, Since: timePtr(since), Missing: e.NotListed}
+			}
+		}
+	}
+	return doc
+}
+
+// nodeConditionDoc is what /status says of the node condition.
+func nodeConditionDoc(st nodecond.Status) *nodeConditionStatus {
+	v := st.Verdict
+	doc := &nodeConditionStatus{
+		Type: st.Type, Node: st.Node, Status: "False", Reason: v.Reason, Message: v.Message,
+		Synced: st.Synced(), NodeRead: st.NodeRead, NodeExists: st.NodeExists, CSINodeRead: st.CSINode.Known,
+		Writes: st.Writes, WriteErrors: st.WriteErrors, LastWrite: timePtr(st.LastWrite), LastError: st.LastError,
+	}
+	if v.True {
+		doc.Status = "True"
+	}
+	if c := st.OnNode; c != nil {
+		doc.OnNode = &onNodeStatus{Status: c.Status, Reason: c.Reason, Message: c.Message, LastTransitionTime: timePtr(c.LastTransitionTime)}
+	}
+	if t := st.Taint; t != nil {
+		doc.StartupTaint = &startupTaintStatus{Taint: t.String(), Removed: timePtr(st.TaintRemoved), Done: st.TaintDone}
 	}
 	return doc
 }

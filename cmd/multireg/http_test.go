@@ -30,6 +30,7 @@ import (
 
 	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/testkit"
+	"multireg.dev/multireg/nodecond"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -205,11 +206,18 @@ func TestStatusDocument(t *testing.T) {
 
 // printStatus prints a document held whole as multireg status prints it.
 func printStatus(w io.Writer, doc statusDoc, now time.Time) {
-	printStatusTable(w, doc, func(each func(driverStatus)) error {
-		for _, d := range doc.Drivers {
-			each(d)
-		}
-		return nil
+	// As `multireg status` prints it: from the document on the wire.
+	body, err := json.Marshal(doc)
+	if err != nil {
+		panic(err)
+	}
+	read, err := decodeStatus(body, func(driverStatus) {})
+	if err != nil {
+		panic(err)
+	}
+	printStatusTable(w, read, func(each func(driverStatus)) error {
+		_, err := decodeStatus(body, each)
+		return err
 	}, now)
 }
 
@@ -644,7 +652,7 @@ func TestRoles(t *testing.T) {
 		})
 	}
 	in := newInstance()
-	in.serve(testState(knownStates, 2), newRegistry(nil, nil), "holds it")
+	in.serve(testState(knownStates, 2), newRegistry(nil, nil, nil), "holds it")
 	checkRoleMetric(t, newHandler(in), roleServing)
 }
 
@@ -713,5 +721,55 @@ func TestDescriptorsThatDoNotFit(t *testing.T) {
 	}
 	if _, body := get(t, h, "/readyz"); strings.Contains(body, "file descriptors") {
 		t.Errorf("GET /readyz names the descriptors although they fit:\n%s", body)
+	}
+}
+
+// TestStatusInstanceLines: what the instance reads beside its drivers — kubelet's
+// pod-resources API, the node condition and its startup taint — is printed above the table as
+// `multireg status` reads it from /status, and a CSI driver's CSINode listing is its KUBELET
+// cell (a driver kubelet accepted that CSINode does not list says so).
+func TestStatusInstanceLines(t *testing.T) {
+	csi := registrar.DriverStatus{Name: "nfs.csi.k8s.io", Type: "CSIPlugin", Phase: registrar.Registered, EndpointUp: true, Attempts: 1, Since: t0, Required: true}
+	lost := csi
+	lost.Name = "lost.csi.example.com"
+	st := testState([]registrar.DriverStatus{lost, csi}, 2)
+	st.podResources = func() (registrar.PodResources, bool) {
+		return registrar.PodResources{Socket: "/var/lib/kubelet/pod-resources/kubelet.sock", DevicePluginMoves: "in place"}, true
+	}
+	cond := nodecond.Status{
+		Type: "multireg.dev/PluginsRegistered", Node: "node-1",
+		Verdict: nodecond.Verdict{Reason: nodecond.ReasonMissing, Message: "1 of 2 required plugins not held by kubelet: lost.csi.example.com (CSIPlugin): registered since 2026-11-27T05:24:57Z, not listed in the node's CSINode",
+			Evidence: []nodecond.Evidence{
+				{Driver: "lost.csi.example.com", Type: "CSIPlugin", Required: true, Why: "registered since 2026-11-27T05:24:57Z, not listed in the node's CSINode", NotListed: true},
+				{Driver: "nfs.csi.k8s.io", Type: "CSIPlugin", Required: true, Held: true},
+			}},
+		OnNode:   &nodecond.Condition{Status: "True", Reason: nodecond.ReasonRegistered, Message: "kubelet holds every required plugin (2)"},
+		NodeRead: true, NodeExists: true,
+		CSINode:   nodecond.CSINode{Known: true, Drivers: map[string]time.Time{"nfs.csi.k8s.io": t0}},
+		LastError: "write the condition on node node-1: the server is currently unable to handle the request",
+		Taint:     &nodecond.Taint{Key: "multireg.dev/plugins-not-ready", Effect: "NoSchedule"},
+		TaintDone: true, TaintRemoved: t0,
+	}
+	st.nodeCondition = func() nodecond.Status { return cond }
+	doc := newStatusDoc(serving(st).view())
+	var out bytes.Buffer
+	printStatus(&out, doc, t0.Add(time.Second))
+	want := `config /etc/multireg/config.yaml (generation 3): applied
+kubelet's pod-resources API /var/lib/kubelet/pod-resources/kubelet.sock: DOES NOT ANSWER: no device plugin's resource is shown, no move verified; device-plugin moves: in place
+node condition multireg.dev/PluginsRegistered on node node-1: False (RequiredPluginsMissing: 1 of 2 required plugins not held by kubelet: lost.csi.example.com (CSIPlugin): registered since 2026-11-27T05:24:57Z, not listed in the node's CSINode); NOT ON THE NODE YET, which shows True (RequiredPluginsRegistered) (write the condition on node node-1: the server is currently unable to handle the request); startup taint multireg.dev/plugins-not-ready:NoSchedule removed 1s ago
+2 of 2 drivers registered
+
+DRIVER                TYPE       PHASE       SINCE  ATTEMPTS  FAILURES  NEXT RETRY  KUBELET         LAST ERROR
+lost.csi.example.com  CSIPlugin  Registered  1s     1         0         -           NOT IN CSINODE  kubelet accepted the driver and the node's CSINode does not list it
+nfs.csi.k8s.io        CSIPlugin  Registered  1s     1         0         -           in CSINode      -
+`
+	if out.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if h := doc.Drivers[0].Held; h == nil || h.Held || !strings.Contains(h.Why, "not listed") {
+		t.Errorf("JSON: the lost driver held %+v", h)
+	}
+	if c := doc.Drivers[1].CSINode; c == nil || !c.Listed || c.Since == nil {
+		t.Errorf("JSON: the listed driver's CSINode %+v", c)
 	}
 }

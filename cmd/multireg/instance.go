@@ -25,7 +25,7 @@ type instance struct {
 }
 
 func newInstance() *instance {
-	base := newRegistry(nil, nil)
+	base := newRegistry(nil, nil, nil)
 	in := &instance{base: base, reg: base, roles: prometheus.NewRegistry(), role: roleStarting, since: time.Now()}
 	in.roles.MustRegister(roleCollector{in})
 	return in

@@ -13,10 +13,14 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	"multireg.dev/multireg/config"
+
 	"multireg.dev/multireg/internal/handover"
+	"multireg.dev/multireg/internal/kubeapi"
 	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/regdir"
+	"multireg.dev/multireg/nodecond"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -46,6 +50,13 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	cfg, content, err := config.LoadContent(f.path)
 	if err != nil {
 		return err
+	}
+	// The Kubernetes API, only for the node condition: without it, no client exists.
+	var kube dynamic.Interface
+	if f.nodeCondition != "" {
+		if kube, err = kubeapi.Connect(f.kubeconfig, "multireg/"+version); err != nil {
+			return fmt.Errorf("--node-condition %s: %w", f.nodeCondition, err)
+		}
 	}
 	in := newInstance()
 	// The HTTP server answers whatever the process's role, from before it takes the
@@ -81,7 +92,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	default:
 		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
-	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx}
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, kube: kube}
 	err = r.run(runCtx, hup)
 	stopHTTP()
 	if herr := <-httpDone; herr != nil && err == nil {
@@ -104,6 +115,8 @@ type rounds struct {
 	served  bool // a round served the directory
 	// signalled ends with SIGTERM or SIGINT (a clean stop), not with a failure.
 	signalled context.Context
+	// kube is the Kubernetes API's client, for the node condition; nil when it is off.
+	kube dynamic.Interface
 }
 
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
@@ -209,11 +222,19 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 	})
 	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
 	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources}
+	if r.kube != nil {
+		d.cond = nodecond.New(nodecond.Options{
+			Client: r.kube, Node: r.f.nodeName, Type: r.f.nodeCondition, Taint: r.f.taint,
+			Drivers: sup.Status, Changed: sup.Changed, PodResources: sup.PodResources, PodResourcesChanged: view.Changed,
+			Log: log,
+		})
+		state.nodeCondition = d.cond.Status
+	}
 	detail := "holds the registration directory " + r.cfg.RegistrationDir
 	if handed > 0 {
 		detail = "took the registration directory " + r.cfg.RegistrationDir + " over from the previous instance"
 	}
-	r.in.serve(state, newRegistry(sup, rl), detail)
+	r.in.serve(state, newRegistry(sup, rl, d.cond), detail)
 	r.served = true
 	fds := sup.Descriptors()
 	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsHandedOver", handed,
@@ -228,6 +249,8 @@ type daemon struct {
 	dir *regdir.Dir
 	sup *registrar.Supervisor
 	rl  *reload.Reloader
+	// cond keeps the node condition; nil when it is off.
+	cond *nodecond.Reporter
 }
 
 // run runs the daemon's actors until a signal (ctx ends), a hand-over, or a fatal error stops
@@ -261,6 +284,10 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	g.add(func() error { return returnBurst(burstCtx, sup.Status, defaultBurstEnd(), log) }, func(error) { stopBurst() })
 	rlCtx, stopRl := context.WithCancel(context.Background())
 	g.add(counted(&state.loops, func() error { return rl.Run(rlCtx) }), func(error) { stopRl() })
+	if d.cond != nil {
+		condCtx, stopCond := context.WithCancel(context.Background())
+		g.add(func() error { return d.cond.Run(condCtx) }, func(error) { stopCond() })
+	}
 	sigCtx, stopSig := context.WithCancel(ctx)
 	g.add(func() error {
 		for {

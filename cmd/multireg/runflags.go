@@ -7,7 +7,10 @@ import (
 	"net"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/nodecond"
 )
 
 // defaultHTTPEndpoint is where `run` serves and `status` asks, unless told otherwise.
@@ -23,6 +26,11 @@ type runFlags struct {
 	// registration directory; "" reads none.
 	podResources string
 	moves        config.DeviceMoves
+	// The node condition (package nodecond): its type ("" turns it off), the node's name, the
+	// API server's kubeconfig ("": the pod's service account), and the startup taint to
+	// remove ("": none; taint, parsed).
+	nodeCondition, nodeName, kubeconfig, startupTaint string
+	taint                                             *nodecond.Taint
 }
 
 // autoPodResources: the pod-resources socket beside the registration directory,
@@ -59,6 +67,12 @@ func runCommandFlags(f *runFlags) *command {
 		"kubelet's pod-resources socket, read for what kubelet holds of each device plugin; auto: <kubelet root>/pod-resources/kubelet.sock beside the registration directory; empty: none")
 	c.String((*string)(&f.moves), "device-plugin-moves", "MODE", string(config.MovesAuto),
 		"how a device plugin's new instance (endpoint pattern) is registered: auto (beside the old one while kubelet's pod-resources API answers and no move since kubelet started dropped the devices, else after it), beside, or after")
+	c.String(&f.nodeCondition, "node-condition", "TYPE", "",
+		"report on this node's Node object a condition of this type (a domain-prefixed name, e.g. multireg.dev/PluginsRegistered), True only when kubelet holds every required driver as its own records say; empty: no condition, and no Kubernetes API access")
+	c.String(&f.nodeName, "node-name", "NAME", "", "the name of this node's Node object (with --node-condition; in a pod, from the downward API's spec.nodeName)")
+	c.String(&f.kubeconfig, "kubeconfig", "FILE", "", "the API server's kubeconfig (with --node-condition); empty: the pod's service account")
+	c.String(&f.startupTaint, "startup-taint", "KEY[=VALUE]:EFFECT", "",
+		"remove this taint from the node the first time the node condition is True on it, and never add it back (with --node-condition)")
 	return c
 }
 
@@ -86,6 +100,9 @@ func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, er
 	if f.verbosity < 0 {
 		return f, c.usageError("-v %d: must be 0 or more", f.verbosity)
 	}
+	if err := checkNodeCondition(&f); err != nil {
+		return f, c.usageError("%v", err)
+	}
 	f.level = slog.LevelInfo
 	if f.verbosity > 0 {
 		f.level = slog.LevelDebug
@@ -99,6 +116,37 @@ func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, er
 		}
 	}
 	return f, nil
+}
+
+// checkNodeCondition checks the node condition's flags: a type with a domain prefix and a node
+// name, the startup taint as kubelet's --register-with-taints writes one; and no flag of it
+// without --node-condition.
+func checkNodeCondition(f *runFlags) error {
+	if f.nodeCondition == "" {
+		for _, o := range []struct{ name, value string }{{"node-name", f.nodeName}, {"kubeconfig", f.kubeconfig}, {"startup-taint", f.startupTaint}} {
+			if o.value != "" {
+				return fmt.Errorf("--%s %q is read only with --node-condition", o.name, o.value)
+			}
+		}
+		return nil
+	}
+	if err := nodecond.CheckConditionType(f.nodeCondition); err != nil {
+		return fmt.Errorf("--node-condition %v", err)
+	}
+	if f.nodeName == "" {
+		return fmt.Errorf("--node-condition %q needs --node-name: the name of this node's Node object", f.nodeCondition)
+	}
+	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
+		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
+	}
+	if f.startupTaint != "" {
+		t, err := nodecond.ParseTaint(f.startupTaint)
+		if err != nil {
+			return fmt.Errorf("--startup-taint %v", err)
+		}
+		f.taint = &t
+	}
+	return nil
 }
 
 // checkListenAddr checks an --http-endpoint value before anything else runs: host:port with

@@ -57,7 +57,52 @@ type statusDoc struct {
 	// PodResources: kubelet's pod-resources API as the instance reads it; absent when it reads
 	// none (--pod-resources-socket empty) or does not serve the directory.
 	PodResources *podResourcesStatus `json:"podResources,omitempty"`
-	Drivers      []driverStatus      `json:"drivers"`
+	// NodeCondition: the node condition the instance keeps on its Node; absent when it keeps
+	// none (no --node-condition) or does not serve the directory.
+	NodeCondition *nodeConditionStatus `json:"nodeCondition,omitempty"`
+	Drivers       []driverStatus       `json:"drivers"`
+}
+
+// nodeConditionStatus is nodecond.Status: the condition as decided, as the node shows it, and
+// how its writes went.
+type nodeConditionStatus struct {
+	Type string `json:"type"`
+	Node string `json:"node"`
+	// Status, Reason and Message: the condition as the drivers, CSINode and pod-resources
+	// decide it now.
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	// OnNode: the condition as the Node shows it (absent: none, or the Node not read);
+	// Synced: it says what Status, Reason and Message say.
+	OnNode *onNodeStatus `json:"onNode,omitempty"`
+	Synced bool          `json:"synced"`
+	// NodeRead: the Node was read; NodeExists: there is one of that name.
+	NodeRead   bool `json:"nodeRead"`
+	NodeExists bool `json:"nodeExists"`
+	// CSINodeRead: the node's CSINode was read (it may not exist yet).
+	CSINodeRead bool       `json:"csiNodeRead"`
+	Writes      int        `json:"writes"`
+	WriteErrors int        `json:"writeErrors"`
+	LastWrite   *time.Time `json:"lastWrite"`
+	LastError   string     `json:"lastError"`
+	// StartupTaint: the taint removed the first time the condition is True (absent: none).
+	StartupTaint *startupTaintStatus `json:"startupTaint,omitempty"`
+}
+
+type onNodeStatus struct {
+	Status             string     `json:"status"`
+	Reason             string     `json:"reason"`
+	Message            string     `json:"message"`
+	LastTransitionTime *time.Time `json:"lastTransitionTime"`
+}
+
+type startupTaintStatus struct {
+	Taint string `json:"taint"`
+	// Removed: when this process removed it; Done: it no longer looks after it (removed, or
+	// absent when the condition was first True).
+	Removed *time.Time `json:"removed"`
+	Done    bool       `json:"done"`
 }
 
 // podResourcesStatus is registrar.PodResources.
@@ -124,6 +169,28 @@ type driverStatus struct {
 	// Kubelet is kubelet's own view of a device plugin's resource (its pod-resources API);
 	// absent for other types, and while that API does not answer.
 	Kubelet *kubeletStatus `json:"kubelet,omitempty"`
+	// CSINode: whether the node's CSINode lists a CSI driver; absent for other types, without
+	// the node condition, and until the CSINode is read.
+	CSINode *csiNodeStatus `json:"csiNode,omitempty"`
+	// Held: whether kubelet holds the driver as its own records say, the node condition's
+	// test (for every driver; only a required one decides); absent without the condition.
+	Held *heldStatus `json:"held,omitempty"`
+}
+
+// csiNodeStatus is what the node's CSINode says of a CSI driver.
+type csiNodeStatus struct {
+	Listed bool `json:"listed"`
+	// Since: since when this instance has seen it listed.
+	Since *time.Time `json:"since"`
+	// Missing: kubelet accepted the driver over two reconcile passes ago, and CSINode does not
+	// list it.
+	Missing bool `json:"missing"`
+}
+
+// heldStatus is whether kubelet holds a driver, as its own records say, and if not, why.
+type heldStatus struct {
+	Held bool   `json:"held"`
+	Why  string `json:"why,omitempty"`
 }
 
 // kubeletStatus is what kubelet's pod-resources API says of a device plugin's resource.
@@ -269,6 +336,10 @@ func decodeStatus(body []byte, each func(driverStatus)) (statusDoc, error) {
 			v = &doc.Config
 		case "descriptors":
 			v = &doc.Descriptors
+		case "podResources":
+			v = &doc.PodResources
+		case "nodeCondition":
+			v = &doc.NodeCondition
 		case "drivers":
 			if err := decodeDrivers(dec, each); err != nil {
 				return doc, fmt.Errorf("drivers: %w", err)
@@ -572,7 +643,7 @@ func printStatusTable(w io.Writer, doc statusDoc, drivers func(each func(driverS
 	kubeletCol := false
 	err := drivers(func(d driverStatus) {
 		total++
-		kubeletCol = kubeletCol || d.Kubelet != nil
+		kubeletCol = kubeletCol || d.Kubelet != nil || d.CSINode != nil
 		switch {
 		case d.Phase == phaseRegistered:
 			registered++
@@ -603,6 +674,30 @@ func printStatusTable(w io.Writer, doc statusDoc, drivers func(each func(driverS
 		}
 		fmt.Fprintf(w, "kubelet's pod-resources API %s: %s; device-plugin moves: %s\n", p.Socket, state, p.DevicePluginMoves)
 	}
+	if c := doc.NodeCondition; c != nil {
+		fmt.Fprintf(w, "node condition %s on node %s: %s", c.Type, c.Node, conditionLine(c.Status, c.Reason, c.Message))
+		switch {
+		case c.Synced:
+		case c.OnNode != nil:
+			fmt.Fprintf(w, "; NOT ON THE NODE YET, which shows %s", conditionLine(c.OnNode.Status, c.OnNode.Reason, c.OnNode.Message))
+		default:
+			fmt.Fprint(w, "; NOT ON THE NODE YET")
+		}
+		if c.LastError != "" && !c.Synced {
+			fmt.Fprintf(w, " (%s)", c.LastError)
+		}
+		if t := c.StartupTaint; t != nil {
+			switch {
+			case t.Removed != nil:
+				fmt.Fprintf(w, "; startup taint %s removed %s ago", t.Taint, age(now.Sub(*t.Removed)))
+			case t.Done:
+				fmt.Fprintf(w, "; startup taint %s: not on the node", t.Taint)
+			default:
+				fmt.Fprintf(w, "; startup taint %s: removed once the condition is True", t.Taint)
+			}
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "%d of %d drivers registered", registered, total)
 	if absent > 0 {
 		fmt.Fprintf(w, ", %d absent from this node", absent)
@@ -627,6 +722,14 @@ func printStatusTable(w io.Writer, doc statusDoc, drivers func(each func(driverS
 		err = ferr
 	}
 	return err
+}
+
+// conditionLine is a condition's value as the table says it: True, or False and why.
+func conditionLine(status, reason, message string) string {
+	if status == "True" {
+		return "True (" + reason + ")"
+	}
+	return status + " (" + reason + ": " + strings.ReplaceAll(message, "\n", " ") + ")"
 }
 
 // statusRow is a driver's row of the table.
@@ -657,6 +760,17 @@ func statusRow(d driverStatus, now time.Time) [len(statusColumns)]string {
 		lastErr = strings.TrimPrefix(lastErr+"; in the way: "+strings.Join(d.InTheWay, ", "), "; ")
 	}
 	kubelet := "-"
+	if c := d.CSINode; c != nil {
+		switch {
+		case c.Listed:
+			kubelet = "in CSINode"
+		case c.Missing:
+			kubelet = "NOT IN CSINODE"
+			lastErr = strings.TrimPrefix(lastErr+"; kubelet accepted the driver and the node's CSINode does not list it", "; ")
+		default:
+			kubelet = "not in CSINode"
+		}
+	}
 	if k := d.Kubelet; k != nil {
 		kubelet = fmt.Sprintf("%d devices", k.Devices)
 		if k.Missing && k.ReadAt != nil && k.Since != nil {

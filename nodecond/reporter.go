@@ -1,0 +1,536 @@
+//go:build linux
+
+// Package nodecond reports, on the node's own Node object, one condition that is True only
+// when kubelet holds every required driver as kubelet itself records it (Evaluate), and
+// removes a startup taint the first time it is. It reads the drivers' loops (kubelet's
+// verdicts), kubelet's pod-resources view of device plugins, and the node's CSINode (watched
+// by name); it writes only when the condition on the node differs from what it should say,
+// never on a clock, and at a bounded rate. A failing API server delays the condition, never a
+// registration: the reporter runs beside the loops and nothing waits for it.
+package nodecond
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+	"k8s.io/client-go/dynamic"
+
+	"multireg.dev/multireg/internal/kubeapi"
+	"multireg.dev/multireg/registrar"
+)
+
+// Options configure a Reporter.
+type Options struct {
+	// Client reaches the API server (kubeapi.Connect).
+	Client dynamic.Interface
+	// Node is the node's name; Type the condition's type (CheckConditionType).
+	Node, Type string
+	// Taint, if set, is removed from the node the first time the condition is True on it.
+	Taint *Taint
+	// Drivers returns every driver's status; Changed a channel closed at the next change of
+	// one (registrar.Supervisor).
+	Drivers func() []registrar.DriverStatus
+	Changed func() <-chan struct{}
+	// PodResources says whether the instance reads kubelet's pod-resources API and whether it
+	// answers; PodResourcesChanged a channel closed when that, or a device count, changes (nil:
+	// never).
+	PodResources        func() (registrar.PodResources, bool)
+	PodResourcesChanged func() <-chan struct{}
+	Log                 *slog.Logger
+}
+
+// When the condition is written: once what it should say has not changed for settle (a
+// thousand drivers registering in kubelet's pass write once, not once each), or has kept
+// changing for hold; and within the write rate: writeBurst writes at once, then one each
+// writeEvery (jittered), while the condition keeps changing (a flapping driver). A node whose
+// drivers do not change writes nothing.
+const (
+	settle     = 250 * time.Millisecond
+	hold       = 750 * time.Millisecond
+	writeBurst = 10
+	writeEvery = 30 * time.Second
+)
+
+// minEval spaces the evaluations of a burst of changes (a thousand drivers starting).
+const minEval = 100 * time.Millisecond
+
+// Reporter keeps the node condition. Run runs it; Status and the collector read it.
+type Reporter struct {
+	o   Options
+	log *slog.Logger
+
+	// guards st, and the latest node and CSINode the watches saw.
+	mu sync.Mutex
+	st Status
+	// nodeObj, csiObj: the newest of each object read (nil: none exists); nodeRead, csiRead:
+	// one was read; nodeErr, csiErr: why the last read failed. seen is signalled (cap 1) at
+	// each read.
+	nodeObj, csiObj   *unstructured.Unstructured
+	nodeRead, csiRead bool
+	nodeErr, csiErr   error
+	seen              chan struct{}
+}
+
+// Status is what the reporter knows, for /status and the metrics.
+type Status struct {
+	Type, Node string
+	// Verdict is the condition as the drivers, CSINode and pod-resources decide it now.
+	Verdict Verdict
+	// OnNode is the condition the node shows (nil: none, or the node not read).
+	OnNode *Condition
+	// NodeRead: the Node has been read; NodeExists: it exists.
+	NodeRead, NodeExists bool
+	// CSINode: the node's CSINode, as read.
+	CSINode CSINode
+	// Writes counts the condition's writes that succeeded, WriteErrors those that failed;
+	// LastWrite is when the last succeeded, LastError why the last read or write failed
+	// ("" once one succeeds).
+	Writes, WriteErrors int
+	LastWrite           time.Time
+	LastError           string
+	// Taint is the startup taint, if any; TaintRemoved when this process removed it, and
+	// TaintDone once it no longer looks after it (removed, or found absent when the
+	// condition was first True).
+	Taint        *Taint
+	TaintRemoved time.Time
+	TaintDone    bool
+}
+
+// Condition is a node condition's value as the node shows it.
+type Condition struct {
+	Status, Reason, Message string
+	LastTransitionTime      time.Time
+}
+
+// New returns a reporter; Run starts it.
+func New(o Options) *Reporter {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reporter{o: o, log: log.With("nodeCondition", o.Type), seen: make(chan struct{}, 1),
+		st: Status{Type: o.Type, Node: o.Node, Taint: o.Taint}}
+}
+
+// Status returns what the reporter knows now.
+func (r *Reporter) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.st
+	st.CSINode.Drivers = maps.Clone(st.CSINode.Drivers)
+	return st
+}
+
+// Run keeps the condition until ctx ends: it watches the Node and the CSINode by name, and
+// writes the condition whenever the node shows another value than the one it should. It
+// returns when ctx ends, after its watches have.
+func (r *Reporter) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		kubeapi.Watch(ctx, r.o.Client, kubeapi.Nodes, r.o.Node, func(e kubeapi.Event) {
+			r.mu.Lock()
+			if e.Err == nil {
+				r.nodeObj, r.nodeRead = newer(r.nodeObj, e.Object), true
+			}
+			r.nodeErr = e.Err
+			r.mu.Unlock()
+			r.signal()
+		})
+	})
+	wg.Go(func() {
+		kubeapi.Watch(ctx, r.o.Client, kubeapi.CSINodes, r.o.Node, func(e kubeapi.Event) {
+			r.mu.Lock()
+			if e.Err == nil {
+				r.csiObj, r.csiRead = newer(r.csiObj, e.Object), true
+			}
+			r.csiErr = e.Err
+			r.mu.Unlock()
+			r.signal()
+		})
+	})
+	defer wg.Wait()
+	r.loop(ctx)
+	return nil
+}
+
+// signal wakes the loop: a watch saw something.
+func (r *Reporter) signal() {
+	select {
+	case r.seen <- struct{}{}:
+	default:
+	}
+}
+
+// loop evaluates the condition at each change of its inputs and writes it when the node
+// shows another value, within the write rate and, after a failure, its backoff.
+func (r *Reporter) loop(ctx context.Context) {
+	lim := limiter{tokens: writeBurst}
+	var failures kubeapi.Backoff
+	var retryAt time.Time // after a failed write: not before
+	warned := map[string]bool{}
+	listed := map[string]time.Time{} // since when this process has seen each driver in CSINode
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var lastEval time.Time
+	var nodeLogged, apiDown bool
+	// desired is what the condition should say, since when it has said it, and since when
+	// the node has shown something else (pending; zero: the node shows it).
+	var desired condition
+	var desiredSince, pending time.Time
+	for {
+		changed := r.o.Changed()
+		var podChanged <-chan struct{}
+		if r.o.PodResourcesChanged != nil {
+			podChanged = r.o.PodResourcesChanged()
+		}
+		if wait := minEval - time.Since(lastEval); wait > 0 {
+			if !sleep(ctx, wait) {
+				return
+			}
+		}
+		lastEval = time.Now()
+
+		// The inputs.
+		r.mu.Lock()
+		nodeObj, nodeRead, csiObj, csiRead := r.nodeObj, r.nodeRead, r.csiObj, r.csiRead
+		apiErr := errors.Join(r.nodeErr, r.csiErr)
+		r.mu.Unlock()
+		n, err := readNode(nodeObj, r.o.Type)
+		if err != nil {
+			r.log.Warn("cannot read the Node", "node", r.o.Node, "err", err)
+		}
+		names, err := readCSINode(csiObj)
+		if err != nil {
+			r.log.Warn("cannot read the node's CSINode", "node", r.o.Node, "err", err)
+		}
+		now := time.Now()
+		for _, name := range names {
+			if _, ok := listed[name]; !ok {
+				listed[name] = now
+			}
+		}
+		for name := range listed {
+			if !contains(names, name) {
+				delete(listed, name)
+			}
+		}
+		in := Input{Drivers: r.o.Drivers(), CSINode: CSINode{Known: csiRead, Drivers: maps.Clone(listed)}, Now: now}
+		if p, ok := r.o.PodResources(); ok {
+			in.PodResources, in.Answers = true, p.Answers
+		}
+		v := Evaluate(in)
+		r.warnCSINode(v, warned)
+
+		switch {
+		case apiErr != nil && !apiDown:
+			r.log.Warn("the API server cannot be read; the node condition waits for it (registration does not)", "err", apiErr)
+			apiDown = true
+		case apiErr == nil && apiDown:
+			r.log.Info("the API server answers again")
+			apiDown = false
+		}
+		if nodeRead && !n.exists && !nodeLogged {
+			r.log.Warn("no Node of this name: the node condition waits for it", "node", r.o.Node)
+		}
+		nodeLogged = nodeRead && !n.exists
+
+		// The write, if the node shows another value, once that value has settled.
+		next := time.Time{}
+		want := condition{Type: r.o.Type, Status: statusOf(v.True), Reason: v.Reason, Message: v.Message}
+		if !sameValue(&desired, want) {
+			desired, desiredSince = want, now
+		}
+		differs := nodeRead && n.exists && !sameValue(n.cond, want)
+		switch {
+		case !differs:
+			pending = time.Time{}
+		case pending.IsZero():
+			pending = now
+		}
+		if differs {
+			due := desiredSince.Add(settle)
+			if held := pending.Add(hold); held.Before(due) {
+				due = held
+			}
+			switch {
+			case now.Before(due):
+				next = due
+			case now.Before(retryAt):
+				next = retryAt
+			}
+		}
+		if differs && next.IsZero() {
+			switch ok, wait := lim.allow(now); {
+			case !ok:
+				next = now.Add(wait)
+			default:
+				written, err := r.write(ctx, n, want, now)
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					retryAt = now.Add(failures.Next())
+					next = retryAt
+					r.noteError(err)
+				} else {
+					failures.Reset()
+					retryAt = time.Time{}
+					n = written
+					r.noteWrite(now)
+				}
+			}
+		}
+		// The startup taint, once the node shows the condition True.
+		if r.o.Taint != nil && !r.Status().TaintDone && n.exists && n.cond != nil && n.cond.Status == "True" {
+			if err := r.removeTaint(ctx, n); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				r.noteError(err)
+				if next.IsZero() || next.After(now.Add(time.Second)) {
+					next = now.Add(failures.Next())
+				}
+			}
+		}
+		if t := notListedAt(v, in); !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+
+		r.mu.Lock()
+		r.st.Verdict, r.st.NodeRead, r.st.NodeExists = v, nodeRead, n.exists
+		r.st.CSINode = in.CSINode
+		r.st.OnNode = nil
+		if c := n.cond; c != nil {
+			r.st.OnNode = &Condition{Status: c.Status, Reason: c.Reason, Message: c.Message, LastTransitionTime: c.LastTransitionTime}
+		}
+		if apiErr != nil {
+			r.st.LastError = apiErr.Error()
+		}
+		r.mu.Unlock()
+
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 0))
+		} else {
+			timer.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-podChanged:
+		case <-r.seen:
+		case <-timer.C:
+		}
+	}
+}
+
+// write patches the condition want onto the node's status (a strategic merge by type: the
+// node's other conditions are kubelet's and stay), and returns the node as the API server
+// answered. The transition time is kept while the status stays.
+func (r *Reporter) write(ctx context.Context, n node, want condition, now time.Time) (node, error) {
+	want.LastHeartbeatTime = now.UTC().Truncate(time.Second)
+	want.LastTransitionTime = want.LastHeartbeatTime
+	if n.cond != nil && n.cond.Status == want.Status && !n.cond.LastTransitionTime.IsZero() {
+		want.LastTransitionTime = n.cond.LastTransitionTime
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []condition{want}}})
+	if err != nil {
+		return n, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, kubeapi.RequestTimeout)
+	defer cancel()
+	obj, err := r.o.Client.Resource(kubeapi.Nodes).Patch(wctx, r.o.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+	if err != nil {
+		return n, fmt.Errorf("write the condition on node %s: %w", r.o.Node, err)
+	}
+	if n.cond == nil || n.cond.Status != want.Status {
+		r.log.Info("node condition changed", "node", r.o.Node, "status", want.Status, "reason", want.Reason, "message", want.Message)
+	} else {
+		r.log.Info("node condition updated", "node", r.o.Node, "status", want.Status, "reason", want.Reason, "message", want.Message)
+	}
+	written, err := readNode(obj, r.o.Type)
+	if err != nil {
+		return n, err
+	}
+	r.mu.Lock()
+	r.nodeObj = newer(r.nodeObj, obj) // the watch may not have caught up
+	r.mu.Unlock()
+	return written, nil
+}
+
+// newer is obj, unless it is an older version of the object than cur: a watch that has not
+// caught up with a write's answer. nil (the object is gone) is never older.
+func newer(cur, obj *unstructured.Unstructured) *unstructured.Unstructured {
+	if cur == nil || obj == nil || cur.GetUID() != obj.GetUID() {
+		return obj
+	}
+	if c, err := resourceversion.CompareResourceVersion(obj.GetResourceVersion(), cur.GetResourceVersion()); err == nil && c < 0 {
+		return cur
+	}
+	return obj
+}
+
+// fieldManager is multireg's name in the node's managed fields.
+const fieldManager = "multireg"
+
+// removeTaint removes the startup taint from the node, if it has it, and looks after it no
+// more: the taint is removed once, never added back. The patch tests the taints it read, so
+// that another writer's change in between fails it (the next look reads the node again).
+func (r *Reporter) removeTaint(ctx context.Context, n node) error {
+	t := *r.o.Taint
+	if !n.hasTaint(t) {
+		r.log.Info("the node condition is True and the node has no startup taint to remove", "taint", t.String())
+		r.mu.Lock()
+		r.st.TaintDone = true
+		r.mu.Unlock()
+		return nil
+	}
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/spec/taints", "value": n.taints},
+		{"op": "replace", "path": "/spec/taints", "value": n.withoutTaint(t)},
+	})
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, kubeapi.RequestTimeout)
+	defer cancel()
+	obj, err := r.o.Client.Resource(kubeapi.Nodes).Patch(pctx, r.o.Node, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	if apierrors.IsInvalid(err) || apierrors.IsConflict(err) {
+		return fmt.Errorf("remove the startup taint %s from node %s: the node changed meanwhile; trying again: %w", t, r.o.Node, err)
+	}
+	if err != nil {
+		return fmt.Errorf("remove the startup taint %s from node %s: %w", t, r.o.Node, err)
+	}
+	r.log.Info("removed the startup taint: every required plugin is registered", "taint", t.String(), "node", r.o.Node)
+	r.mu.Lock()
+	r.nodeObj = newer(r.nodeObj, obj)
+	r.st.TaintRemoved, r.st.TaintDone = time.Now(), true
+	r.mu.Unlock()
+	return nil
+}
+
+// noteWrite and noteError record a write that succeeded, and a read or write that failed.
+func (r *Reporter) noteWrite(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.st.Writes++
+	r.st.LastWrite, r.st.LastError = at, ""
+}
+
+func (r *Reporter) noteError(err error) {
+	r.log.Warn("node condition", "err", err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.st.WriteErrors++
+	r.st.LastError = err.Error()
+}
+
+// warnCSINode logs each CSI driver kubelet accepted that CSINode has not listed for longer
+// than CSINodeGrace, once when that begins and once when it ends.
+func (r *Reporter) warnCSINode(v Verdict, warned map[string]bool) {
+	now := map[string]bool{}
+	for _, e := range v.Evidence {
+		if e.NotListed {
+			now[e.Driver] = true
+			if !warned[e.Driver] {
+				r.log.Warn("kubelet accepted the CSI driver, and the node's CSINode does not list it", "driver", e.Driver, "grace", CSINodeGrace)
+			}
+		}
+	}
+	for name := range warned {
+		if !now[name] {
+			r.log.Info("the node's CSINode lists the CSI driver, or it is no longer registered", "driver", name)
+		}
+	}
+	clear(warned)
+	maps.Copy(warned, now)
+}
+
+// notListedAt is when the next registered CSI driver missing from CSINode becomes a warning
+// (zero: none will).
+func notListedAt(v Verdict, in Input) time.Time {
+	var at time.Time
+	for _, d := range in.Drivers {
+		if d.Type != "CSIPlugin" || d.Phase != registrar.Registered || !in.CSINode.Known {
+			continue
+		}
+		if _, ok := in.CSINode.Drivers[d.Name]; ok {
+			continue
+		}
+		t := d.Since.Add(CSINodeGrace + time.Millisecond)
+		if t.After(in.Now) && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	return at
+}
+
+// sameValue reports whether the node's condition c says what want says: its status, reason
+// and message (the times are the writer's).
+func sameValue(c *condition, want condition) bool {
+	return c != nil && c.Status == want.Status && c.Reason == want.Reason && c.Message == want.Message
+}
+
+func statusOf(ok bool) string {
+	if ok {
+		return "True"
+	}
+	return "False"
+}
+
+func contains(names []string, name string) bool {
+	for _, n := range names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// limiter is a token bucket: writeBurst writes, then one each writeEvery.
+type limiter struct {
+	tokens float64
+	last   time.Time
+}
+
+// allow takes a token at now if there is one; otherwise it says how long until there is.
+func (l *limiter) allow(now time.Time) (bool, time.Duration) {
+	if !l.last.IsZero() {
+		l.tokens = min(writeBurst, l.tokens+float64(now.Sub(l.last))/float64(writeEvery))
+	}
+	l.last = now
+	if l.tokens >= 1 {
+		l.tokens--
+		return true, 0
+	}
+	return false, kubeapi.Jitter(time.Duration((1 - l.tokens) * float64(writeEvery)))
+}
+
+// sleep waits d, and reports false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Synced reports whether the node shows the condition as the reporter decided it.
+func (s Status) Synced() bool {
+	c := s.OnNode
+	return c != nil && c.Status == statusOf(s.Verdict.True) && c.Reason == s.Verdict.Reason && c.Message == s.Verdict.Message
+}
