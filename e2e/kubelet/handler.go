@@ -107,6 +107,11 @@ func (k *Kubelet) registerSteps(typ, name, endpoint string, versions []string) (
 			return err
 		}
 	}
+	if typ == registerapi.CSIPlugin && k.csiNode != nil {
+		if err := k.csiNode(k.ctx, name, true); err != nil {
+			return fmt.Errorf("error updating CSINode object with CSI driver node info: %w", err)
+		}
+	}
 
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -154,6 +159,11 @@ func (k *Kubelet) deregister(typ, name, endpoint string) {
 		}
 	}
 	k.mu.Unlock()
+	if typ == registerapi.CSIPlugin && k.csiNode != nil {
+		if err := k.csiNode(k.ctx, name, false); err != nil {
+			k.log.Warn("remove the CSI driver from the node's CSINode", "driver", name, "err", err)
+		}
+	}
 	k.record(EventDeRegister, typ, name, endpoint, nil, nil)
 }
 

@@ -45,6 +45,11 @@ type Options struct {
 	// NoPodResources leaves out the pod-resources API that kubelet serves beside its
 	// plugins-registry directory (podresources.go): a kubelet too old, or not mounted.
 	NoPodResources bool
+	// CSINode, if set, records a CSI driver in the node's CSINode object (install) as kubelet's
+	// CSI handler does while it registers the driver (nodeinfomanager's InstallCSIDriver,
+	// after NodeGetInfo: its error fails the registration), and removes it (not install) when
+	// kubelet deregisters the driver (UninstallCSIDriver). Nil: no CSINode is written.
+	CSINode func(ctx context.Context, driver string, install bool) error
 }
 
 // Kubelet is a running plugin manager with recording handlers. Its methods are safe for
@@ -56,6 +61,7 @@ type Kubelet struct {
 	log             *slog.Logger
 	checkEndpoints  bool
 	endpointTimeout time.Duration
+	csiNode         func(ctx context.Context, driver string, install bool) error
 
 	ctx    context.Context // cancelled by Stop: ends register delays, endpoint checks and (1.37) the reconciler
 	cancel context.CancelFunc
@@ -110,6 +116,7 @@ func Start(ctx context.Context, registryDir string, opts Options) (*Kubelet, err
 		log:             log,
 		checkEndpoints:  !opts.SkipEndpointCheck,
 		endpointTimeout: endpointTimeout,
+		csiNode:         opts.CSINode,
 		ctx:             kctx,
 		cancel:          cancel,
 		stopCh:          make(chan struct{}),

@@ -1,8 +1,9 @@
 #!/bin/sh
-# build-kube.sh OUTDIR MINOR: builds the Kubernetes commands e2e-node runs
-# (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl)
-# from the release of minor MINOR (1.37, 1.35, …) pinned in kube/ (kube/go.mod for
-# the newest, kube/MINOR.mod for the others), through the Go module proxy.
+# build-kube.sh OUTDIR MINOR [COMMAND...]: builds the Kubernetes commands e2e-node runs
+# (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl), or the
+# COMMANDs named (the node-condition suites need kube-apiserver alone), from the release
+# of minor MINOR (1.37, 1.35, …) pinned in kube/ (kube/go.mod for the newest,
+# kube/MINOR.mod for the others), through the Go module proxy.
 #
 # The binaries are kept in OUTDIR (one per minor), stamped with the release so that
 # they report it (without -ldflags they say v0.0.0), and rebuilt only when the
@@ -11,6 +12,8 @@
 set -eu
 out=${1:?usage: build-kube.sh OUTDIR MINOR}
 minor=${2:?usage: build-kube.sh OUTDIR MINOR}
+shift 2
+cmds=${*:-kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/stamp.sh"
 mf=$(kube_modfile "$minor")
@@ -18,8 +21,7 @@ cd "$here/kube"
 
 version=$(go list -modfile="$mf" -m -f '{{.Version}}' k8s.io/kubernetes)
 # The stamp: the release, the toolchain, and the module files (a changed replace rebuilds).
-stamp="$version $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH) $(cat "$mf" "${mf%.mod}.sum" | sha256sum | cut -c1-16)"
-cmds="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
+stamp="$version [$cmds] $(go env GOVERSION) $(go env GOOS)/$(go env GOARCH) $(cat "$mf" "${mf%.mod}.sum" | sha256sum | cut -c1-16)"
 
 if stamp_fresh "$out" "$stamp" $cmds; then
 	echo "kubernetes $version: cached in $out"

@@ -36,7 +36,9 @@ type Env struct {
 	Reg string           // the plugins-registry directory
 	Cfg string           // the drivers file
 	K   *kubelet.Kubelet // nil while no kubelet runs
-	eps map[string]*plugins.Endpoint
+	// KubeletOptions are what StartKubelet starts kubelet with.
+	KubeletOptions kubelet.Options
+	eps            map[string]*plugins.Endpoint
 }
 
 // New makes a node with a running kubelet.
@@ -79,7 +81,7 @@ func (e *Env) StartKubelet() {
 	e.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k, err := kubelet.Start(ctx, e.Reg, kubelet.Options{})
+	k, err := kubelet.Start(ctx, e.Reg, e.KubeletOptions)
 	if err != nil {
 		e.T.Fatal(err)
 	}

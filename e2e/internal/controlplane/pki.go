@@ -1,4 +1,4 @@
-package cluster
+package controlplane
 
 import (
 	"context"
@@ -6,43 +6,46 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
-// pki is the cluster's credentials, all made with openssl in dir: a CA, the API server's
+// PKI is a control plane's credentials, all made with openssl in dir: a CA, the API server's
 // serving certificate for 127.0.0.1/localhost, the API server's client certificate towards
 // kubelet (in system:masters), the service-account key pair, and two bearer tokens: an
 // admin (system:masters) and kubelet's (system:node:<node> in system:nodes, so that the Node
 // authorizer and NodeRestriction judge it as on a real node).
-type pki struct {
+type PKI struct {
 	dir                      string
-	caCert, caKey            string
-	serverCert, serverKey    string
-	kubeletClientCert        string
-	kubeletClientKey         string
-	saKey, saPub             string
-	tokenFile                string
-	adminToken, kubeletToken string
+	CACert, caKey            string
+	ServerCert, ServerKey    string
+	KubeletClientCert        string
+	KubeletClientKey         string
+	SAKey, SAPub             string
+	TokenFile                string
+	AdminToken, KubeletToken string
 }
 
-func makePKI(ctx context.Context, dir, node string) (*pki, error) {
+// MakePKI makes the credentials of a control plane whose node is named node, in dir.
+func MakePKI(ctx context.Context, dir, node string) (*PKI, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	p := &pki{
+	p := &PKI{
 		dir:    dir,
-		caCert: filepath.Join(dir, "ca.crt"), caKey: filepath.Join(dir, "ca.key"),
-		serverCert: filepath.Join(dir, "apiserver.crt"), serverKey: filepath.Join(dir, "apiserver.key"),
-		kubeletClientCert: filepath.Join(dir, "apiserver-kubelet-client.crt"),
-		kubeletClientKey:  filepath.Join(dir, "apiserver-kubelet-client.key"),
-		saKey:             filepath.Join(dir, "sa.key"), saPub: filepath.Join(dir, "sa.pub"),
-		tokenFile: filepath.Join(dir, "tokens.csv"),
+		CACert: filepath.Join(dir, "ca.crt"), caKey: filepath.Join(dir, "ca.key"),
+		ServerCert: filepath.Join(dir, "apiserver.crt"), ServerKey: filepath.Join(dir, "apiserver.key"),
+		KubeletClientCert: filepath.Join(dir, "apiserver-kubelet-client.crt"),
+		KubeletClientKey:  filepath.Join(dir, "apiserver-kubelet-client.key"),
+		SAKey:             filepath.Join(dir, "sa.key"), SAPub: filepath.Join(dir, "sa.pub"),
+		TokenFile: filepath.Join(dir, "tokens.csv"),
 	}
 	openssl := func(args ...string) error {
 		_, err := run(ctx, "openssl", args...)
 		return err
 	}
-	if err := openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", p.caKey, "-out", p.caCert,
+	if err := openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", p.caKey, "-out", p.CACert,
 		"-days", "2", "-subj", "/CN=multireg-e2e-node-ca"); err != nil {
 		return nil, err
 	}
@@ -55,16 +58,16 @@ func makePKI(ctx context.Context, dir, node string) (*pki, error) {
 		"extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"); err != nil {
 		return nil, err
 	}
-	if err := openssl("genrsa", "-out", p.saKey, "2048"); err != nil {
+	if err := openssl("genrsa", "-out", p.SAKey, "2048"); err != nil {
 		return nil, err
 	}
-	if err := openssl("rsa", "-in", p.saKey, "-pubout", "-out", p.saPub); err != nil {
+	if err := openssl("rsa", "-in", p.SAKey, "-pubout", "-out", p.SAPub); err != nil {
 		return nil, err
 	}
-	p.adminToken, p.kubeletToken = randomToken(), randomToken()
+	p.AdminToken, p.KubeletToken = randomToken(), randomToken()
 	tokens := fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,system:node:%s,kubelet,\"system:nodes\"\n",
-		p.adminToken, p.kubeletToken, node)
-	if err := os.WriteFile(p.tokenFile, []byte(tokens), 0o600); err != nil {
+		p.AdminToken, p.KubeletToken, node)
+	if err := os.WriteFile(p.TokenFile, []byte(tokens), 0o600); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -72,7 +75,7 @@ func makePKI(ctx context.Context, dir, node string) (*pki, error) {
 
 // sign makes name.key and name.crt, signed by the CA, with the given subject and
 // extensions.
-func (p *pki) sign(ctx context.Context, name, subject, ext string) error {
+func (p *PKI) sign(ctx context.Context, name, subject, ext string) error {
 	key, csr, crt := filepath.Join(p.dir, name+".key"), filepath.Join(p.dir, name+".csr"), filepath.Join(p.dir, name+".crt")
 	extFile := filepath.Join(p.dir, name+".ext")
 	if err := os.WriteFile(extFile, []byte(ext), 0o600); err != nil {
@@ -81,7 +84,7 @@ func (p *pki) sign(ctx context.Context, name, subject, ext string) error {
 	if _, err := run(ctx, "openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", subject); err != nil {
 		return err
 	}
-	_, err := run(ctx, "openssl", "x509", "-req", "-in", csr, "-CA", p.caCert, "-CAkey", p.caKey, "-CAcreateserial",
+	_, err := run(ctx, "openssl", "x509", "-req", "-in", csr, "-CA", p.CACert, "-CAkey", p.caKey, "-CAcreateserial",
 		"-days", "2", "-extfile", extFile, "-out", crt)
 	return err
 }
@@ -92,8 +95,8 @@ func randomToken() string {
 	return hex.EncodeToString(b)
 }
 
-// kubeconfig writes a kubeconfig for server that authenticates with token.
-func kubeconfig(path, server, caCert, token string) error {
+// WriteKubeconfig writes a kubeconfig for server that authenticates with token.
+func WriteKubeconfig(path, server, caCert, token string) error {
 	return os.WriteFile(path, []byte(fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -112,4 +115,13 @@ contexts:
     user: e2e
 current-context: e2e
 `, server, caCert, token)), 0o600)
+}
+
+// run runs a command and returns its combined output, or an error that holds it.
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
 }

@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"multireg.dev/multireg/e2e/internal/controlplane"
 	"multireg.dev/multireg/e2e/internal/wait"
 )
 
@@ -58,7 +59,7 @@ type Cluster struct {
 
 	opts   Options
 	flags  releaseFlags
-	pki    *pki
+	pki    *controlplane.PKI
 	state  *stateStore
 	procs  map[string]*proc
 	phases []Phase
@@ -277,11 +278,11 @@ func (c *Cluster) preflight() error {
 }
 
 func (c *Cluster) makePKI(ctx context.Context) (err error) {
-	c.pki, err = makePKI(ctx, filepath.Join(c.opts.Dir, "pki"), NodeName)
+	c.pki, err = controlplane.MakePKI(ctx, filepath.Join(c.opts.Dir, "pki"), NodeName)
 	if err != nil {
 		return err
 	}
-	cert, err := tls.LoadX509KeyPair(c.pki.kubeletClientCert, c.pki.kubeletClientKey)
+	cert, err := tls.LoadX509KeyPair(c.pki.KubeletClientCert, c.pki.KubeletClientKey)
 	if err != nil {
 		return err
 	}
@@ -289,23 +290,18 @@ func (c *Cluster) makePKI(ctx context.Context) (err error) {
 		Certificates:       []tls.Certificate{cert},
 		InsecureSkipVerify: true, //nolint:gosec // kubelet's self-signed serving certificate, on 127.0.0.1
 	}}}
-	if err := kubeconfig(c.Kubeconfig, c.apiServerURL, c.pki.caCert, c.pki.adminToken); err != nil {
+	if err := controlplane.WriteKubeconfig(c.Kubeconfig, c.apiServerURL, c.pki.CACert, c.pki.AdminToken); err != nil {
 		return err
 	}
-	return kubeconfig(c.kubeletKubeconfig(), c.apiServerURL, c.pki.caCert, c.pki.kubeletToken)
+	return controlplane.WriteKubeconfig(c.kubeletKubeconfig(), c.apiServerURL, c.pki.CACert, c.pki.KubeletToken)
 }
 
 func (c *Cluster) kubeletKubeconfig() string { return filepath.Join(c.opts.Dir, "kubelet.kubeconfig") }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
 	client := fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd"])
-	peer := fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd-peer"])
 	if _, err := c.startProc("etcd", mustLookPath("etcd"),
-		"--name=e2e", "--data-dir="+filepath.Join(c.opts.Dir, "etcd"),
-		"--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
-		"--initial-cluster=e2e="+peer, "--unsafe-no-fsync",
-	); err != nil {
+		controlplane.EtcdArgs(filepath.Join(c.opts.Dir, "etcd"), c.ports["etcd"], c.ports["etcd-peer"])...); err != nil {
 		return err
 	}
 	return c.waitHTTP(ctx, "etcd", client+"/health", nil)
@@ -314,28 +310,10 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	p := c.pki
 	if _, err := c.startProc("kube-apiserver", filepath.Join(c.opts.BinDir, "kube-apiserver"), c.flags.apiServerArgs(
-		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.ports["etcd"]),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", c.ports["apiserver"]),
-		"--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverKey,
-		"--client-ca-file="+p.caCert, "--token-auth-file="+p.tokenFile,
-		"--authorization-mode=Node,RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+p.saPub, "--service-account-signing-key-file="+p.saKey,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--kubelet-client-certificate="+p.kubeletClientCert, "--kubelet-client-key="+p.kubeletClientKey,
-		"--kubelet-preferred-address-types=Hostname,InternalIP",
-		"--enable-priority-and-fairness=false",
-		// Without priority and fairness, its size-based cost estimate serves nothing; its
-		// per-resource estimators list their keys a minute after the start, and on SIGTERM
-		// each such list waits 3 s for a watch cache that no longer moves: a run longer than
-		// a minute stopped the API server in 5 s to over 10 s (killed).
-		"--feature-gates=SizeBasedListCostEstimate=false",
-		"--profiling=false",
-	)...); err != nil {
+		controlplane.APIServerArgs(p, fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd"]), c.ports["apiserver"])...)...); err != nil {
 		return err
 	}
-	if err := c.waitHTTP(ctx, "kube-apiserver", c.apiServerURL+"/readyz", &p.adminToken); err != nil {
+	if err := c.waitHTTP(ctx, "kube-apiserver", c.apiServerURL+"/readyz", &p.AdminToken); err != nil {
 		return err
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -384,13 +362,13 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string, token *string)
 // caClient is an HTTP client that trusts only the cluster's CA (the API server's
 // certificate).
 func (c *Cluster) caClient() (*http.Client, error) {
-	pem, err := os.ReadFile(c.pki.caCert)
+	pem, err := os.ReadFile(c.pki.CACert)
 	if err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s: no certificate", c.pki.caCert)
+		return nil, fmt.Errorf("%s: no certificate", c.pki.CACert)
 	}
 	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
 }

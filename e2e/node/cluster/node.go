@@ -201,7 +201,7 @@ authentication:
 authorization:
   mode: Webhook
 `, c.ports["kubelet"], c.ports["kubelet-healthz"], c.ContainerdAddress,
-		filepath.Join(c.opts.Dir, "volume-plugins"), filepath.Join(c.opts.Dir, "pod-logs"), c.pki.caCert)
+		filepath.Join(c.opts.Dir, "volume-plugins"), filepath.Join(c.opts.Dir, "pod-logs"), c.pki.CACert)
 	return os.WriteFile(c.kubeletConfigPath(), []byte(cfg), 0o644)
 }
 
@@ -282,7 +282,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 		"--authentication-kubeconfig="+c.Kubeconfig, "--authorization-kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.ports["controller-manager"]),
 		"--leader-elect=false",
-		"--service-account-private-key-file="+c.pki.saKey, "--root-ca-file="+c.pki.caCert,
+		"--service-account-private-key-file="+c.pki.SAKey, "--root-ca-file="+c.pki.CACert,
 		"--use-service-account-credentials=false",
 		"--controllers="+c.flags.controllers,
 	); err != nil {
