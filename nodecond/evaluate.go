@@ -170,13 +170,17 @@ func evidence(d registrar.DriverStatus, in Input) Evidence {
 			}
 		}
 		return e
-	case registrar.Serving:
-		e.Why = "waiting for kubelet's verdict since " + stamp(d.Since)
-		return e
-	case registrar.BackingOff:
-		e.Why = "not registered since " + stamp(d.Since)
-		if d.LastError != "" {
-			e.Why += ": " + strings.Replace(d.LastError, kubeletsPrefix, "", 1)
+	case registrar.Serving, registrar.BackingOff:
+		// A driver that kubelet refused, or never answered, retries: between two attempts it
+		// serves a new socket and backs off again. The message says why it failed, the same
+		// each attempt while kubelet says the same, not when each attempt began.
+		switch {
+		case d.LastError != "":
+			e.Why = "not registered: " + strings.Replace(d.LastError, kubeletsPrefix, "", 1)
+		case d.Phase == registrar.Serving:
+			e.Why = "waiting for kubelet's verdict since " + stamp(d.Since)
+		default:
+			e.Why = "not registered since " + stamp(d.Since)
 		}
 		return e
 	case registrar.Registered:

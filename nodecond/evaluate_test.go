@@ -46,7 +46,10 @@ func TestEvaluate(t *testing.T) {
 		{"CSI: CSINode not read", func(in Input) Input { in.CSINode = CSINode{}; return in }, false, ReasonMissing, "the node's CSINode not read yet"},
 		{"CSI: rejected", with(0, func(d *registrar.DriverStatus) {
 			d.Phase, d.LastError = registrar.BackingOff, "kubelet rejected the registration: no"
-		}), false, ReasonMissing, "nfs.csi.k8s.io (CSIPlugin): not registered since 2026-11-29T08:00:00Z: kubelet rejected the registration: no"},
+		}), false, ReasonMissing, "nfs.csi.k8s.io (CSIPlugin): not registered: kubelet rejected the registration: no"},
+		{"CSI: rejected, then serving the next attempt", with(0, func(d *registrar.DriverStatus) {
+			d.Phase, d.Since, d.LastError = registrar.Serving, t0.Add(time.Hour), "kubelet rejected the registration: no"
+		}), false, ReasonMissing, "nfs.csi.k8s.io (CSIPlugin): not registered: kubelet rejected the registration: no"},
 		{"DRA: endpoint absent", with(1, func(d *registrar.DriverStatus) {
 			d.Phase, d.Absent = registrar.WaitingForEndpoint, true
 		}), false, ReasonMissing, "gpu.example.com (DRAPlugin): no endpoint on this node since 2026-11-29T08:00:00Z"},

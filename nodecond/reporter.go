@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/dynamic"
@@ -73,13 +74,18 @@ type Reporter struct {
 	// guards st, and the latest node and CSINode the watches saw.
 	mu sync.Mutex
 	st Status
-	// nodeObj, csiObj: the newest of each object read (nil: none exists); nodeRead, csiRead:
-	// one was read; nodeErr, csiErr: why the last read failed. seen is signalled (cap 1) at
-	// each read.
-	nodeObj, csiObj   *unstructured.Unstructured
-	nodeRead, csiRead bool
-	nodeErr, csiErr   error
-	seen              chan struct{}
+	// node, csiNode: what the watches of the Node and the CSINode read; seen is signalled
+	// (cap 1) at each read.
+	node, csiNode watched
+	seen          chan struct{}
+}
+
+// watched is what a watch of one object read: the newest version (nil: it does not exist),
+// whether one was read, and why the last read failed.
+type watched struct {
+	obj  *unstructured.Unstructured
+	read bool
+	err  error
 }
 
 // Status is what the reporter knows, for /status and the metrics.
@@ -137,31 +143,24 @@ func (r *Reporter) Status() Status {
 // returns when ctx ends, after its watches have.
 func (r *Reporter) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		kubeapi.Watch(ctx, r.o.Client, kubeapi.Nodes, r.o.Node, func(e kubeapi.Event) {
-			r.mu.Lock()
-			if e.Err == nil {
-				r.nodeObj, r.nodeRead = newer(r.nodeObj, e.Object), true
-			}
-			r.nodeErr = e.Err
-			r.mu.Unlock()
-			r.signal()
-		})
-	})
-	wg.Go(func() {
-		kubeapi.Watch(ctx, r.o.Client, kubeapi.CSINodes, r.o.Node, func(e kubeapi.Event) {
-			r.mu.Lock()
-			if e.Err == nil {
-				r.csiObj, r.csiRead = newer(r.csiObj, e.Object), true
-			}
-			r.csiErr = e.Err
-			r.mu.Unlock()
-			r.signal()
-		})
-	})
+	wg.Go(func() { r.watch(ctx, kubeapi.Nodes, &r.node) })
+	wg.Go(func() { r.watch(ctx, kubeapi.CSINodes, &r.csiNode) })
 	defer wg.Wait()
 	r.loop(ctx)
 	return nil
+}
+
+// watch keeps w, the object of resource gvr named as the node, until ctx ends.
+func (r *Reporter) watch(ctx context.Context, gvr schema.GroupVersionResource, w *watched) {
+	kubeapi.Watch(ctx, r.o.Client, gvr, r.o.Node, func(e kubeapi.Event) {
+		r.mu.Lock()
+		if e.Err == nil {
+			w.obj, w.read = newer(w.obj, e.Object), true
+		}
+		w.err = e.Err
+		r.mu.Unlock()
+		r.signal()
+	})
 }
 
 // signal wakes the loop: a watch saw something.
@@ -203,8 +202,8 @@ func (r *Reporter) loop(ctx context.Context) {
 
 		// The inputs.
 		r.mu.Lock()
-		nodeObj, nodeRead, csiObj, csiRead := r.nodeObj, r.nodeRead, r.csiObj, r.csiRead
-		apiErr := errors.Join(r.nodeErr, r.csiErr)
+		nodeObj, nodeRead, csiObj, csiRead := r.node.obj, r.node.read, r.csiNode.obj, r.csiNode.read
+		apiErr := errors.Join(r.node.err, r.csiNode.err)
 		r.mu.Unlock()
 		n, err := readNode(nodeObj, r.o.Type)
 		if err != nil {
@@ -335,6 +334,26 @@ func (r *Reporter) loop(ctx context.Context) {
 	}
 }
 
+// ReasonStopped: multireg withdrew every registration of the node (--cleanup-on-exit, an
+// uninstall) and keeps the condition no more: Unknown, not a stale True.
+const ReasonStopped = "MultiregStopped"
+
+// Withdrawn writes the condition Unknown (ReasonStopped), once Run has returned, after multireg
+// removed every registration socket on its way out: nothing keeps the condition after that. It
+// is one attempt, bounded by ctx.
+func (r *Reporter) Withdrawn(ctx context.Context) error {
+	r.mu.Lock()
+	obj := r.node.obj
+	r.mu.Unlock()
+	n, err := readNode(obj, r.o.Type)
+	if err != nil || !n.exists {
+		return err
+	}
+	_, err = r.write(ctx, n, condition{Type: r.o.Type, Status: "Unknown", Reason: ReasonStopped,
+		Message: "multireg stopped with --cleanup-on-exit and withdrew every registration of this node: nothing keeps this condition"}, time.Now())
+	return err
+}
+
 // write patches the condition want onto the node's status (a strategic merge by type: the
 // node's other conditions are kubelet's and stay), and returns the node as the API server
 // answered. The transition time is kept while the status stays.
@@ -364,7 +383,7 @@ func (r *Reporter) write(ctx context.Context, n node, want condition, now time.T
 		return n, err
 	}
 	r.mu.Lock()
-	r.nodeObj = newer(r.nodeObj, obj) // the watch may not have caught up
+	r.node.obj = newer(r.node.obj, obj) // the watch may not have caught up
 	r.mu.Unlock()
 	return written, nil
 }
@@ -414,7 +433,7 @@ func (r *Reporter) removeTaint(ctx context.Context, n node) error {
 	}
 	r.log.Info("removed the startup taint: every required plugin is registered", "taint", t.String(), "node", r.o.Node)
 	r.mu.Lock()
-	r.nodeObj = newer(r.nodeObj, obj)
+	r.node.obj = newer(r.node.obj, obj)
 	r.st.TaintRemoved, r.st.TaintDone = time.Now(), true
 	r.mu.Unlock()
 	return nil

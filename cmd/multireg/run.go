@@ -239,8 +239,21 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 	fds := sup.Descriptors()
 	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsHandedOver", handed,
 		"fdLimit", fds.Limit, "socketRoom", fds.MaxSockets)
-	return d.run(ctx, hup, state)
+	err = d.run(ctx, hup, state)
+	if err == nil && r.f.cleanup && r.signalled.Err() != nil && d.cond != nil {
+		// Every registration is withdrawn: the condition would otherwise stay as last written.
+		wctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
+		if werr := d.cond.Withdrawn(wctx); werr != nil {
+			log.Warn("could not say on the Node that multireg stopped (the condition stays as last written)", "err", werr)
+		}
+		cancel()
+	}
+	return err
 }
+
+// withdrawTimeout bounds the last write of the node condition at an uninstall's exit: well
+// within a pod's grace period after the loops' own stop.
+const withdrawTimeout = 3 * time.Second
 
 // daemon is a multireg that holds its registration directory: its drivers, the reloader that
 // changes them.

@@ -127,10 +127,7 @@ func TestNoWritesWhileNothingChanges(t *testing.T) {
 	t.Parallel()
 	n := newNode(t)
 	ds := []driver{required("quiet.csi.example.com", "CSIPlugin"), required("quiet.example.com", "DRAPlugin")}
-	n.StartEndpoints(ds)
-	start := time.Now()
-	p := n.start(ds)
-	n.await("the condition True", start, isTrue)
+	p, _ := n.running(ds)
 	before := writes(t, p)
 	settled := time.Now()
 	n.setTaints([]corev1.Taint{{Key: "example.com/other", Effect: corev1.TaintEffectNoSchedule}}) // another writer's change
@@ -148,10 +145,7 @@ func TestFlappingDriverIsRateLimited(t *testing.T) {
 	t.Parallel()
 	n := newNode(t)
 	d := required("flapping.example.com", "DRAPlugin")
-	n.StartEndpoints([]driver{d})
-	start := time.Now()
-	p := n.start([]driver{d})
-	n.await("the condition True", start, isTrue)
+	p, _ := n.running([]driver{d})
 	before := writes(t, p)
 	flapping := time.Now()
 	const window = time.Minute
@@ -182,10 +176,7 @@ func TestStartupTaint(t *testing.T) {
 	other := corev1.Taint{Key: "example.com/other", Value: "x", Effect: corev1.TaintEffectNoExecute}
 	n := newNode(t, taint, other)
 	d := required("tainted.example.com", "DRAPlugin")
-	n.StartEndpoints([]driver{d})
-	start := time.Now()
-	p := n.start([]driver{d}, "--startup-taint", "multireg.dev/plugins-not-ready:NoSchedule")
-	on := n.await("the condition True", start, isTrue)
+	p, on := n.running([]driver{d}, "--startup-taint", "multireg.dev/plugins-not-ready:NoSchedule")
 	var removed time.Time
 	var ts []corev1.Taint
 	t.Cleanup(func() {
@@ -215,10 +206,7 @@ func TestHandoverKeepsTheCondition(t *testing.T) {
 	t.Parallel()
 	n := newNode(t)
 	ds := []driver{required("handed.csi.example.com", "CSIPlugin"), required("handed.example.com", "DRAPlugin")}
-	n.StartEndpoints(ds)
-	start := time.Now()
-	first := n.start(ds)
-	on := n.await("the condition True", start, isTrue)
+	first, on := n.running(ds)
 	handed := time.Now()
 	second := mrproc.Start(t, n.Cfg, n.args()...)
 	wait.For(t, registerTimeout, "the second instance to take over", func() bool {
@@ -318,4 +306,18 @@ func stop(t *testing.T, ps ...*mrproc.Process) {
 func writes(t *testing.T, p *mrproc.Process) float64 {
 	t.Helper()
 	return mrproc.Metric(p.Metrics(t), `multireg_node_condition_writes_total{condition="`+condType+`",result="success"}`)
+}
+
+// TestUninstallSaysUnknown: multireg stopped with --cleanup-on-exit (an uninstall) withdraws
+// every registration, and says so on the Node: Unknown, not a True nobody keeps.
+func TestUninstallSaysUnknown(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	d := required("uninstalled.example.com", "DRAPlugin")
+	p, on := n.running([]driver{d}, "--cleanup-on-exit")
+	stop(t, p)
+	off := n.await("the condition Unknown", on.At, func(c *corev1.NodeCondition) bool {
+		return c != nil && c.Status == corev1.ConditionUnknown && c.Reason == "MultiregStopped"
+	})
+	t.Logf("Unknown: %q", off.Cond.Message)
 }

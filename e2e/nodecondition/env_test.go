@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"multireg.dev/multireg/e2e/internal/wait"
+	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
 )
@@ -51,6 +51,7 @@ type node struct {
 	changes []change // the condition as the node showed it, each time it changed
 	// unlisted: CSI drivers kubelet registers without recording them in CSINode.
 	unlisted map[string]bool
+	csiNodes func(ctx context.Context, driver string, install bool) error
 }
 
 // change is the condition as the node showed it, and when the test saw it.
@@ -84,6 +85,7 @@ func newNode(t *testing.T, taints ...corev1.Taint) *node {
 		api.client.StorageV1().CSINodes().Delete(ctx, n.name, metav1.DeleteOptions{})
 		api.client.CoreV1().Nodes().Delete(ctx, n.name, metav1.DeleteOptions{})
 	})
+	n.csiNodes = kubelet.CSINodeWriter(api.client, n.name)
 	n.Env = testenv.NewWithoutKubelet(t)
 	n.KubeletOptions.CSINode = n.csiNode
 	n.StartKubelet()
@@ -111,19 +113,7 @@ func (n *node) csiNode(ctx context.Context, driver string, install bool) error {
 	if skip && install {
 		return nil
 	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		c, err := api.client.StorageV1().CSINodes().Get(ctx, n.name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		ds := slices.DeleteFunc(c.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == driver })
-		if install {
-			ds = append(ds, storagev1.CSINodeDriver{Name: driver, NodeID: n.name})
-		}
-		c.Spec.Drivers = ds
-		_, err = api.client.StorageV1().CSINodes().Update(ctx, c, metav1.UpdateOptions{})
-		return err
-	})
+	return n.csiNodes(ctx, driver, install)
 }
 
 // unlist makes kubelet register the CSI driver without recording it in CSINode.
@@ -137,6 +127,16 @@ func (n *node) unlist(driver string) {
 func (n *node) start(ds []driver, args ...string) *mrproc.Process {
 	n.t.Helper()
 	return mrproc.Start(n.t, n.WriteConfig(ds), n.args(args...)...)
+}
+
+// running starts the drivers' endpoints and a multireg with the node condition for them, and
+// waits for the condition True; it returns the process and that change.
+func (n *node) running(ds []driver, args ...string) (*mrproc.Process, change) {
+	n.t.Helper()
+	n.StartEndpoints(ds)
+	start := time.Now()
+	p := n.start(ds, args...)
+	return p, n.await("the condition True", start, isTrue)
 }
 
 // args are multireg's arguments for the node condition on this node, then more.

@@ -6,9 +6,11 @@ package registration
 import (
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
 	"multireg.dev/multireg/e2e/testenv"
@@ -44,6 +46,31 @@ func (e *env) registeredAgain(ds []driver, before map[string]int) bool {
 		}
 	}
 	return true
+}
+
+// killedAfterRegistration starts the drivers' endpoints and a multireg, waits until kubelet
+// and multireg hold every driver registered, and kills it (SIGKILL: its sockets stay). It
+// returns kubelet's registration counts of the drivers then.
+func (e *env) killedAfterRegistration(t *testing.T, ds []driver) map[string]int {
+	t.Helper()
+	e.StartEndpoints(ds)
+	p := mrproc.Start(t, e.WriteConfig(ds))
+	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
+	counts := e.Registrations(ds)
+	p.Signal(t, syscall.SIGKILL)
+	p.Wait(t, exitTimeout)
+	return counts
+}
+
+// registeredByNextRun starts multireg again, after killedAfterRegistration, and waits until
+// kubelet has registered every driver once more than counts says.
+func (e *env) registeredByNextRun(t *testing.T, ds []driver, counts map[string]int) *mrproc.Process {
+	t.Helper()
+	p := mrproc.Start(t, e.Cfg)
+	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
+		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
+	})
+	return p
 }
 
 // registeredIn reports whether multireg's log says Registered for every driver.

@@ -535,16 +535,7 @@ func TestRollbackWithADRADriverAtItsSecondPath(t *testing.T) {
 	dra := driver{Name: "moved.example.com", Type: "DRAPlugin"}
 	csi := driver{Name: "csi.example.com", Type: "CSIPlugin"}
 	ds := []driver{dra, csi}
-	e.StartEndpoints(ds)
-	p := mrproc.Start(t, e.WriteConfig(ds))
-	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
-	counts := e.Registrations(ds)
-	p.Signal(t, syscall.SIGKILL)
-	p.Wait(t, exitTimeout)
-	p = mrproc.Start(t, e.Cfg)
-	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
-		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
-	})
+	p := e.registeredByNextRun(t, ds, e.killedAfterRegistration(t, ds))
 	if !testenv.IsSocket(e.AltSocketPath(dra)) || testenv.IsSocket(e.SocketPath(dra)) {
 		t.Fatalf("the DRA driver's socket is not at its second path %s alone", e.AltSocketPath(dra))
 	}

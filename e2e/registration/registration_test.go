@@ -212,16 +212,11 @@ func TestRestartBetweenReconcileLoops(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ds := []driver{{Name: "held.example.com", Type: "DRAPlugin"}}
-	e.StartEndpoints(ds)
-	p := mrproc.Start(t, e.WriteConfig(ds))
-	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
-	counts := e.Registrations(ds)
-	p.Signal(t, syscall.SIGKILL)
-	p.Wait(t, exitTimeout)
+	counts := e.killedAfterRegistration(t, ds)
 	before := len(e.K.EventsFor(ds[0].Name))
 
 	h := e.holdPass(t, ds[0])
-	p = mrproc.Start(t, e.Cfg)
+	p := mrproc.Start(t, e.Cfg)
 	e.heldUntilChanged(t, h)
 	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
 		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
@@ -271,17 +266,9 @@ func TestDRARegisteredAgainWithinAPass(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ds := []driver{{Name: "again.example.com", Type: "DRAPlugin"}}
-	e.StartEndpoints(ds)
-	p := mrproc.Start(t, e.WriteConfig(ds))
-	wait.For(t, registerTimeout, "registered", func() bool { return registeredEverywhere(t, e, p, ds) })
-	counts := e.Registrations(ds)
-	p.Signal(t, syscall.SIGKILL)
-	p.Wait(t, exitTimeout)
+	counts := e.killedAfterRegistration(t, ds)
 	before := len(e.K.EventsFor(ds[0].Name))
-	p = mrproc.Start(t, e.Cfg)
-	wait.For(t, registerTimeout, "registered once more by the next run", func() bool {
-		return e.registeredAgain(ds, counts) && registeredEverywhere(t, e, p, ds)
-	})
+	e.registeredByNextRun(t, ds, counts)
 	events := e.K.EventsFor(ds[0].Name)[before:]
 	gap := longestAbsence(events)
 	t.Logf("kubelet %s held no registration of %s for %s", kubelet.Version(), ds[0].Name, gap)

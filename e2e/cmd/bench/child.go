@@ -123,10 +123,10 @@ type multireg struct {
 	logs *mrLogs
 }
 
-func startMultireg(bin, cfg string, env []string) (*multireg, error) {
+func startMultireg(bin, cfg string, env []string, args ...string) (*multireg, error) {
 	logs := &mrLogs{}
 	sink := child.Lines(logs.add)
-	cmd := exec.Command(bin, "run", "--config", cfg, "--log-format", "json", "--http-endpoint", "127.0.0.1:0")
+	cmd := exec.Command(bin, append([]string{"run", "--config", cfg, "--log-format", "json", "--http-endpoint", "127.0.0.1:0"}, args...)...)
 	cmd.Stdout, cmd.Stderr = sink, sink
 	cmd.Env = env
 	c, err := startChild("multireg", cmd)

@@ -68,6 +68,7 @@ func run() int {
 	godebug := flag.String("godebug", "", "GODEBUG for multireg, e.g. gctrace=1 (its output ends in the log tail only)")
 	tmpDir := flag.String("tmpdir", "", "where the registry, endpoint and config directories go (default: $TMPDIR or /tmp); e.g. /dev/shm to take the disk's file system out of the figures")
 	profile := flag.String("profile", "", "measure a copy of multireg built with profiling, and save its profiles in this directory")
+	apiServer := flag.String("node-condition", "", "turn multireg's node condition on, against this kube-apiserver binary (e2e/node/build-kube.sh builds it) and Debian's etcd: each N has a Node and a CSINode of its own, and kubelet records the CSI drivers there")
 	flag.Parse()
 
 	counts, err := parseNs(*ns)
@@ -107,6 +108,16 @@ func run() int {
 	defer os.RemoveAll(tmp)
 
 	o := options{idle: *idle, settle: *settle, gcWait: *gcWait, rssAt: *rssAt, timeout: *timeout, tmpDir: *tmpDir, progress: progress}
+	if *apiServer != "" {
+		cp, err := startAPI(ctx, tmp, *apiServer)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		defer cp.stop()
+		o.api = cp
+		progress("etcd and kube-apiserver ready: the node condition is on")
+	}
 	buildEnv := append(os.Environ(), "CGO_ENABLED=0")
 	o.endpoints = filepath.Join(tmp, "endpoints")
 	if err := buildGo(e2eDir, o.endpoints, buildEnv, "./cmd/endpoints"); err != nil {

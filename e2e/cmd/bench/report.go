@@ -248,8 +248,14 @@ func renderReport(m machine, o options, results []result) string {
 	fmt.Fprintf(&b, "- multireg: `%s, from the tree at %s\n", m.Multireg, m.Commit)
 	fmt.Fprintf(&b, "- Machine: %d CPUs (%s), %d MiB memory, Linux %s, %s; load average at the start %s\n",
 		m.CPUs, m.CPUModel, m.MemTotalMiB, m.Kernel, m.GoVersion, m.LoadAvg)
-	fmt.Fprintf(&b, "- Kubelet plugin manager %s in the benchmark process; endpoints in their own process; idle window %v; directories in %s (%s)\n\n",
+	fmt.Fprintf(&b, "- Kubelet plugin manager %s in the benchmark process; endpoints in their own process; idle window %v; directories in %s (%s)\n",
 		m.Kubelet, o.idle, m.TmpDir, m.TmpFS)
+	if o.api != nil {
+		fmt.Fprintf(&b, "- The node condition on (`--node-condition %s`), against etcd and kube-apiserver on this machine; kubelet records the CSI drivers in the node's CSINode\n", conditionType)
+	} else {
+		fmt.Fprintf(&b, "- The node condition off (no `--node-condition`: no Kubernetes client)\n")
+	}
+	b.WriteString("\n")
 
 	header := []string{"figure"}
 	for _, r := range results {

@@ -147,6 +147,7 @@ type result struct {
 }
 
 type options struct {
+	api                 *api // the node condition's API server; nil: the condition is off
 	multireg, endpoints string
 	env                 []string // multireg's environment
 	profileDir          string   // with -profile: where profiles go ("" for none)
@@ -222,7 +223,18 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	}
 
 	// Kubelet's real plugin manager, in this process.
-	k, err := kubelet.Start(ctx, reg, kubelet.Options{})
+	var kopts kubelet.Options
+	var condArgs []string
+	if o.api != nil {
+		node := fmt.Sprintf("bench-%d", n)
+		if err := o.api.node(ctx, node); err != nil {
+			return err
+		}
+		defer o.api.deleteNode(node)
+		kopts.CSINode = kubelet.CSINodeWriter(o.api.client, node)
+		condArgs = []string{"--node-condition", conditionType, "--node-name", node, "--kubeconfig", o.api.cp.Kubeconfig}
+	}
+	k, err := kubelet.Start(ctx, reg, kopts)
 	if err != nil {
 		return err
 	}
@@ -283,7 +295,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		k.FailRegistrations(ds[startReject].name, 1)
 	}
 	t0 := time.Now()
-	mr, err := startMultireg(o.multireg, cfg, append(slices.Clip(o.env), prof.env()...))
+	mr, err := startMultireg(o.multireg, cfg, append(slices.Clip(o.env), prof.env()...), condArgs...)
 	if err != nil {
 		return err
 	}
