@@ -6,13 +6,15 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
 // The node condition (the chart's nodeCondition, on by default): the DaemonSet's arguments,
-// environment and token, and the ClusterRole and its binding (least privilege: exactly these
-// rules).
+// environment and token, the ClusterRole and its binding (least privilege: exactly these rules),
+// and the ValidatingAdmissionPolicy that confines the writes to the pod's own node. What the
+// policy decides is evaluated by the API server's own CEL code in nodecond_policy_test.go.
 
 const (
 	defaultConditionType = "multireg.dev/PluginsRegistered"
@@ -68,13 +70,16 @@ func TestChartNodeCondition(t *testing.T) {
 		saCreated    bool
 		condType     string
 		taint        string
+		policy       bool // the ValidatingAdmissionPolicy and its binding
 	}{
-		{"default values", "", true, "multireg", true, defaultConditionType, ""},
-		{"off", "nodeCondition: {enabled: false}", false, "multireg", true, "", ""},
-		{"a startup taint", "nodeCondition: {startupTaint: " + testStartupTaint + "}", true, "multireg", true, defaultConditionType, testStartupTaint},
-		{"a startup taint with a value", "nodeCondition: {startupTaint: 'example.com/boot=plugins:NoExecute'}", true, "multireg", true, defaultConditionType, "example.com/boot=plugins:NoExecute"},
-		{"another type, a named service account", "nodeCondition: {type: example.com/DriversReady}\nserviceAccount: {name: registrar}", true, "registrar", true, "example.com/DriversReady", ""},
-		{"an existing service account", "serviceAccount: {create: false, name: node-agents}", true, "node-agents", false, defaultConditionType, ""},
+		{"default values", "", true, "multireg", true, defaultConditionType, "", true},
+		{"off", "nodeCondition: {enabled: false}", false, "multireg", true, "", "", false},
+		{"off, with the policy's value left on", "nodeCondition: {enabled: false, validatingAdmissionPolicy: {enabled: true}}", false, "multireg", true, "", "", false},
+		{"a startup taint", "nodeCondition: {startupTaint: " + testStartupTaint + "}", true, "multireg", true, defaultConditionType, testStartupTaint, true},
+		{"a startup taint with a value", "nodeCondition: {startupTaint: 'example.com/boot=plugins:NoExecute'}", true, "multireg", true, defaultConditionType, "example.com/boot=plugins:NoExecute", true},
+		{"no policy", "nodeCondition: {validatingAdmissionPolicy: {enabled: false}}", true, "multireg", true, defaultConditionType, "", false},
+		{"another type, a named service account", "nodeCondition: {type: example.com/DriversReady}\nserviceAccount: {name: registrar}", true, "registrar", true, "example.com/DriversReady", "", true},
+		{"an existing service account", "serviceAccount: {create: false, name: node-agents}", true, "node-agents", false, defaultConditionType, "", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -153,8 +158,45 @@ func TestChartNodeCondition(t *testing.T) {
 				t.Errorf("the pods' service account %q; the binding's %q", spec.ServiceAccountName, tt.sa)
 			}
 
-			if n := len(m.policies) + len(m.policyBindings); n != 0 {
-				t.Errorf("%d admission policies and bindings; want none", n)
+			// The admission policy.
+			if !tt.policy {
+				if len(m.policies)+len(m.policyBindings) != 0 {
+					t.Errorf("%d policies and %d bindings; want none", len(m.policies), len(m.policyBindings))
+				}
+				return
+			}
+			if len(m.policies) != 1 || len(m.policyBindings) != 1 {
+				t.Fatalf("%d ValidatingAdmissionPolicies, %d bindings; want one of each", len(m.policies), len(m.policyBindings))
+			}
+			p, pb := m.policies[0], m.policyBindings[0]
+			if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Fail {
+				t.Errorf("failurePolicy %v; want Fail: a policy that cannot decide must refuse", p.Spec.FailurePolicy)
+			}
+			wantRule := admissionregistrationv1.RuleWithOperations{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes", "nodes/status"},
+				},
+			}
+			if mc := p.Spec.MatchConstraints; mc == nil || len(mc.ResourceRules) != 1 || len(mc.ExcludeResourceRules) != 0 ||
+				!equalRules(mc.ResourceRules[0].RuleWithOperations, wantRule) || len(mc.ResourceRules[0].ResourceNames) != 0 {
+				t.Errorf("matchConstraints %+v; want exactly UPDATE of nodes and nodes/status", mc)
+			}
+			user := "'system:serviceaccount:" + releaseNamespace + ":" + tt.sa + "'"
+			if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, user) {
+				t.Errorf("matchConditions %+v; want the one that names %s", p.Spec.MatchConditions, user)
+			}
+			if p.Spec.ParamKind != nil {
+				t.Errorf("paramKind %+v; want none", p.Spec.ParamKind)
+			}
+			if pb.Spec.PolicyName != p.Name || !slices.Equal(pb.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) ||
+				pb.Spec.ParamRef != nil || pb.Spec.MatchResources != nil {
+				t.Errorf("binding %+v; want the policy %s, validationActions [Deny], nothing else", pb.Spec, p.Name)
+			}
+			for _, v := range p.Spec.Validations {
+				if v.Reason == nil || *v.Reason != "Forbidden" {
+					t.Errorf("validation %q: reason %v; want Forbidden (multireg takes Invalid for a node changed meanwhile)", v.Expression, v.Reason)
+				}
 			}
 
 			// Cluster-wide objects: no namespace, the chart's labels.
@@ -164,12 +206,51 @@ func TestChartNodeCondition(t *testing.T) {
 			}{
 				{"ClusterRole", role.Name, role.Namespace, role.Labels},
 				{"ClusterRoleBinding", binding.Name, binding.Namespace, binding.Labels},
+				{"ValidatingAdmissionPolicy", p.Name, p.Namespace, p.Labels},
+				{"ValidatingAdmissionPolicyBinding", pb.Name, pb.Namespace, pb.Labels},
 			} {
 				if o.namespace != "" || o.labels["app.kubernetes.io/instance"] != releaseName {
 					t.Errorf("%s %s: namespace %q, labels %v; want none, and the chart's", o.kind, o.name, o.namespace, o.labels)
 				}
 			}
 		})
+	}
+}
+
+// equalRules compares two admission rules field by field.
+func equalRules(a, b admissionregistrationv1.RuleWithOperations) bool {
+	return slices.Equal(a.Operations, b.Operations) && slices.Equal(a.APIGroups, b.APIGroups) &&
+		slices.Equal(a.APIVersions, b.APIVersions) && slices.Equal(a.Resources, b.Resources) &&
+		(a.Scope == nil || *a.Scope == admissionregistrationv1.AllScopes || *a.Scope == admissionregistrationv1.ClusterScope)
+}
+
+// TestChartNodeConditionPolicyOptOut: validatingAdmissionPolicy.enabled=false drops the policy
+// and its binding, and changes nothing else, byte for byte.
+func TestChartNodeConditionPolicyOptOut(t *testing.T) {
+	c := loadChart(t)
+	for _, taint := range []string{"", testStartupTaint} {
+		render := func(policy bool) map[string]string {
+			files, err := renderFiles(c, mustValues(t, "nodeCondition: {startupTaint: '"+taint+"', validatingAdmissionPolicy: {enabled: "+map[bool]string{true: "true", false: "false"}[policy]+"}}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return files
+		}
+		with, without := render(true), render(false)
+		for name, s := range with {
+			if strings.HasSuffix(name, "/validatingadmissionpolicy.yaml") {
+				if strings.TrimSpace(without[name]) != "" {
+					t.Errorf("startupTaint %q: %s renders with the policy off:\n%s", taint, name, without[name])
+				}
+				if !strings.Contains(s, "kind: ValidatingAdmissionPolicyBinding") {
+					t.Errorf("startupTaint %q: %s renders no binding with the policy on", taint, name)
+				}
+				continue
+			}
+			if without[name] != s {
+				t.Errorf("startupTaint %q: %s differs with the policy off", taint, name)
+			}
+		}
 	}
 }
 
@@ -189,6 +270,7 @@ func TestChartNodeConditionRejects(t *testing.T) {
 		{"a taint with the condition off", "nodeCondition: {enabled: false, startupTaint: '" + testStartupTaint + "'}",
 			`nodeCondition.startupTaint "` + testStartupTaint + `": multireg removes it only with the node condition`},
 		{"a misspelt value", "nodeCondition: {startupTaints: x}", "additional properties 'startupTaints' not allowed"},
+		{"a misspelt policy value", "nodeCondition: {validatingAdmissionPolicy: {enable: false}}", "additional properties 'enable' not allowed"},
 		{"enabled not a boolean", "nodeCondition: {enabled: 'no'}", "at '/nodeCondition/enabled'"},
 	})
 }

@@ -215,7 +215,7 @@ drivers: []
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "multireg.serviceAccountName" . }}
 {{- end }}
 
-{{/* The name of the node condition's cluster-wide objects: its ClusterRole and binding. */}}
+{{/* The name of the node condition's cluster-wide objects: its ClusterRole and binding, its ValidatingAdmissionPolicy and binding. */}}
 {{- define "multireg.nodeConditionName" -}}
 {{ include "multireg.fullname" . }}-node-condition
 {{- end }}
@@ -230,3 +230,12 @@ startup taint nobody removes would keep every pod that does not tolerate it off 
 {{- end }}
 {{- end }}
 
+{{/* The startup taint, KEY[=VALUE]:EFFECT, as a dict of key, value and effect. */}}
+{{- define "multireg.startupTaint" -}}
+{{- $kv := regexReplaceAll ":[^:]*$" .Values.nodeCondition.startupTaint "" }}
+{{- $effect := regexReplaceAll "^.*:" .Values.nodeCondition.startupTaint "" }}
+{{- $key := regexReplaceAll "=.*$" $kv "" }}
+{{- $value := "" }}
+{{- if contains "=" $kv }}{{ $value = regexReplaceAll "^[^=]*=" $kv "" }}{{ end }}
+{{- dict "key" $key "value" $value "effect" $effect | toJson }}
+{{- end }}
