@@ -8,10 +8,13 @@ import (
 	"io"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8sjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -76,17 +79,22 @@ var (
 	kindSA            = typeMeta{"v1", "ServiceAccount"}
 	kindKustomization = typeMeta{"kustomize.config.k8s.io/v1beta1", "Kustomization"}
 	kindRegistrar     = typeMeta{"multireg.dev/v1alpha1", "RegistrarConfig"}
+
+	// The node condition's (the chart's nodeCondition): its RBAC and admission policy.
+	kindClusterRole        = typeMeta{"rbac.authorization.k8s.io/v1", "ClusterRole"}
+	kindClusterRoleBinding = typeMeta{"rbac.authorization.k8s.io/v1", "ClusterRoleBinding"}
+	kindPolicy             = typeMeta{"admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"}
+	kindPolicyBinding      = typeMeta{"admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"}
 )
 
 // strictSerializer decodes the Kubernetes kinds we ship the way a strict API server does
 // (kubectl --validate=strict): unknown fields, duplicate fields and wrong types are errors.
 var strictSerializer = func() *k8sjson.Serializer {
 	scheme := k8sruntime.NewScheme()
-	if err := appsv1.AddToScheme(scheme); err != nil {
-		panic(err)
-	}
-	if err := corev1.AddToScheme(scheme); err != nil {
-		panic(err)
+	for _, add := range []func(*k8sruntime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, rbacv1.AddToScheme, admissionregistrationv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			panic(err)
+		}
 	}
 	return k8sjson.NewSerializerWithOptions(k8sjson.DefaultMetaFactory, scheme, scheme,
 		k8sjson.SerializerOptions{Yaml: true, Strict: true})
@@ -98,16 +106,22 @@ type manifests struct {
 	configMaps []*corev1.ConfigMap
 	// serviceAccounts: the chart's own, unless serviceAccount.create is false.
 	serviceAccounts []*corev1.ServiceAccount
+	// The node condition's objects (the chart's, with nodeCondition.enabled).
+	clusterRoles        []*rbacv1.ClusterRole
+	clusterRoleBindings []*rbacv1.ClusterRoleBinding
+	policies            []*admissionregistrationv1.ValidatingAdmissionPolicy
+	policyBindings      []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
 // decodeObject decodes one Kubernetes document strictly into its k8s.io/api type. Kinds other
-// than DaemonSet, ConfigMap and ServiceAccount are errors: nothing else is shipped.
+// than DaemonSet, ConfigMap, ServiceAccount and the node condition's ClusterRole,
+// ValidatingAdmissionPolicy and their bindings are errors: nothing else is shipped.
 func decodeObject(doc []byte) (k8sruntime.Object, error) {
 	tm, err := typeOf(doc)
 	if err != nil {
 		return nil, err
 	}
-	if tm != kindDaemonSet && tm != kindConfigMap && tm != kindSA {
+	if !slices.Contains([]typeMeta{kindDaemonSet, kindConfigMap, kindSA, kindClusterRole, kindClusterRoleBinding, kindPolicy, kindPolicyBinding}, tm) {
 		return nil, fmt.Errorf("unexpected kind %q", tm)
 	}
 	gvk := schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind)
@@ -135,11 +149,31 @@ func decodeManifests(b []byte) (manifests, error) {
 			m.daemonSets = append(m.daemonSets, o)
 		case *corev1.ConfigMap:
 			m.configMaps = append(m.configMaps, o)
-		case *corev1.ServiceAccount:
-			m.serviceAccounts = append(m.serviceAccounts, o)
+		default:
+			m.add(obj)
 		}
 	}
 	return m, nil
+}
+
+// add files a decoded object of a kind besides the DaemonSet and ConfigMap; it reports
+// whether it knew the kind.
+func (m *manifests) add(obj k8sruntime.Object) bool {
+	switch o := obj.(type) {
+	case *corev1.ServiceAccount:
+		m.serviceAccounts = append(m.serviceAccounts, o)
+	case *rbacv1.ClusterRole:
+		m.clusterRoles = append(m.clusterRoles, o)
+	case *rbacv1.ClusterRoleBinding:
+		m.clusterRoleBindings = append(m.clusterRoleBindings, o)
+	case *admissionregistrationv1.ValidatingAdmissionPolicy:
+		m.policies = append(m.policies, o)
+	case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+		m.policyBindings = append(m.policyBindings, o)
+	default:
+		return false
+	}
+	return true
 }
 
 // decodeKustomization decodes a kustomization file strictly into kustomize's own type.
@@ -175,6 +209,17 @@ spec:
 		{"wrong type", ds + "          ports: {containerPort: 1}\n", "cannot unmarshal"},
 		{"unexpected kind", "apiVersion: v1\nkind: Service\nmetadata: {name: multireg}\n", `unexpected kind "v1 Service"`},
 		{"misspelt apiVersion", "apiVersion: app/v1\nkind: DaemonSet\nmetadata: {name: multireg}\n", `unexpected kind "app/v1 DaemonSet"`},
+		{
+			"cluster role with a misspelt field",
+			"apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: multireg}\nrules: [{apiGroups: [''], resources: [nodes], verb: [get]}]\n",
+			`unknown field "rules[0].verb"`,
+		},
+		{
+			"admission policy with a misspelt field",
+			"apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {name: multireg}\nspec: {validation: [{expression: 'true'}]}\n",
+			`unknown field "spec.validation"`,
+		},
+		{"a role, not a cluster role", "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: multireg}\n", `unexpected kind "rbac.authorization.k8s.io/v1 Role"`},
 		{
 			"configmap data not strings",
 			"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: multireg}\ndata: {config.yaml: {a: 1}}\n",

@@ -371,6 +371,65 @@ func checkArgs(t testing.TB, args []string) error {
 	return nil
 }
 
+// sampleNodeName stands for the node's name where the downward API gives it (spec.nodeName).
+const sampleNodeName = "node-a"
+
+// expandArgs returns a container's arguments as kubelet passes them: each $(VAR) of the
+// container's env replaced by its value ($$ is a literal $), the node's name by sampleNodeName;
+// a reference to a variable that is not defined stays as it is.
+func expandArgs(c *corev1.Container) []string {
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+			env[e.Name] = sampleNodeName
+		}
+	}
+	out := make([]string, len(c.Args))
+	for i, a := range c.Args {
+		var b strings.Builder
+		for j := 0; j < len(a); j++ {
+			if a[j] != '$' || j+1 == len(a) {
+				b.WriteByte(a[j])
+				continue
+			}
+			switch a[j+1] {
+			case '$':
+				b.WriteByte('$')
+				j++
+				continue
+			case '(':
+				if end := strings.IndexByte(a[j:], ')'); end > 0 {
+					if v, ok := env[a[j+2:j+end]]; ok {
+						b.WriteString(v)
+						j += end
+						continue
+					}
+				}
+			}
+			b.WriteByte(a[j])
+		}
+		out[i] = b.String()
+	}
+	return out
+}
+
+func TestExpandArgs(t *testing.T) {
+	c := &corev1.Container{
+		Args: []string{"--node-name=$(NODE_NAME)", "$$(NODE_NAME)", "$(UNSET)", "$(A)-$(A)", "a$", "$", "$(NODE_NAME"},
+		Env: []corev1.EnvVar{
+			{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+			{Name: "A", Value: "x"},
+		},
+	}
+	want := []string{"--node-name=" + sampleNodeName, "$(NODE_NAME)", "$(UNSET)", "x-x", "a$", "$", "$(NODE_NAME"}
+	if got := expandArgs(c); !slices.Equal(got, want) {
+		t.Errorf("expandArgs = %q; want %q", got, want)
+	}
+}
+
 // checkDeployment runs every check on the objects of one install, including multireg's own
 // validation of the drivers file and of the container's command line.
 func checkDeployment(t *testing.T, name string, m manifests, want expectations) *deployment {
@@ -382,7 +441,7 @@ func checkDeployment(t *testing.T, name string, m manifests, want expectations) 
 	for _, p := range d.problems(want) {
 		t.Errorf("%s: %s", name, p)
 	}
-	if err := checkArgs(t, d.container.Args); err != nil {
+	if err := checkArgs(t, expandArgs(d.container)); err != nil {
 		t.Errorf("%s: %v", name, err)
 	}
 	if d.config == nil {

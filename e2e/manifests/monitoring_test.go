@@ -19,8 +19,10 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -59,7 +61,7 @@ const (
 // (which its CRDs are generated from).
 var monitoringSerializer = func() *k8sjson.Serializer {
 	scheme := k8sruntime.NewScheme()
-	for _, add := range []func(*k8sruntime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, monitoringv1.AddToScheme} {
+	for _, add := range []func(*k8sruntime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, rbacv1.AddToScheme, admissionregistrationv1.AddToScheme, monitoringv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err)
 		}
@@ -70,7 +72,7 @@ var monitoringSerializer = func() *k8sjson.Serializer {
 
 // monitoringInstall is every object of a render (or of a kustomization) with monitoring.
 type monitoringInstall struct {
-	manifests       // the DaemonSet, the drivers file's ConfigMap, the service account
+	manifests       // the DaemonSet, the drivers file's ConfigMap, the service account, the node condition's objects
 	dashboards      []*corev1.ConfigMap
 	services        []*corev1.Service
 	podMonitors     []*monitoringv1.PodMonitor
@@ -107,8 +109,6 @@ func decodeMonitoring(b []byte) (monitoringInstall, error) {
 			}
 		case *corev1.Service:
 			m.services = append(m.services, o)
-		case *corev1.ServiceAccount:
-			m.serviceAccounts = append(m.serviceAccounts, o)
 		case *monitoringv1.PodMonitor:
 			m.podMonitors = append(m.podMonitors, o)
 		case *monitoringv1.ServiceMonitor:
@@ -116,7 +116,9 @@ func decodeMonitoring(b []byte) (monitoringInstall, error) {
 		case *monitoringv1.PrometheusRule:
 			m.rules = append(m.rules, o)
 		default:
-			return m, fmt.Errorf("document %d: unexpected kind %q", i+1, tm)
+			if !m.add(obj) {
+				return m, fmt.Errorf("document %d: unexpected kind %q", i+1, tm)
+			}
 		}
 	}
 	return m, nil

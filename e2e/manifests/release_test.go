@@ -339,8 +339,10 @@ func TestChartServiceAccount(t *testing.T) {
 			if spec.ServiceAccountName != tt.wantSA {
 				t.Errorf("serviceAccountName %q; want %q", spec.ServiceAccountName, tt.wantSA)
 			}
-			if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-				t.Error("the pods mount a service account token; multireg never talks to the API server")
+			// The node condition, on by default, needs the token (TestChartNodeCondition: and
+			// only it).
+			if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken {
+				t.Error("the pods do not mount their service account token; the node condition needs it")
 			}
 			if !tt.created {
 				if len(m.serviceAccounts) != 0 {
@@ -370,14 +372,28 @@ func TestChartServiceAccount(t *testing.T) {
 }
 
 func TestChartEnv(t *testing.T) {
-	d, _ := renderDeployment(t, "env: [{name: GOMEMLIMIT, value: 100MiB}, {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}]")
-	env := d.container.Env
-	if len(env) != 2 || env[0].Name != "GOMEMLIMIT" || env[0].Value != "100MiB" ||
-		env[1].ValueFrom == nil || env[1].ValueFrom.FieldRef == nil || env[1].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
-		t.Errorf("env %+v; want GOMEMLIMIT=100MiB and NODE from the node's name", env)
+	for _, tt := range []struct {
+		values string
+		first  string // the chart's own variable before the values' env; "" for none
+	}{
+		{"", "NODE_NAME"}, // the node condition's --node-name
+		{"nodeCondition: {enabled: false}\n", ""},
+	} {
+		d, _ := renderDeployment(t, tt.values+"env: [{name: GOMEMLIMIT, value: 100MiB}, {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}]")
+		env := d.container.Env
+		if tt.first != "" {
+			if len(env) == 0 || env[0].Name != tt.first {
+				t.Fatalf("%q: env %+v; want %s first", tt.values, env, tt.first)
+			}
+			env = env[1:]
+		}
+		if len(env) != 2 || env[0].Name != "GOMEMLIMIT" || env[0].Value != "100MiB" ||
+			env[1].ValueFrom == nil || env[1].ValueFrom.FieldRef == nil || env[1].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+			t.Errorf("%q: env %+v; want GOMEMLIMIT=100MiB and NODE from the node's name", tt.values, env)
+		}
 	}
-	if d, _ := renderDeployment(t, ""); d.container.Env != nil {
-		t.Errorf("env %+v by default; want none", d.container.Env)
+	if d, _ := renderDeployment(t, "nodeCondition: {enabled: false}"); d.container.Env != nil {
+		t.Errorf("env %+v without the node condition; want none", d.container.Env)
 	}
 	checkRenders(t, loadChart(t), []renderCase{
 		{"env without a name", "env: [{value: x}]", "missing property 'name'"},

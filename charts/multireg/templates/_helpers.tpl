@@ -209,3 +209,33 @@ drivers:
 drivers: []
 {{- end }}
 {{- end }}
+
+{{/* The pods' service account as the API server names the user of its token. */}}
+{{- define "multireg.serviceAccountUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "multireg.serviceAccountName" . }}
+{{- end }}
+
+{{/* The name of the node condition's cluster-wide objects: its ClusterRole and binding, its ValidatingAdmissionPolicy and binding. */}}
+{{- define "multireg.nodeConditionName" -}}
+{{ include "multireg.fullname" . }}-node-condition
+{{- end }}
+
+{{/*
+Fails the render when a value of the node condition is set while the condition is off: a
+startup taint nobody removes would keep every pod that does not tolerate it off the nodes.
+*/}}
+{{- define "multireg.checkNodeCondition" -}}
+{{- if and (not .Values.nodeCondition.enabled) .Values.nodeCondition.startupTaint }}
+{{- fail (printf "nodeCondition.startupTaint %q: multireg removes it only with the node condition; set nodeCondition.enabled: true, or startupTaint: \"\"" .Values.nodeCondition.startupTaint) }}
+{{- end }}
+{{- end }}
+
+{{/* The startup taint, KEY[=VALUE]:EFFECT, as a dict of key, value and effect. */}}
+{{- define "multireg.startupTaint" -}}
+{{- $kv := regexReplaceAll ":[^:]*$" .Values.nodeCondition.startupTaint "" }}
+{{- $effect := regexReplaceAll "^.*:" .Values.nodeCondition.startupTaint "" }}
+{{- $key := regexReplaceAll "=.*$" $kv "" }}
+{{- $value := "" }}
+{{- if contains "=" $kv }}{{ $value = regexReplaceAll "^[^=]*=" $kv "" }}{{ end }}
+{{- dict "key" $key "value" $value "effect" $effect | toJson }}
+{{- end }}
