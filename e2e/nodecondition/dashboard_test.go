@@ -1,4 +1,4 @@
-package registration
+package nodecondition
 
 import (
 	"bufio"
@@ -9,11 +9,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
-
-	"multireg.dev/multireg/e2e/internal/wait"
-	"multireg.dev/multireg/e2e/mrproc"
 )
 
 // The dashboard and the alerts that multireg ships (charts/multireg/files; examples/monitoring
@@ -31,19 +29,20 @@ var notMultiregs = map[string][]string{
 }
 
 // TestDashboardMetricsExist runs the built multireg with real drivers against kubelet's plugin
-// manager and reads its /metrics; every metric that a query of the dashboard or an alert names
-// must be there. A query that names a metric multireg does not export (a typo, a renamed
+// manager, with the node condition on (a real API server: this package's), and reads its
+// /metrics; every metric that a query of the dashboard or an alert names must be there. A query that names a metric multireg does not export (a typo, a renamed
 // metric) would show an empty panel, or an alert that never fires.
 func TestDashboardMetricsExist(t *testing.T) {
 	t.Parallel()
 	queries := map[string][]string{"dashboard": dashboardQueries(t), "alerts": ruleQueries(t)}
 
-	e := newEnv(t)
+	n := newNode(t)
 	good := driver{Name: "good.csi.example.com", Type: "CSIPlugin"}
 	gone := driver{Name: "example.com/fpga", Type: "DevicePlugin"} // absent from this node
-	e.StartEndpoint(good)
-	p := mrproc.Start(t, e.WriteConfig([]driver{good, gone}))
-	wait.For(t, registerTimeout, "the driver registered", func() bool { return e.K.Registered(good.Name) })
+	n.StartEndpoints([]driver{good})
+	start := time.Now()
+	p := n.start([]driver{good, gone})
+	n.await("the condition True (the CSI driver listed in CSINode)", start, isTrue)
 	exported := exportedMetrics(p.Metrics(t))
 	for _, want := range []string{"multireg_driver_phase", "multireg_config_generation", "multireg_build_info", "process_resident_memory_bytes", "go_goroutines"} {
 		if !exported[want] {
