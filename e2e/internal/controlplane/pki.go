@@ -12,7 +12,8 @@ import (
 )
 
 // PKI is a control plane's credentials, all made with openssl in dir: a CA, the API server's
-// serving certificate for 127.0.0.1/localhost, the API server's client certificate towards
+// serving certificate for 127.0.0.1/localhost (and the kubernetes Service's names and first
+// address), the API server's client certificate towards
 // kubelet (in system:masters), the service-account key pair, and two bearer tokens: an
 // admin (system:masters) and kubelet's (system:node:<node> in system:nodes, so that the Node
 // authorizer and NodeRestriction judge it as on a real node).
@@ -27,8 +28,10 @@ type PKI struct {
 	AdminToken, KubeletToken string
 }
 
-// MakePKI makes the credentials of a control plane whose node is named node, in dir.
-func MakePKI(ctx context.Context, dir, node string) (*PKI, error) {
+// MakePKI makes the credentials of a control plane whose node is named node, in dir. extraSANs
+// are more subject alternative names of the API server's serving certificate, as openssl
+// writes them (IP:10.88.77.1, DNS:name): where else its clients reach it.
+func MakePKI(ctx context.Context, dir, node string, extraSANs ...string) (*PKI, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -49,8 +52,9 @@ func MakePKI(ctx context.Context, dir, node string) (*PKI, error) {
 		"-days", "2", "-subj", "/CN=multireg-e2e-node-ca"); err != nil {
 		return nil, err
 	}
+	sans := append([]string{"IP:127.0.0.1", "IP:10.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc"}, extraSANs...)
 	if err := p.sign(ctx, "apiserver", "/CN=kube-apiserver",
-		"subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"+
+		"subjectAltName="+strings.Join(sans, ",")+"\n"+
 			"extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"); err != nil {
 		return nil, err
 	}
