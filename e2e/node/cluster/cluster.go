@@ -63,6 +63,8 @@ type Cluster struct {
 	state  *stateStore
 	procs  map[string]*proc
 	phases []Phase
+	// door forwards the pods' connections to the API server (PodAPIServer).
+	door door
 
 	// Version is the release of the binaries (their --version); the flags that differ
 	// between releases follow it (flagsFor).
@@ -164,6 +166,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		{"certificates (openssl)", c.makePKI},
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
+		{"pods' bridge + their door to the API server", c.openPodNetwork},
 		{"containerd", c.startContainerd},
 		{"kubelet → node Ready", c.startKubelet},
 		{"controller-manager + scheduler", c.startControllers},
@@ -278,7 +281,8 @@ func (c *Cluster) preflight() error {
 }
 
 func (c *Cluster) makePKI(ctx context.Context) (err error) {
-	c.pki, err = controlplane.MakePKI(ctx, filepath.Join(c.opts.Dir, "pki"), NodeName)
+	// The pods reach the API server at PodAPIHost (podapi.go): its certificate names it.
+	c.pki, err = controlplane.MakePKI(ctx, filepath.Join(c.opts.Dir, "pki"), NodeName, "IP:"+PodAPIHost)
 	if err != nil {
 		return err
 	}
@@ -316,6 +320,9 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	if err := c.waitHTTP(ctx, "kube-apiserver", c.apiServerURL+"/readyz", &p.AdminToken); err != nil {
 		return err
 	}
+	if c.Client != nil {
+		return nil // started again (StartAPIServer): the client stays
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
 		return err
@@ -323,6 +330,31 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	cfg.QPS, cfg.Burst = 50, 100
 	c.Client, err = kubernetes.NewForConfig(cfg)
 	return err
+}
+
+// StopAPIServer kills kube-apiserver, as a crash or a lost control plane ends it for the node
+// (its graceful stop would first drain its watches for seconds), and closes the pods' door to
+// it: a pod's connection is refused from then on. etcd and every other component keep
+// running, and keep trying to reach it. StartAPIServer brings it back.
+func (c *Cluster) StopAPIServer() error {
+	p := c.proc("kube-apiserver")
+	if p == nil || p.Exited() {
+		return errors.New("kube-apiserver is not running")
+	}
+	p.Kill()
+	return c.door.close()
+}
+
+// StartAPIServer starts kube-apiserver again with the same flags, port and etcd, waits until
+// it is ready (/readyz), and opens the pods' door to it again.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	if p := c.proc("kube-apiserver"); p != nil && !p.Exited() {
+		return errors.New("kube-apiserver is running")
+	}
+	if err := c.startAPIServer(ctx); err != nil {
+		return err
+	}
+	return c.openDoor()
 }
 
 // waitHTTP polls url until it answers 200, failing early if the component exited.
@@ -427,6 +459,7 @@ func (c *Cluster) stop() error {
 			errs = append(errs, removeTasks(c.ContainerdAddress))
 		}
 	}
+	errs = append(errs, c.door.close())
 	for _, name := range serverComponents {
 		if p := c.proc(name); p != nil {
 			errs = append(errs, p.Stop(10*time.Second))
