@@ -47,6 +47,10 @@ type Options struct {
 	PauseImage string
 	// Log receives a line per step.
 	Log io.Writer
+	// RegisterWithTaints are the taints kubelet registers the node with
+	// (--register-with-taints), each KEY[=VALUE]:EFFECT; none: kubelet gets no such flag.
+	// RegisterNodeAgain sets them anew.
+	RegisterWithTaints []string
 }
 
 // Cluster is a running single-node cluster.
@@ -65,6 +69,9 @@ type Cluster struct {
 	phases []Phase
 	// door forwards the pods' connections to the API server (PodAPIServer).
 	door door
+	// registerWithTaints are kubelet's --register-with-taints (Options.RegisterWithTaints,
+	// RegisterNodeAgain); guarded by mu.
+	registerWithTaints []string
 
 	// Version is the release of the binaries (their --version); the flags that differ
 	// between releases follow it (flagsFor).
@@ -121,13 +128,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, fmt.Errorf("cluster: Options.Registry (%q) and Options.PauseImage (%q) are required: containerd pulls every image, the sandbox image too", opts.Registry, opts.PauseImage)
 	}
 	c = &Cluster{
-		opts:              opts,
-		state:             newStateStore(opts.Dir),
-		procs:             map[string]*proc{},
-		Kubeconfig:        filepath.Join(opts.Dir, "admin.kubeconfig"),
-		KubeletRoot:       filepath.Join(opts.Dir, "kubelet"),
-		ContainerdAddress: filepath.Join(opts.Dir, "containerd", "c.sock"),
-		ports:             map[string]int{},
+		opts:               opts,
+		registerWithTaints: opts.RegisterWithTaints,
+		state:              newStateStore(opts.Dir),
+		procs:              map[string]*proc{},
+		Kubeconfig:         filepath.Join(opts.Dir, "admin.kubeconfig"),
+		KubeletRoot:        filepath.Join(opts.Dir, "kubelet"),
+		ContainerdAddress:  filepath.Join(opts.Dir, "containerd", "c.sock"),
+		ports:              map[string]int{},
 	}
 	c.PluginsRegistry = filepath.Join(c.KubeletRoot, "plugins_registry")
 	c.PluginsDir = filepath.Join(c.KubeletRoot, "plugins")

@@ -144,14 +144,21 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 	if err := c.recordHostPaths(); err != nil {
 		return err
 	}
-	if _, err := c.startProc("kubelet", filepath.Join(c.opts.BinDir, "kubelet"),
-		"--config="+c.kubeletConfigPath(),
-		"--kubeconfig="+c.kubeletKubeconfig(),
-		"--root-dir="+c.KubeletRoot,
-		"--cert-dir="+filepath.Join(c.opts.Dir, "kubelet-pki"),
-		"--hostname-override="+NodeName,
+	args := []string{
+		"--config=" + c.kubeletConfigPath(),
+		"--kubeconfig=" + c.kubeletKubeconfig(),
+		"--root-dir=" + c.KubeletRoot,
+		"--cert-dir=" + filepath.Join(c.opts.Dir, "kubelet-pki"),
+		"--hostname-override=" + NodeName,
 		"--v=2",
-	); err != nil {
+	}
+	c.mu.Lock()
+	if len(c.registerWithTaints) > 0 {
+		// Read only when kubelet creates the Node object (RegisterNodeAgain).
+		args = append(args, "--register-with-taints="+strings.Join(c.registerWithTaints, ","))
+	}
+	c.mu.Unlock()
+	if _, err := c.startProc("kubelet", filepath.Join(c.opts.BinDir, "kubelet"), args...); err != nil {
 		return err
 	}
 	if err := c.waitHTTP(ctx, "kubelet", fmt.Sprintf("http://127.0.0.1:%d/healthz", c.ports["kubelet-healthz"]), nil); err != nil {
@@ -320,6 +327,21 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 	return nil
 }
 
+// RestartControllers stops kube-controller-manager and kube-scheduler (SIGTERM) and starts them
+// again: after an outage of the API server their informers back off (client-go's reflectors,
+// up to 30 s, jittered) and would notice its return only up to a minute later; started anew,
+// they list at once.
+func (c *Cluster) RestartControllers(ctx context.Context) error {
+	for _, name := range []string{"kube-scheduler", "kube-controller-manager"} {
+		if p := c.proc(name); p != nil {
+			if err := p.Stop(30 * time.Second); err != nil {
+				return err
+			}
+		}
+	}
+	return c.startControllers(ctx)
+}
+
 // StopKubelet stops kubelet (SIGTERM, as systemd does), leaving everything else running.
 func (c *Cluster) StopKubelet() error {
 	p := c.proc("kubelet")
@@ -338,6 +360,51 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 		}
 	}
 	return c.startKubelet(ctx)
+}
+
+// RegisterNodeAgain makes the node join the cluster anew, as a reinstalled machine does: kubelet
+// stops, the Node object is deleted and the garbage collector deletes the node's CSINode (which
+// the Node owns), then kubelet starts with --register-with-taints=taints (each
+// KEY[=VALUE]:EFFECT; none: no such flag), creates a new Node with those taints, and is Ready
+// with a new CSINode. The flag stays for kubelet's later starts, as in a node's unit file; it
+// is read only when kubelet creates the Node. The node should run no pod (their containers
+// would outlive the Node they were bound to until the pod garbage collector deletes them).
+func (c *Cluster) RegisterNodeAgain(ctx context.Context, taints ...string) error {
+	if err := c.StopKubelet(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+	defer cancel()
+	if err := c.Client.CoreV1().Nodes().Delete(ctx, NodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the Node: %w", err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if err := wait.Poll(wctx, 100*time.Millisecond, "the Node and its CSINode gone", func() (bool, error) {
+		_, nerr := c.Client.CoreV1().Nodes().Get(wctx, NodeName, metav1.GetOptions{})
+		_, cerr := c.Client.StorageV1().CSINodes().Get(wctx, NodeName, metav1.GetOptions{})
+		if apierrors.IsNotFound(nerr) && apierrors.IsNotFound(cerr) {
+			return true, nil
+		}
+		return false, fmt.Errorf("the Node: %s; the CSINode: %s", gone(nerr), gone(cerr))
+	}); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.registerWithTaints = append([]string(nil), taints...)
+	c.mu.Unlock()
+	return c.startKubelet(ctx)
+}
+
+// gone says what a Get's error says of the object: gone, still there, or the error.
+func gone(err error) string {
+	switch {
+	case err == nil:
+		return "still there"
+	case apierrors.IsNotFound(err):
+		return "gone"
+	}
+	return err.Error()
 }
 
 // KubeletPID is the running kubelet's PID (0 if none).
