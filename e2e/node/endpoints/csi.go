@@ -44,6 +44,7 @@ type CSI struct {
 	failNext        int
 	ok, failed      int
 	lastNodeGetInfo time.Time
+	failedAt        []time.Time
 }
 
 // StartCSI serves a CSI node plugin on the unix socket path until Stop.
@@ -97,6 +98,14 @@ func (c *CSI) LastNodeGetInfo() time.Time {
 	return c.lastNodeGetInfo
 }
 
+// NodeGetInfoFailures returns when each NodeGetInfo call that failed by injection arrived, in
+// order.
+func (c *CSI) NodeGetInfoFailures() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Time(nil), c.failedAt...)
+}
+
 // SetFailNodeGetInfo makes the next n NodeGetInfo calls fail with codes.Unavailable, replacing
 // any failures still pending; n <= 0 lets every call succeed.
 func (c *CSI) SetFailNodeGetInfo(n int) {
@@ -113,8 +122,11 @@ func (c *CSI) nodeGetInfo() error {
 	if c.failNext > 0 {
 		c.failNext--
 		c.failed++
-		return status.Errorf(codes.Unavailable,
-			"NodeGetInfo failure injected by the e2e CSI endpoint %q (%d more to come)", c.opts.Name, c.failNext)
+		c.failedAt = append(c.failedAt, c.lastNodeGetInfo)
+		// The same words each time, as a real driver's failure says them: a countdown would
+		// make each retry a new reason for whoever reports kubelet's words (the node
+		// condition writes each new one).
+		return status.Errorf(codes.Unavailable, "NodeGetInfo failure injected by the e2e CSI endpoint %q", c.opts.Name)
 	}
 	c.ok++
 	return nil

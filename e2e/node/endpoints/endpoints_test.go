@@ -147,6 +147,9 @@ func TestCSI(t *testing.T) {
 	if ok, failed := ep.NodeGetInfoCalls(); ok != 2 || failed != 3 {
 		t.Errorf("NodeGetInfoCalls = %d ok, %d failed; want 2, 3", ok, failed)
 	}
+	if at := ep.NodeGetInfoFailures(); len(at) != 3 || at[2].Before(at[1]) || at[2].Before(start) {
+		t.Errorf("NodeGetInfoFailures = %v; want the 3 failed calls in order, the last after %v", at, start)
+	}
 
 	nodeCaps, err := node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
 	if err != nil || len(nodeCaps.GetCapabilities()) != 0 {
