@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"multireg.dev/multireg/nodecond"
+	"multireg.dev/multireg/nodecond/relay"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -43,8 +44,9 @@ type daemonState struct {
 	descriptors func() registrar.Descriptors
 	// podResources: kubelet's pod-resources API as the instance reads it; nil: not known.
 	podResources func() (registrar.PodResources, bool)
-	// nodeCondition: the node condition as the instance keeps it; nil: it keeps none.
-	nodeCondition func() nodecond.Status
+	// nodeCondition: the node condition as the instance's agent keeps it, and the agent; nil:
+	// it keeps none.
+	nodeCondition func() (nodecond.Status, relay.Agent)
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
@@ -53,7 +55,7 @@ type daemonState struct {
 // newRegistry returns the metrics registry of the daemon: multireg's metrics, build info, Go
 // runtime and process metrics. Without a supervisor and a reloader (a process that does not
 // serve the directory), only the last three.
-func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *nodecond.Reporter) *prometheus.Registry {
+func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *relay.Relay) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "multireg_build_info",
@@ -69,7 +71,7 @@ func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *nodecond.
 		reg.MustRegister(registrar.NewCollector(sup), reload.NewCollector(rl))
 	}
 	if cond != nil {
-		reg.MustRegister(nodecond.NewCollector(cond))
+		reg.MustRegister(relay.NewCollector(cond))
 	}
 	return reg
 }
@@ -108,9 +110,9 @@ func newStatusDoc(v instanceView) statusDoc {
 	var cond *nodecond.Status
 	var evidence map[string]nodecond.Evidence
 	if v.State != nil && v.State.nodeCondition != nil {
-		st := v.State.nodeCondition()
+		st, agent := v.State.nodeCondition()
 		cond = &st
-		doc.NodeCondition = nodeConditionDoc(st)
+		doc.NodeCondition = nodeConditionDoc(st, agent)
 		evidence = make(map[string]nodecond.Evidence, len(st.Verdict.Evidence))
 		for _, e := range st.Verdict.Evidence {
 			evidence[e.Driver] = e
@@ -153,10 +155,11 @@ func newStatusDoc(v instanceView) statusDoc {
 }
 
 // nodeConditionDoc is what /status says of the node condition.
-func nodeConditionDoc(st nodecond.Status) *nodeConditionStatus {
+func nodeConditionDoc(st nodecond.Status, agent relay.Agent) *nodeConditionStatus {
 	v := st.Verdict
 	doc := &nodeConditionStatus{
-		Type: st.Type, Node: st.Node, Status: "False", Reason: v.Reason, Message: v.Message,
+		Agent: agentStatus{Running: agent.Running, Starts: agent.Starts, LastExit: agent.LastExit},
+		Type:  st.Type, Node: st.Node, Status: "False", Reason: v.Reason, Message: v.Message,
 		Synced: st.Synced(), NodeRead: st.NodeRead, NodeExists: st.NodeExists, CSINodeRead: st.CSINode.Known,
 		Writes: st.Writes, WriteErrors: st.WriteErrors, LastWrite: timePtr(st.LastWrite), LastError: st.LastError,
 	}

@@ -31,6 +31,7 @@ import (
 	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/testkit"
 	"multireg.dev/multireg/nodecond"
+	"multireg.dev/multireg/nodecond/relay"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -750,7 +751,7 @@ func TestStatusInstanceLines(t *testing.T) {
 		Taint:     &nodecond.Taint{Key: "multireg.dev/plugins-not-ready", Effect: "NoSchedule"},
 		TaintDone: true, TaintRemoved: t0,
 	}
-	st.nodeCondition = func() nodecond.Status { return cond }
+	st.nodeCondition = func() (nodecond.Status, relay.Agent) { return cond, relay.Agent{Running: true, Starts: 1} }
 	doc := newStatusDoc(serving(st).view())
 	var out bytes.Buffer
 	printStatus(&out, doc, t0.Add(time.Second))

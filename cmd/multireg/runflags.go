@@ -31,6 +31,8 @@ type runFlags struct {
 	// remove ("": none; taint, parsed).
 	nodeCondition, nodeName, kubeconfig, startupTaint string
 	taint                                             *nodecond.Taint
+	// agent is the node condition's agent executable ("": multireg-nodecond beside multireg).
+	agent string
 }
 
 // autoPodResources: the pod-resources socket beside the registration directory,
@@ -73,6 +75,8 @@ func runCommandFlags(f *runFlags) *command {
 	c.String(&f.kubeconfig, "kubeconfig", "FILE", "", "the API server's kubeconfig (with --node-condition); empty: the pod's service account")
 	c.String(&f.startupTaint, "startup-taint", "KEY[=VALUE]:EFFECT", "",
 		"remove this taint from the node the first time the node condition is True on it, and never add it back (with --node-condition)")
+	c.String(&f.agent, "node-condition-agent", "FILE", "",
+		"the node condition's agent, the process that speaks to the Kubernetes API (default: "+nodecond.AgentName+" beside multireg)")
 	return c
 }
 
@@ -123,7 +127,7 @@ func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, er
 // without --node-condition.
 func checkNodeCondition(f *runFlags) error {
 	if f.nodeCondition == "" {
-		for _, o := range []struct{ name, value string }{{"node-name", f.nodeName}, {"kubeconfig", f.kubeconfig}, {"startup-taint", f.startupTaint}} {
+		for _, o := range []struct{ name, value string }{{"node-name", f.nodeName}, {"kubeconfig", f.kubeconfig}, {"startup-taint", f.startupTaint}, {"node-condition-agent", f.agent}} {
 			if o.value != "" {
 				return fmt.Errorf("--%s %q is read only with --node-condition", o.name, o.value)
 			}
