@@ -143,6 +143,8 @@ type result struct {
 	// logged.
 	StartRecovery time.Duration
 	StartRetryIn  string
+	// AgentFP: the node condition's agent process (-node-condition), read with FP.
+	AgentFP footprint
 	Warnings      map[string]int // multireg's WARN and ERROR log lines, by level and message
 }
 
@@ -411,6 +413,12 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		}
 		res.RSSAt, res.RSSAtAfter = fp.RSS, time.Since(lastReg)
 		say("RSS %v after all were registered: %d KiB", res.RSSAtAfter.Round(time.Second), res.RSSAt)
+	}
+	if o.api != nil {
+		// The node condition's agent, multireg's child: its own process, its own memory.
+		if pid, ok := childNamed(mr.PID(), "multireg-nodecond"); ok {
+			res.AgentFP, _ = readFootprint(pid)
+		}
 	}
 	if res.FP, err = readFootprint(mr.PID()); err != nil {
 		return err
