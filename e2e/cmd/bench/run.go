@@ -144,8 +144,8 @@ type result struct {
 	StartRecovery time.Duration
 	StartRetryIn  string
 	// AgentFP: the node condition's agent process (-node-condition), read with FP.
-	AgentFP footprint
-	Warnings      map[string]int // multireg's WARN and ERROR log lines, by level and message
+	AgentFP  footprint
+	Warnings map[string]int // multireg's WARN and ERROR log lines, by level and message
 }
 
 type options struct {
