@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"multireg.dev/multireg/health"
 	"multireg.dev/multireg/nodecond"
 	"multireg.dev/multireg/nodecond/relay"
 	"multireg.dev/multireg/registrar"
@@ -186,8 +187,11 @@ func timePtr(t time.Time) *time.Time {
 // newHandler serves /healthz, /readyz, /readyz/<driver>, /status and /metrics for whatever
 // role the process has (instance.go). A process that does not serve the directory is healthy
 // and ready: it waits for the directory, or has handed it over.
-func newHandler(in *instance) http.Handler {
+func newHandler(in *instance, checks http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if checks != nil {
+		mux.Handle("GET "+health.Prefix+"{driver...}", checks)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if st := in.view().State; st != nil {
 			if n := st.loops.Load(); n < 2 {

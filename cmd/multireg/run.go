@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"multireg.dev/multireg/config"
+	"multireg.dev/multireg/health"
 	"multireg.dev/multireg/internal/handover"
 	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/regdir"
@@ -71,6 +72,16 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 		defer cond.Stop(context.Background(), false)
 	}
 	in := newInstance()
+	// The drivers' liveness checks, answered whatever the process's role, on --http-endpoint
+	// and the health endpoints: a check asks the driver, never the loops.
+	targets := &healthTargets{cfg: cfg}
+	checker := health.New(targets.get, log)
+	defer checker.Close()
+	in.always(checker.Collector())
+	// Bound once this instance serves the directory or stands by, or taken from the previous
+	// instance in a hand-over (healthEndpoints).
+	healthEPs := newHealthEndpoints(f.healthHTTP, f.healthGRPC, checker, log)
+	defer healthEPs.stop()
 	// The HTTP server answers whatever the process's role, from before it takes the
 	// directory until everything else has stopped. Its failure stops the process (runCtx).
 	runCtx, fail := context.WithCancelCause(ctx)
@@ -84,7 +95,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 		}
 		httpCtx, cancel := context.WithCancel(context.Background())
 		go func() {
-			err := serveHTTP(httpCtx, httpL, newHandler(in), log)
+			err := serveHTTP(httpCtx, httpL, newHandler(in, checker.Handler()), log)
 			if err != nil {
 				fail(err)
 			}
@@ -104,7 +115,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	default:
 		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
-	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, cond: cond}
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, cond: cond, targets: targets, health: healthEPs}
 	err = r.run(runCtx, hup)
 	stopHTTP()
 	if herr := <-httpDone; herr != nil && err == nil {
@@ -129,6 +140,10 @@ type rounds struct {
 	signalled context.Context
 	// cond runs the node condition's agent; nil when the condition is off.
 	cond *relay.Relay
+	// targets are what the drivers' liveness checks dial; health serves them, and takes the
+	// listeners a hand-over brings.
+	targets *healthTargets
+	health  *healthEndpoints
 }
 
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
@@ -141,6 +156,10 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			opts.Standby = func(why string) {
 				r.in.set(roleStandby, why)
 				r.log.Info("standing by: ready, and serving nothing until the directory is free", "why", why)
+				// The drivers' checks, beside the instance that holds the directory.
+				if err := r.health.ensure(); err != nil {
+					r.log.Warn("the drivers' health endpoints are not served while standing by", "err", err)
+				}
 			}
 		}
 		if ask {
@@ -219,7 +238,14 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		return fmt.Errorf("start: %w", err)
 	}
 	handed := got.Sockets() // the loops take over those of their drivers; the others are withdrawn (DropUntaken)
+	r.health.adopt(got)     // the previous instance's health listeners, served from now on
+	if err := r.health.ensure(); err != nil {
+		got.Close()
+		return err
+	}
 	sup.TakeOver(got)
+	r.targets.set(r.cfg, sup)
+	defer r.targets.set(nil, nil) // a round that ends serves no loop
 	rl := reload.New(reload.Options{
 		Path:           r.f.path,
 		Initial:        r.cfg,
@@ -230,9 +256,10 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		Applied: func(cfg *config.RegistrarConfig) {
 			sup.DropUntaken() // sockets of drivers no longer configured
 			dir.Record(cfg)
+			r.targets.set(cfg, sup)
 		},
 	})
-	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
+	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, health: r.health}
 	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources}
 	if r.cond != nil {
 		d.cond = r.cond
@@ -277,6 +304,31 @@ type daemon struct {
 	// cond runs the node condition's agent, fed from condSrc; nil when the condition is off.
 	cond    *relay.Relay
 	condSrc relay.Source
+	// health serves the drivers' liveness checks: a hand-over gives its listeners too.
+	health *healthEndpoints
+}
+
+// holder is the supervisor as a hand-over's holder, with the health listeners: they go to the
+// new instance with the sockets, and this one serves them no more once it has them.
+type holder struct {
+	*registrar.Supervisor
+	health *healthEndpoints
+}
+
+func (h holder) HandOver() *handover.Snapshot {
+	snap := h.Supervisor.HandOver()
+	h.health.handOut(snap)
+	return snap
+}
+
+func (h holder) Resume(snap *handover.Snapshot) {
+	snap.DropListeners() // copies made for the new instance, which did not take them
+	h.Supervisor.Resume(snap)
+}
+
+func (h holder) Release() {
+	h.Supervisor.Release()
+	h.health.stop() // the new instance serves them now; their sockets stay open there
 }
 
 // run runs the daemon's actors until a signal (ctx ends), a hand-over, or a fatal error stops
@@ -303,7 +355,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	})
 	dirCtx, stopDir := context.WithCancel(context.Background())
 	g.add(func() error {
-		dirErr = dir.Run(dirCtx, sup)
+		dirErr = dir.Run(dirCtx, holder{Supervisor: sup, health: d.health})
 		return dirErr
 	}, func(error) { stopDir() })
 	burstCtx, stopBurst := context.WithCancel(context.Background())
