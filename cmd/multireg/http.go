@@ -293,7 +293,10 @@ func count(drivers []registrar.DriverStatus, only string) int {
 
 // listenHTTP listens on addr, failing at once if it cannot.
 func listenHTTP(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
+	// SO_REUSEPORT: on the host's network (the health endpoints need it: a driver pod's
+	// probe reaches the node's address), a rolling update's new pod listens beside the old
+	// one; a port some other program holds stays refused.
+	l, err := listenReusePort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http-endpoint: %w", err)
 	}
