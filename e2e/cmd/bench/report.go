@@ -223,6 +223,18 @@ var metrics = []metric{
 			return fmt.Sprintf("%s (retryIn %s)", millis(r.StartRecovery), r.StartRetryIn)
 		},
 		check: func(r result) (bool, bool) { return r.StartRecovery != 0, r.StartRecovery < recoveryDefaultGoal }},
+	{name: "liveness check under 100 clients at once: p50 / p99 (ms)", value: func(r result) string {
+		if r.Health.Checks == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%s / %s", millis(r.Health.P50), millis(r.Health.P99))
+	}},
+	{name: "… checks in 5 s, failed", value: func(r result) string {
+		if r.Health.Checks == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%d, %d", r.Health.Checks, r.Health.Failed)
+	}},
 	{name: "multireg WARN/ERROR log lines⁴", value: func(r result) string {
 		n := 0
 		for _, c := range r.Warnings {
