@@ -48,6 +48,8 @@ type daemonState struct {
 	// nodeCondition: the node condition as the instance's agent keeps it, and the agent; nil:
 	// it keeps none.
 	nodeCondition func() (nodecond.Status, relay.Agent)
+	// liveness: a driver's last liveness check; nil: not known.
+	liveness func(name string) (health.Result, bool)
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
@@ -143,6 +145,15 @@ func newStatusDoc(v instanceView) statusDoc {
 			NextAttempt: timePtr(d.NextAttempt),
 			Kubelet:     kubelet,
 		})
+		if v.State != nil && v.State.liveness != nil {
+			if res, ok := v.State.liveness(d.Name); ok {
+				ls := &livenessStatus{At: timePtr(res.At), TookMs: float64(res.Took.Microseconds()) / 1000, Alive: res.Err == nil}
+				if res.Err != nil {
+					ls.Error = res.Err.Error()
+				}
+				doc.Drivers[len(doc.Drivers)-1].Liveness = ls
+			}
+		}
 		if e, ok := evidence[d.Name]; ok {
 			ds := &doc.Drivers[len(doc.Drivers)-1]
 			ds.Held = &heldStatus{Held: e.Held, Why: e.Why}

@@ -260,7 +260,8 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		},
 	})
 	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, health: r.health}
-	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources}
+	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources,
+		liveness: r.health.checker.Last}
 	if r.cond != nil {
 		d.cond = r.cond
 		d.condSrc = relay.Source{Drivers: sup.Status, Changed: sup.Changed, PodResources: sup.PodResources, PodResourcesChanged: view.Changed}

@@ -185,6 +185,18 @@ type driverStatus struct {
 	// Held: whether kubelet holds the driver as its own records say, the node condition's
 	// test (for every driver; only a required one decides); absent without the condition.
 	Held *heldStatus `json:"held,omitempty"`
+	// Liveness: the driver's last liveness check (GET /healthz/<driver>, the gRPC health
+	// service); absent until one is asked for. It never changes the registration.
+	Liveness *livenessStatus `json:"liveness,omitempty"`
+}
+
+// livenessStatus is a driver's last liveness check: when, how long it took, and whether the
+// driver was alive (else why not).
+type livenessStatus struct {
+	At     *time.Time `json:"at"`
+	TookMs float64    `json:"tookMs"`
+	Alive  bool       `json:"alive"`
+	Error  string     `json:"error,omitempty"`
 }
 
 // csiNodeStatus is what the node's CSINode says of a CSI driver.

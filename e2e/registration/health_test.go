@@ -129,6 +129,9 @@ func TestHealthChecksThroughRollouts(t *testing.T) {
 	if got := e.Registrations([]driver{d}); got[d.Name] != counts[d.Name] {
 		t.Errorf("kubelet registered the driver %d times more", got[d.Name]-counts[d.Name])
 	}
+	if _, body, err := p.Get(t, "/status"); err != nil || !strings.Contains(body, `"liveness"`) || !strings.Contains(body, `"alive": true`) {
+		t.Errorf("/status does not show the driver's last liveness check (%v):\n%s", err, body)
+	}
 	stop := p
 	stop.Signal(t, syscall.SIGTERM)
 	stop.Wait(t, exitTimeout)
