@@ -3,7 +3,6 @@ package nodecondition
 import (
 	"context"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
@@ -370,30 +370,14 @@ func TestAgentCannotStart(t *testing.T) {
 	}
 }
 
-// childOf returns the pid of parent's child process named name.
+// childOf returns the pid of parent's child process named name, once there is one.
 func childOf(t *testing.T, parent int, name string) int {
 	t.Helper()
 	var pid int
 	wait.For(t, registerTimeout, "the agent process", func() bool {
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-			if err != nil {
-				continue
-			}
-			// pid (comm) state ppid …; comm is cut at 15 bytes.
-			s := string(b)
-			open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-			if open < 0 || close < open || !strings.HasPrefix(name, s[open+1:close]) {
-				continue
-			}
-			f := strings.Fields(s[close+1:])
-			if len(f) > 1 && f[1] == strconv.Itoa(parent) {
-				pid, _ = strconv.Atoi(e.Name())
-				return true
-			}
-		}
-		return false
+		var ok bool
+		pid, ok = child.Named(parent, name)
+		return ok
 	})
 	return pid
 }

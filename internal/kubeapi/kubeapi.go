@@ -27,6 +27,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"multireg.dev/multireg/internal/pause"
 )
 
 // The resources multireg reads and writes: its node, and the node's CSINode (kubelet's record
@@ -116,7 +118,7 @@ func Watch(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionReso
 		}
 		if !errors.Is(err, errExpired) {
 			seen(Event{Err: err})
-			sleep(ctx, b.Next())
+			pause.For(ctx, b.Next())
 			continue
 		}
 		b.Reset() // the watched version is gone: list again at once
@@ -186,15 +188,5 @@ func watchFrom(ctx context.Context, res dynamic.NamespaceableResourceInterface, 
 				seen(Event{})
 			}
 		}
-	}
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"multireg.dev/multireg/internal/kubeapi"
+	"multireg.dev/multireg/internal/pause"
 	"multireg.dev/multireg/nodecond"
 )
 
@@ -176,7 +177,7 @@ func (r *Reporter) loop(ctx context.Context) {
 	var desiredSince, pending time.Time
 	for {
 		if wait := minEval - time.Since(lastEval); wait > 0 {
-			if !sleep(ctx, wait) {
+			if !pause.For(ctx, wait) {
 				return
 			}
 		}
@@ -506,16 +507,4 @@ func (l *limiter) allow(now time.Time) (bool, time.Duration) {
 		return true, 0
 	}
 	return false, kubeapi.Jitter(time.Duration((1 - l.tokens) * float64(writeEvery)))
-}
-
-// sleep waits d, and reports false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"multireg.dev/multireg/internal/pause"
 	"multireg.dev/multireg/nodecond"
 	"multireg.dev/multireg/registrar"
 )
@@ -222,7 +223,7 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 		p := r.cur
 		r.mu.Unlock()
 		if p == nil { // none yet, or the last one ended: another, after a pause
-			if !sleep(ctx, wait) {
+			if !pause.For(ctx, wait) {
 				return nil
 			}
 			wait = max(wait, restartMin)
@@ -240,7 +241,7 @@ func (r *Relay) Run(ctx context.Context, src Source) error {
 		}
 		changed, podChanged := src.Changed(), src.PodResourcesChanged()
 		if d := inputEvery - time.Since(last); d > 0 {
-			if !sleep(ctx, d) {
+			if !pause.For(ctx, d) {
 				return nil
 			}
 		}
@@ -345,18 +346,6 @@ func (r *Relay) Status() (nodecond.Status, Agent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.st, r.agent
-}
-
-// sleep waits d, and reports false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // tailWriter keeps the last lines written to it: the agent's words when it fails at start.

@@ -168,28 +168,3 @@ func systemCPU() (busy, total int64, err error) {
 	}
 	return total - v[3] - v[4], total, nil
 }
-
-// childNamed returns the pid of parent's child process whose command name is name (as
-// /proc/PID/stat gives it, cut at 15 bytes).
-func childNamed(parent int, name string) (int, bool) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, false
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || close < open || !strings.HasPrefix(name, s[open+1:close]) {
-			continue
-		}
-		if f := strings.Fields(s[close+1:]); len(f) > 1 && f[1] == strconv.Itoa(parent) {
-			pid, err := strconv.Atoi(e.Name())
-			return pid, err == nil
-		}
-	}
-	return 0, false
-}

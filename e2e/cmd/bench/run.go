@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/kubelet"
 )
 
@@ -426,7 +427,7 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 	}
 	if o.api != nil {
 		// The node condition's agent, multireg's child: its own process, its own memory.
-		if pid, ok := childNamed(mr.PID(), "multireg-nodecond"); ok {
+		if pid, ok := child.Named(mr.PID(), "multireg-nodecond"); ok {
 			res.AgentFP, _ = readFootprint(pid)
 		}
 	}
