@@ -38,10 +38,10 @@ RUN mkdir -p /out \
 	&& GOOS=${TARGETOS:-linux} GOARCH=$TARGETARCH GOARM=${variant:-7} VERSION=$VERSION COMMIT=$COMMIT \
 		hack/build-binary.sh /out/multireg \
 	&& cp LICENSE /out/LICENSE \
-	&& chmod 0755 /out/multireg \
+	&& chmod 0755 /out/multireg /out/multireg-nodecond \
 	&& chmod 0644 /out/LICENSE
 
-# The image: the binary and its license, nothing else (no libc, shell, certificates or time
+# The image: the binaries (multireg, its node-condition agent) and the license, nothing else (no libc, shell, certificates or time
 # zones: CONTRIBUTING.md says why).
 FROM scratch
 COPY --from=build /out/ /

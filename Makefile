@@ -100,7 +100,9 @@ binaries:
 
 ## release-binaries: the binaries a release attaches, bin/release/multireg-TAG-OS-ARCH[-VARIANT]
 ## (.exe on Windows; TAG is the image's tag, the version on a release), for RELEASE_PLATFORMS
-## (Linux's are make binaries' own, the image's), and their checksums, bin/release/SHA256SUMS.
+## (Linux's are make binaries' own, the image's), with the node-condition agent beside each
+## Linux one (multireg-nodecond-TAG-linux-ARCH[-VARIANT]: `multireg run` is Linux's only), and
+## their checksums, bin/release/SHA256SUMS.
 release-binaries: binaries
 	@set -e; rm -rf bin/release; mkdir -p bin/release; \
 	for p in $(RELEASE_PLATFORMS); do \
@@ -108,14 +110,17 @@ release-binaries: binaries
 		out=bin/release/multireg-$(IMAGE_TAG)-$$(echo $$p | tr / -)$$(test $$os != windows || echo .exe); \
 		if [ -f $(BINARIES)/$$p/multireg ]; then cp $(BINARIES)/$$p/multireg $$out; else \
 			GOOS=$$os GOARCH=$$arch GOARM=$${variant:-7} VERSION=$(VERSION) COMMIT=$(COMMIT) GO=$(GO) \
-				hack/build-binary.sh $$out; fi; \
+				hack/build-binary.sh $$out; rm -f $$out-nodecond; fi; \
 		echo "$$out"; \
+		if [ -f $(BINARIES)/$$p/multireg-nodecond ]; then \
+			agent=bin/release/multireg-nodecond-$(IMAGE_TAG)-$$(echo $$p | tr / -); cp $(BINARIES)/$$p/multireg-nodecond $$agent; echo "$$agent"; fi; \
 	done; \
 	cd bin/release && { sha256sum multireg-* 2>/dev/null || shasum -a 256 multireg-*; } >SHA256SUMS; \
 	echo bin/release/SHA256SUMS
 
 ## image: the multi-platform image as an OCI image layout in bin/image, built without a daemon
-## (hack/image, go-containerregistry): one layer per platform, /multireg and /LICENSE.
+## (hack/image, go-containerregistry): one layer per platform, /multireg, /multireg-nodecond
+## (the node-condition agent) and /LICENSE.
 image: binaries
 	cd hack/image && $(GO) run . build -binaries $(abspath $(BINARIES)) -license $(CURDIR)/LICENSE \
 		-version $(VERSION) -tag $(IMAGE_TAG) -commit $(REVISION) -source $(SOURCE_URL) -out $(abspath $(LAYOUT))
@@ -161,18 +166,19 @@ dockerfile-check: image
 unit-arm64:
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -exec $(QEMU_ARM64) ./...
 
-## sbom: a CycloneDX SBOM per platform, bin/sbom/<os>-<arch>[-<variant>].cdx.json, from the
-## module graph linked into that platform's binary (cyclonedx-gomod bin), with licenses.
+## sbom: a CycloneDX SBOM per platform and binary, bin/sbom/<os>-<arch>[-<variant>].cdx.json
+## for multireg and …-nodecond.cdx.json for its node-condition agent, from the module graph
+## linked into that binary (cyclonedx-gomod bin), with licenses.
 sbom: binaries
 	@set -e; tool=$$(hack/go-tool.sh cyclonedx-gomod $(CYCLONEDX_GOMOD)); mkdir -p bin/sbom; \
-	for p in $(PLATFORMS); do \
-		f=bin/sbom/$$(echo $$p | tr / -).cdx.json; rest=$${p#*/}; \
+	for p in $(PLATFORMS); do for b in multireg multireg-nodecond; do \
+		f=bin/sbom/$$(echo $$p | tr / -)$${b#multireg}.cdx.json; rest=$${p#*/}; \
 		GOOS=$${p%%/*} GOARCH=$${rest%%/*} GOPROXY=off $$tool bin -json -disable-html-escape -licenses -noserial -notimestamp -version $(VERSION) \
-			-output $$f $(BINARIES)/$$p/multireg 2>$$f.log || { cat $$f.log >&2; exit 1; }; \
+			-output $$f $(BINARIES)/$$p/$$b 2>$$f.log || { cat $$f.log >&2; exit 1; }; \
 		grep -q '"purl": "pkg:golang/multireg.dev/multireg@$(VERSION)?goarch='$${rest%%/*}'&goos=linux' $$f || \
 			{ echo "$$f: the main component is not multireg $(VERSION) for $$p" >&2; exit 1; }; \
 		echo "$$f"; \
-	done
+	done; done
 
 ## chart: the Helm chart packaged as bin/chart/multireg-<version>.tgz (Helm's Go library).
 chart:

@@ -60,7 +60,10 @@ const (
 	DefaultMultiplier          = 2.0
 	DefaultRandomizationFactor = 0.2
 	DefaultRegistrationTimeout = 2 * time.Minute
-	DefaultWaitForEndpoint     = true
+	// DefaultHealthTimeout bounds a liveness check of a driver (GET /healthz/<driver>):
+	// kubernetes-csi/livenessprobe's --probe-timeout default since v2.17.
+	DefaultHealthTimeout   = 3 * time.Second
+	DefaultWaitForEndpoint = true
 
 	// MinInterval is the shortest backoff interval accepted: shorter ones retry in a busy loop.
 	MinInterval = 10 * time.Millisecond
@@ -175,6 +178,9 @@ type Policy struct {
 	// readiness. A driver that is not required may be absent: a fleet's nodes run different
 	// drivers from one drivers file.
 	Required bool
+	// HealthTimeout bounds a liveness check of the driver (package health): a driver that
+	// does not answer within it is not alive.
+	HealthTimeout time.Duration
 }
 
 // Display is what status shows of a driver, and nothing else reads: the loop and kubelet see

@@ -33,7 +33,7 @@ kind: RegistrarConfig
 registrationDir: /run/reg
 drivers:
 - {name: a.csi.k8s.io, type: CSIPlugin, endpoint: /run/a.sock, localEndpoint: /host/a.sock, supportedVersions: ["1.2.0"],
-   socketName: s.sock, registrationTimeout: 4m, waitForEndpoint: true, required: false,
+   socketName: s.sock, registrationTimeout: 4m, waitForEndpoint: true, required: false, healthTimeout: 4s,
    backoff: {initialInterval: 4s, maxInterval: 4m, multiplier: 4, randomizationFactor: 0.4}}
 - {name: b.csi.k8s.io, type: CSIPlugin, endpoint: /run/b.sock}
 defaults:
@@ -41,6 +41,7 @@ defaults:
   registrationTimeout: 3m
   waitForEndpoint: false
   required: true
+  healthTimeout: 300ms
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -50,13 +51,13 @@ defaults:
 			SupportedVersions: []string{"1.2.0"}, SocketName: "s.sock", SocketPath: "/run/reg/s.sock"},
 		Local: Local{LocalEndpoint: "/host/a.sock"},
 		Policy: Policy{Backoff: Backoff{InitialInterval: 4 * time.Second, MaxInterval: 4 * time.Minute, Multiplier: 4, RandomizationFactor: 0.4},
-			RegistrationTimeout: 4 * time.Minute, WaitForEndpoint: true, Required: false},
+			RegistrationTimeout: 4 * time.Minute, WaitForEndpoint: true, Required: false, HealthTimeout: 4 * time.Second},
 	}, {
 		Registration: Registration{Name: "b.csi.k8s.io", Type: CSIPlugin, Endpoint: "/run/b.sock",
 			SupportedVersions: []string{"1.0.0"}, SocketName: "b.csi.k8s.io-reg.sock", SocketPath: "/run/reg/b.csi.k8s.io-reg.sock"},
 		Local: Local{LocalEndpoint: "/run/b.sock"},
 		Policy: Policy{Backoff: Backoff{InitialInterval: 3 * time.Second, MaxInterval: 3 * time.Minute, Multiplier: 3, RandomizationFactor: 0.3},
-			RegistrationTimeout: 3 * time.Minute, WaitForEndpoint: false, Required: true},
+			RegistrationTimeout: 3 * time.Minute, WaitForEndpoint: false, Required: true, HealthTimeout: 300 * time.Millisecond},
 	}}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("resolved config:\n got: %+v\nwant: %+v", cfg, want)

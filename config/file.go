@@ -30,6 +30,7 @@ var builtin = Policy{
 	},
 	RegistrationTimeout: DefaultRegistrationTimeout,
 	WaitForEndpoint:     DefaultWaitForEndpoint,
+	HealthTimeout:       DefaultHealthTimeout,
 }
 
 // The fields of each mapping, as the file names them. topFields is also the order in which
@@ -37,7 +38,7 @@ var builtin = Policy{
 var (
 	topFields = []string{"apiVersion", "kind", "registrationDir", "defaults", "drivers"}
 	// settingsFields are a driver's Policy: what defaults may set for every driver.
-	settingsFields = []string{"backoff", "registrationTimeout", "waitForEndpoint", "required"}
+	settingsFields = []string{"backoff", "registrationTimeout", "waitForEndpoint", "required", "healthTimeout"}
 	backoffFields  = []string{"initialInterval", "maxInterval", "multiplier", "randomizationFactor"}
 	driverFields   = append([]string{"name", "type", "endpoint", "localEndpoint", "supportedVersions", "socketName"}, settingsFields...)
 )
@@ -116,6 +117,15 @@ func (d *decoder) setting(dr *Policy, k string, v *yaml.Node, p *field.Path) {
 		if r, ok := d.boolean(v, p); ok {
 			dr.Required = r
 		}
+	case "healthTimeout":
+		t, ok := d.duration(v, p)
+		switch {
+		case !ok:
+			return
+		case t < 100*time.Millisecond || t > time.Minute:
+			d.invalid(p, t, "must be from 100ms to 1m: a liveness check's bound")
+		}
+		dr.HealthTimeout = t
 	}
 }
 

@@ -236,6 +236,7 @@ func TestMinimalResolves(t *testing.T) {
 					RandomizationFactor: 0.2,
 				},
 				RegistrationTimeout: 2 * time.Minute,
+				HealthTimeout:       3 * time.Second,
 				WaitForEndpoint:     true,
 			},
 		}},

@@ -1,7 +1,9 @@
 #!/bin/sh
-# build-binary.sh OUTPUT — the one command that builds the multireg binary shipped in the image.
-# `make build`, `make binaries` (every platform of the image) and CI run it, so the image's
-# binary is the one CI builds.
+# build-binary.sh OUTPUT — the one command that builds the multireg binaries shipped in the
+# image: multireg at OUTPUT, and its node-condition agent, the one that links the Kubernetes
+# API client, at OUTPUT-nodecond (multireg-nodecond beside multireg, where multireg looks for
+# it). `make build`, `make binaries` (every platform of the image) and CI run it, so the
+# image's binaries are the ones CI builds.
 #
 #   VERSION           stamped into `multireg version` and multireg_build_info (default: what
 #                     hack/version.sh says: the VERSION file's on its release tag, else a
@@ -38,7 +40,11 @@ esac
 cd "$(dirname "$0")/.."
 version=${VERSION:-$(hack/version.sh)}
 commit=${COMMIT:-$(hack/version.sh commit)}
-CGO_ENABLED=0 GOFLAGS='' GOAMD64=${GOAMD64:-v1} GOARM=${GOARM:-7} GOARM64=${GOARM64:-v8.0} GOPPC64=${GOPPC64:-power8} \
-	exec "${GO:-go}" build -trimpath -buildvcs=false -tags "grpcnotrace${EXTRA_TAGS:+,$EXTRA_TAGS}" \
-	-ldflags "-s -w -X main.version=$version -X main.commit=$commit" \
-	-o "$out" ./cmd/multireg
+build() {
+	CGO_ENABLED=0 GOFLAGS='' GOAMD64=${GOAMD64:-v1} GOARM=${GOARM:-7} GOARM64=${GOARM64:-v8.0} GOPPC64=${GOPPC64:-power8} \
+		"${GO:-go}" build -trimpath -buildvcs=false -tags "grpcnotrace${EXTRA_TAGS:+,$EXTRA_TAGS}" \
+		-ldflags "-s -w -X main.version=$version -X main.commit=$commit" \
+		-o "$1" "$2"
+}
+build "$out" ./cmd/multireg
+build "$out-nodecond" ./cmd/multireg-nodecond

@@ -1,5 +1,3 @@
-//go:build linux
-
 package nodecond
 
 import (
@@ -7,9 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"multireg.dev/multireg/config"
-	"multireg.dev/multireg/registrar"
 )
 
 // Reasons of the condition (CamelCase, as a condition's reason is).
@@ -31,16 +26,49 @@ type CSINode struct {
 	Drivers map[string]time.Time
 }
 
+// Driver is what a driver's loop says of it that the condition reads (registrar.DriverStatus,
+// as multireg's daemon passes it on).
+type Driver struct {
+	Name     string `json:"name"`
+	Type     string `json:"type"`
+	Required bool   `json:"required"`
+	// Phase is the loop's: WaitingForEndpoint, Serving, Registered or BackingOff; Since, since
+	// when.
+	Phase string    `json:"phase"`
+	Since time.Time `json:"since"`
+	// Absent: no file at the endpoint's path; EndpointUp and EndpointSince: whether the
+	// endpoint answered at the last look, and since when.
+	Absent        bool      `json:"absent,omitempty"`
+	EndpointUp    bool      `json:"endpointUp,omitempty"`
+	EndpointSince time.Time `json:"endpointSince,omitzero"`
+	// LastError is why the loop last backed off or waits (kubelet's words for a rejection).
+	LastError string `json:"lastError,omitempty"`
+	// Devices is what kubelet's pod-resources API holds of a device plugin's resource; nil
+	// when it does not say (another type, or the API not read or not answering).
+	Devices *int `json:"devices,omitempty"`
+}
+
+// The phases of a driver's loop (registrar.Phase), and the types of driver.
+const (
+	phaseWaiting    = "WaitingForEndpoint"
+	phaseServing    = "Serving"
+	phaseRegistered = "Registered"
+	phaseBackingOff = "BackingOff"
+
+	typeCSI    = "CSIPlugin"
+	typeDevice = "DevicePlugin"
+)
+
 // Input is what the condition is decided from: each driver's loop (kubelet's verdict), the
 // node's CSINode, and whether kubelet's pod-resources API is read (PodResources) and answers.
 type Input struct {
-	Drivers      []registrar.DriverStatus
-	CSINode      CSINode
-	PodResources bool // the instance reads kubelet's pod-resources API
-	Answers      bool // and it answers
+	Drivers      []Driver `json:"drivers"`
+	CSINode      CSINode  `json:"-"`
+	PodResources bool     `json:"podResources"` // the instance reads kubelet's pod-resources API
+	Answers      bool     `json:"answers"`      // and it answers
 	// Now is when the input was taken: the time a CSI driver has waited for CSINode is
 	// measured from its registration to Now.
-	Now time.Time
+	Now time.Time `json:"-"`
 }
 
 // Evidence is whether kubelet holds one driver, as its own records say, and if not, why.
@@ -157,10 +185,10 @@ func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 // evidence is whether kubelet holds d, as its own records say.
-func evidence(d registrar.DriverStatus, in Input) Evidence {
+func evidence(d Driver, in Input) Evidence {
 	e := Evidence{Driver: d.Name, Type: d.Type, Required: d.Required}
 	switch d.Phase {
-	case registrar.WaitingForEndpoint:
+	case phaseWaiting:
 		if d.Absent {
 			e.Why = "no endpoint on this node since " + stamp(d.Since)
 		} else {
@@ -170,20 +198,20 @@ func evidence(d registrar.DriverStatus, in Input) Evidence {
 			}
 		}
 		return e
-	case registrar.Serving, registrar.BackingOff:
+	case phaseServing, phaseBackingOff:
 		// A driver that kubelet refused, or never answered, retries: between two attempts it
 		// serves a new socket and backs off again. The message says why it failed, the same
 		// each attempt while kubelet says the same, not when each attempt began.
 		switch {
 		case d.LastError != "":
 			e.Why = "not registered: " + strings.Replace(d.LastError, kubeletsPrefix, "", 1)
-		case d.Phase == registrar.Serving:
+		case d.Phase == phaseServing:
 			e.Why = "waiting for kubelet's verdict since " + stamp(d.Since)
 		default:
 			e.Why = "not registered since " + stamp(d.Since)
 		}
 		return e
-	case registrar.Registered:
+	case phaseRegistered:
 		if d.Absent {
 			// kubelet keeps the registration of a driver whose endpoint's socket went (it
 			// would take the driver back at once): it serves nothing until it is back.
@@ -194,11 +222,11 @@ func evidence(d registrar.DriverStatus, in Input) Evidence {
 			return e
 		}
 	default:
-		e.Why = "phase " + string(d.Phase)
+		e.Why = "phase " + d.Phase
 		return e
 	}
 	switch d.Type {
-	case config.CSIPlugin:
+	case typeCSI:
 		switch _, listed := in.CSINode.Drivers[d.Name]; {
 		case !in.CSINode.Known:
 			e.Why = "registered; the node's CSINode not read yet"
@@ -208,13 +236,13 @@ func evidence(d registrar.DriverStatus, in Input) Evidence {
 		default:
 			e.Held = true
 		}
-	case config.DevicePlugin:
+	case typeDevice:
 		switch {
 		case !in.PodResources:
 			e.Held = true // kubelet's verdict is all there is to read
 		case !in.Answers:
 			e.Why = "registered; kubelet's pod-resources API does not answer"
-		case d.Kubelet == nil || d.Kubelet.Devices == 0:
+		case d.Devices == nil || *d.Devices == 0:
 			e.Why = "registered, and kubelet holds no allocatable device of its resource"
 		default:
 			e.Held = true

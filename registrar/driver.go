@@ -48,6 +48,9 @@ type driver struct {
 	endWait context.CancelFunc // ends the loop's wait under way, for a new policy (beginWait)
 	st      DriverStatus
 	shown   shownState // what the status's phase is derived from (show)
+	// local is the endpoint's socket as this process reaches it: the spec's LocalEndpoint, or
+	// the pattern's match the loop registers ("" before it has one).
+	local string
 }
 
 func newDriver(spec config.Driver, log *slog.Logger, ch *changes) *driver {
@@ -69,6 +72,9 @@ func newDriver(spec config.Driver, log *slog.Logger, ch *changes) *driver {
 		Since:       time.Now(),
 		Results:     map[string]int{},
 		Recreations: map[string]int{},
+	}
+	if !spec.EndpointIsPattern() {
+		d.local = spec.LocalEndpoint
 	}
 	d.st.Phase = d.shown.phase(WaitingForEndpoint)
 	return d

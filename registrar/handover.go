@@ -240,6 +240,7 @@ func (d *driver) takeOver(h *handover.Driver, socks *sockets) (*takeover, int) {
 func (l *loop) startFrom(a *takeover) {
 	if l.d.spec.EndpointIsPattern() {
 		l.ep.at = a.at
+		l.d.setEndpoint(a.at)
 	}
 	l.ep.nodeInfo, l.ep.probed = a.nodeInfo, a.epID
 	l.p.takeOver(a.timeout, a.failures)

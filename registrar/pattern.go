@@ -141,7 +141,7 @@ func (ep *endpoint) setTarget(t target) {
 		}
 		ep.at = t
 	}
-	ep.d.setEndpoint(t.endpoint)
+	ep.d.setEndpoint(t)
 }
 
 // present reports whether the driver's endpoint is on this node: its file, or for a pattern

@@ -316,11 +316,12 @@ func (d *driver) setSocket(path string) {
 	d.st.Socket = path
 }
 
-// setEndpoint records the endpoint the loop registers: a pattern's match.
-func (d *driver) setEndpoint(endpoint string) {
+// setEndpoint records the endpoint the loop registers: a pattern's match, and where this
+// process reaches it (a liveness check dials it: Supervisor.Target).
+func (d *driver) setEndpoint(t target) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.st.Endpoint = endpoint
+	d.st.Endpoint, d.local = t.endpoint, t.local
 }
 
 // countRestart counts the driver's endpoint created anew while its socket was served.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/internal/fswatch"
@@ -451,4 +452,24 @@ func (s *Supervisor) Status() []DriverStatus {
 	}
 	slices.SortFunc(st, func(a, b DriverStatus) int { return strings.Compare(a.Name, b.Name) })
 	return st
+}
+
+// Target says, for a liveness check of the named driver, its type, its endpoint's socket as
+// this process reaches it ("" while a pattern has no match yet) and its health timeout; false
+// for a name that is not running.
+func (s *Supervisor) Target(name string) (typ, local string, timeout time.Duration, ok bool) {
+	s.mu.Lock()
+	h, ok := s.running[name]
+	var spec config.Driver
+	if ok {
+		spec = h.spec
+	}
+	s.mu.Unlock()
+	if !ok {
+		return "", "", 0, false
+	}
+	h.d.mu.Lock()
+	local = h.d.local
+	h.d.mu.Unlock()
+	return spec.Type, local, spec.HealthTimeout, true
 }

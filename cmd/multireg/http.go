@@ -19,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"multireg.dev/multireg/health"
 	"multireg.dev/multireg/nodecond"
+	"multireg.dev/multireg/nodecond/relay"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -43,8 +45,11 @@ type daemonState struct {
 	descriptors func() registrar.Descriptors
 	// podResources: kubelet's pod-resources API as the instance reads it; nil: not known.
 	podResources func() (registrar.PodResources, bool)
-	// nodeCondition: the node condition as the instance keeps it; nil: it keeps none.
-	nodeCondition func() nodecond.Status
+	// nodeCondition: the node condition as the instance's agent keeps it, and the agent; nil:
+	// it keeps none.
+	nodeCondition func() (nodecond.Status, relay.Agent)
+	// liveness: a driver's last liveness check; nil: not known.
+	liveness func(name string) (health.Result, bool)
 	// loops counts the daemon loops that run (the reloader and the supervisor); healthy
 	// means both.
 	loops atomic.Int32
@@ -53,7 +58,7 @@ type daemonState struct {
 // newRegistry returns the metrics registry of the daemon: multireg's metrics, build info, Go
 // runtime and process metrics. Without a supervisor and a reloader (a process that does not
 // serve the directory), only the last three.
-func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *nodecond.Reporter) *prometheus.Registry {
+func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *relay.Relay) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "multireg_build_info",
@@ -69,7 +74,7 @@ func newRegistry(sup *registrar.Supervisor, rl *reload.Reloader, cond *nodecond.
 		reg.MustRegister(registrar.NewCollector(sup), reload.NewCollector(rl))
 	}
 	if cond != nil {
-		reg.MustRegister(nodecond.NewCollector(cond))
+		reg.MustRegister(relay.NewCollector(cond))
 	}
 	return reg
 }
@@ -108,9 +113,9 @@ func newStatusDoc(v instanceView) statusDoc {
 	var cond *nodecond.Status
 	var evidence map[string]nodecond.Evidence
 	if v.State != nil && v.State.nodeCondition != nil {
-		st := v.State.nodeCondition()
+		st, agent := v.State.nodeCondition()
 		cond = &st
-		doc.NodeCondition = nodeConditionDoc(st)
+		doc.NodeCondition = nodeConditionDoc(st, agent)
 		evidence = make(map[string]nodecond.Evidence, len(st.Verdict.Evidence))
 		for _, e := range st.Verdict.Evidence {
 			evidence[e.Driver] = e
@@ -140,6 +145,15 @@ func newStatusDoc(v instanceView) statusDoc {
 			NextAttempt: timePtr(d.NextAttempt),
 			Kubelet:     kubelet,
 		})
+		if v.State != nil && v.State.liveness != nil {
+			if res, ok := v.State.liveness(d.Name); ok {
+				ls := &livenessStatus{At: timePtr(res.At), TookMs: float64(res.Took.Microseconds()) / 1000, Alive: res.Err == nil}
+				if res.Err != nil {
+					ls.Error = res.Err.Error()
+				}
+				doc.Drivers[len(doc.Drivers)-1].Liveness = ls
+			}
+		}
 		if e, ok := evidence[d.Name]; ok {
 			ds := &doc.Drivers[len(doc.Drivers)-1]
 			ds.Held = &heldStatus{Held: e.Held, Why: e.Why}
@@ -153,10 +167,11 @@ func newStatusDoc(v instanceView) statusDoc {
 }
 
 // nodeConditionDoc is what /status says of the node condition.
-func nodeConditionDoc(st nodecond.Status) *nodeConditionStatus {
+func nodeConditionDoc(st nodecond.Status, agent relay.Agent) *nodeConditionStatus {
 	v := st.Verdict
 	doc := &nodeConditionStatus{
-		Type: st.Type, Node: st.Node, Status: "False", Reason: v.Reason, Message: v.Message,
+		Agent: agentStatus{Running: agent.Running, Starts: agent.Starts, LastExit: agent.LastExit},
+		Type:  st.Type, Node: st.Node, Status: "False", Reason: v.Reason, Message: v.Message,
 		Synced: st.Synced(), NodeRead: st.NodeRead, NodeExists: st.NodeExists, CSINodeRead: st.CSINode.Known,
 		Writes: st.Writes, WriteErrors: st.WriteErrors, LastWrite: timePtr(st.LastWrite), LastError: st.LastError,
 	}
@@ -183,8 +198,11 @@ func timePtr(t time.Time) *time.Time {
 // newHandler serves /healthz, /readyz, /readyz/<driver>, /status and /metrics for whatever
 // role the process has (instance.go). A process that does not serve the directory is healthy
 // and ready: it waits for the directory, or has handed it over.
-func newHandler(in *instance) http.Handler {
+func newHandler(in *instance, checks http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if checks != nil {
+		mux.Handle("GET "+health.Prefix+"{driver...}", checks)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if st := in.view().State; st != nil {
 			if n := st.loops.Load(); n < 2 {
@@ -286,7 +304,10 @@ func count(drivers []registrar.DriverStatus, only string) int {
 
 // listenHTTP listens on addr, failing at once if it cannot.
 func listenHTTP(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
+	// SO_REUSEPORT: on the host's network (the health endpoints need it: a driver pod's
+	// probe reaches the node's address), a rolling update's new pod listens beside the old
+	// one; a port some other program holds stays refused.
+	l, err := listenReusePort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http-endpoint: %w", err)
 	}

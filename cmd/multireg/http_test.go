@@ -31,6 +31,7 @@ import (
 	"multireg.dev/multireg/internal/regserver"
 	"multireg.dev/multireg/internal/testkit"
 	"multireg.dev/multireg/nodecond"
+	"multireg.dev/multireg/nodecond/relay"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -97,7 +98,7 @@ func TestReadyzAbsent(t *testing.T) {
 			[]string{"not ready: 2 of 4 drivers not registered", "b.csi.example.com: BackingOff", "example.com/gpu: WaitingForEndpoint",
 				"absent (not required): example.com/fpga"}},
 	} {
-		code, body := get(t, newHandler(serving(testState(tt.drivers, 2))), tt.path)
+		code, body := get(t, newHandler(serving(testState(tt.drivers, 2)), nil), tt.path)
 		if code != tt.wantCode {
 			t.Errorf("%s: GET %s: %d, want %d\n%s", tt.name, tt.path, code, tt.wantCode, body)
 		}
@@ -114,7 +115,7 @@ func TestReadyzAbsent(t *testing.T) {
 }
 
 func TestHandlers(t *testing.T) {
-	h := newHandler(serving(testState(knownStates, 2)))
+	h := newHandler(serving(testState(knownStates, 2)), nil)
 	tests := []struct {
 		path     string
 		wantCode int
@@ -152,18 +153,18 @@ func TestHandlers(t *testing.T) {
 
 	// Every configured driver registered (or none configured): ready.
 	for _, ds := range [][]registrar.DriverStatus{knownStates[:1], nil} {
-		if code, body := get(t, newHandler(serving(testState(ds, 2))), "/readyz"); code != 200 {
+		if code, body := get(t, newHandler(serving(testState(ds, 2)), nil), "/readyz"); code != 200 {
 			t.Errorf("/readyz with %d drivers all registered: %d\n%s", len(ds), code, body)
 		}
 	}
 	// A loop that stopped: not healthy.
-	if code, _ := get(t, newHandler(serving(testState(knownStates, 1))), "/healthz"); code != 503 {
+	if code, _ := get(t, newHandler(serving(testState(knownStates, 1)), nil), "/healthz"); code != 503 {
 		t.Errorf("/healthz with a loop stopped: %d, want 503", code)
 	}
 }
 
 func TestStatusDocument(t *testing.T) {
-	h := newHandler(serving(testState(knownStates, 2)))
+	h := newHandler(serving(testState(knownStates, 2)), nil)
 	code, body := get(t, h, "/status")
 	if code != 200 {
 		t.Fatalf("GET /status: %d", code)
@@ -621,7 +622,7 @@ func TestRoles(t *testing.T) {
 		t.Run(tt.role, func(t *testing.T) {
 			in := newInstance()
 			in.set(tt.role, "because of a test")
-			h := newHandler(in)
+			h := newHandler(in, nil)
 			if code, body := get(t, h, "/healthz"); code != 200 {
 				t.Errorf("/healthz: %d %s", code, body)
 			}
@@ -653,7 +654,7 @@ func TestRoles(t *testing.T) {
 	}
 	in := newInstance()
 	in.serve(testState(knownStates, 2), newRegistry(nil, nil, nil), "holds it")
-	checkRoleMetric(t, newHandler(in), roleServing)
+	checkRoleMetric(t, newHandler(in, nil), roleServing)
 }
 
 // checkRoleMetric checks that /metrics has multireg_instance_role 1 for role, 0 for the others.
@@ -695,7 +696,7 @@ func TestDescriptorsThatDoNotFit(t *testing.T) {
 	st.descriptors = func() registrar.Descriptors {
 		return registrar.Descriptors{Budget: regserver.Budget{Limit: 81, Reserved: 80, MaxSockets: 1, Sockets: 1}, Needed: 2}
 	}
-	h := newHandler(serving(st))
+	h := newHandler(serving(st), nil)
 	code, body := get(t, h, "/readyz")
 	if code != 503 || !strings.Contains(body, "c.csi.example.com: BackingOff: no file descriptor left") ||
 		!strings.Contains(body, "file descriptors: the 2 drivers need 2 registration sockets, and RLIMIT_NOFILE 81 leaves room for 1") {
@@ -750,7 +751,7 @@ func TestStatusInstanceLines(t *testing.T) {
 		Taint:     &nodecond.Taint{Key: "multireg.dev/plugins-not-ready", Effect: "NoSchedule"},
 		TaintDone: true, TaintRemoved: t0,
 	}
-	st.nodeCondition = func() nodecond.Status { return cond }
+	st.nodeCondition = func() (nodecond.Status, relay.Agent) { return cond, relay.Agent{Running: true, Starts: 1} }
 	doc := newStatusDoc(serving(st).view())
 	var out bytes.Buffer
 	printStatus(&out, doc, t0.Add(time.Second))

@@ -31,6 +31,10 @@ func newInstance() *instance {
 	return in
 }
 
+// always registers c's metrics whatever the role: the drivers' liveness checks are answered
+// in every role.
+func (in *instance) always(c prometheus.Collector) { in.roles.MustRegister(c) }
+
 // gatherer is what /metrics serves: the role's registry and the instance's role.
 func (v instanceView) gatherer(in *instance) prometheus.Gatherer {
 	return prometheus.Gatherers{v.Reg, in.roles}

@@ -9,18 +9,18 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/dynamic"
 	"multireg.dev/multireg/config"
-
+	"multireg.dev/multireg/health"
 	"multireg.dev/multireg/internal/handover"
-	"multireg.dev/multireg/internal/kubeapi"
 	"multireg.dev/multireg/internal/podres"
 	"multireg.dev/multireg/internal/regdir"
 	"multireg.dev/multireg/nodecond"
+	"multireg.dev/multireg/nodecond/relay"
 	"multireg.dev/multireg/registrar"
 	"multireg.dev/multireg/reload"
 )
@@ -51,14 +51,37 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	if err != nil {
 		return err
 	}
-	// The Kubernetes API, only for the node condition: without it, no client exists.
-	var kube dynamic.Interface
+	// The node condition's agent, the one process that speaks to the Kubernetes API: started
+	// before anything else, so that one that cannot start stops the start (its kubeconfig
+	// unreadable, no service account in a pod).
+	var cond *relay.Relay
 	if f.nodeCondition != "" {
-		if kube, err = kubeapi.Connect(f.kubeconfig, "multireg/"+version); err != nil {
+		agent := f.agent
+		if agent == "" {
+			if agent, err = relay.AgentPath(); err != nil {
+				return fmt.Errorf("--node-condition %s: %w", f.nodeCondition, err)
+			}
+		}
+		cond = relay.New(relay.Options{
+			Agent: agent, Type: f.nodeCondition, Stderr: stderr, Log: log,
+			Args: nodecond.AgentArgs(f.nodeCondition, f.nodeName, f.kubeconfig, f.taint, f.logFormat, strings.ToLower(f.level.String())),
+		})
+		if err := cond.Start(); err != nil {
 			return fmt.Errorf("--node-condition %s: %w", f.nodeCondition, err)
 		}
+		defer cond.Stop(context.Background(), false)
 	}
 	in := newInstance()
+	// The drivers' liveness checks, answered whatever the process's role, on --http-endpoint
+	// and the health endpoints: a check asks the driver, never the loops.
+	targets := &healthTargets{cfg: cfg}
+	checker := health.New(targets.get, log)
+	defer checker.Close()
+	in.always(checker.Collector())
+	// Bound once this instance serves the directory or stands by, or taken from the previous
+	// instance in a hand-over (healthEndpoints).
+	healthEPs := newHealthEndpoints(f.healthHTTP, f.healthGRPC, checker, log)
+	defer healthEPs.stop()
 	// The HTTP server answers whatever the process's role, from before it takes the
 	// directory until everything else has stopped. Its failure stops the process (runCtx).
 	runCtx, fail := context.WithCancelCause(ctx)
@@ -72,7 +95,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 		}
 		httpCtx, cancel := context.WithCancel(context.Background())
 		go func() {
-			err := serveHTTP(httpCtx, httpL, newHandler(in), log)
+			err := serveHTTP(httpCtx, httpL, newHandler(in, checker.Handler()), log)
 			if err != nil {
 				fail(err)
 			}
@@ -92,7 +115,7 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	default:
 		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
-	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, kube: kube}
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, cond: cond, targets: targets, health: healthEPs}
 	err = r.run(runCtx, hup)
 	stopHTTP()
 	if herr := <-httpDone; herr != nil && err == nil {
@@ -115,8 +138,12 @@ type rounds struct {
 	served  bool // a round served the directory
 	// signalled ends with SIGTERM or SIGINT (a clean stop), not with a failure.
 	signalled context.Context
-	// kube is the Kubernetes API's client, for the node condition; nil when it is off.
-	kube dynamic.Interface
+	// cond runs the node condition's agent; nil when the condition is off.
+	cond *relay.Relay
+	// targets are what the drivers' liveness checks dial; health serves them, and takes the
+	// listeners a hand-over brings.
+	targets *healthTargets
+	health  *healthEndpoints
 }
 
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
@@ -129,6 +156,10 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 			opts.Standby = func(why string) {
 				r.in.set(roleStandby, why)
 				r.log.Info("standing by: ready, and serving nothing until the directory is free", "why", why)
+				// The drivers' checks, beside the instance that holds the directory.
+				if err := r.health.ensure(); err != nil {
+					r.log.Warn("the drivers' health endpoints are not served while standing by", "err", err)
+				}
 			}
 		}
 		if ask {
@@ -207,7 +238,14 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		return fmt.Errorf("start: %w", err)
 	}
 	handed := got.Sockets() // the loops take over those of their drivers; the others are withdrawn (DropUntaken)
+	r.health.adopt(got)     // the previous instance's health listeners, served from now on
+	if err := r.health.ensure(); err != nil {
+		got.Close()
+		return err
+	}
 	sup.TakeOver(got)
+	r.targets.set(r.cfg, sup)
+	defer r.targets.set(nil, nil) // a round that ends serves no loop
 	rl := reload.New(reload.Options{
 		Path:           r.f.path,
 		Initial:        r.cfg,
@@ -218,16 +256,15 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		Applied: func(cfg *config.RegistrarConfig) {
 			sup.DropUntaken() // sockets of drivers no longer configured
 			dir.Record(cfg)
+			r.targets.set(cfg, sup)
 		},
 	})
-	d := &daemon{log: log, dir: dir, sup: sup, rl: rl}
-	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources}
-	if r.kube != nil {
-		d.cond = nodecond.New(nodecond.Options{
-			Client: r.kube, Node: r.f.nodeName, Type: r.f.nodeCondition, Taint: r.f.taint,
-			Drivers: sup.Status, Changed: sup.Changed, PodResources: sup.PodResources, PodResourcesChanged: view.Changed,
-			Log: log,
-		})
+	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, health: r.health}
+	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources,
+		liveness: r.health.checker.Last}
+	if r.cond != nil {
+		d.cond = r.cond
+		d.condSrc = relay.Source{Drivers: sup.Status, Changed: sup.Changed, PodResources: sup.PodResources, PodResourcesChanged: view.Changed}
 		state.nodeCondition = d.cond.Status
 	}
 	detail := "holds the registration directory " + r.cfg.RegistrationDir
@@ -240,10 +277,13 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 	log.Info("serving the registration directory", "dir", r.cfg.RegistrationDir, "drivers", r.cfg.Summary(), "socketsHandedOver", handed,
 		"fdLimit", fds.Limit, "socketRoom", fds.MaxSockets)
 	err = d.run(ctx, hup, state)
-	if err == nil && r.f.cleanup && r.signalled.Err() != nil && d.cond != nil {
-		// Every registration is withdrawn: the condition would otherwise stay as last written.
+	if d.cond != nil {
+		// This round is over: a hand-over's successor keeps the condition with its own agent,
+		// and a round that takes the directory back starts another. At an uninstall every
+		// registration is withdrawn: the condition would otherwise stay as last written.
+		withdraw := err == nil && r.f.cleanup && r.signalled.Err() != nil
 		wctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
-		if werr := d.cond.Withdrawn(wctx); werr != nil {
+		if werr := d.cond.Stop(wctx, withdraw); werr != nil && withdraw {
 			log.Warn("could not say on the Node that multireg stopped (the condition stays as last written)", "err", werr)
 		}
 		cancel()
@@ -251,9 +291,9 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 	return err
 }
 
-// withdrawTimeout bounds the last write of the node condition at an uninstall's exit: well
-// within a pod's grace period after the loops' own stop.
-const withdrawTimeout = 3 * time.Second
+// withdrawTimeout bounds the last write of the node condition at an uninstall's exit (the
+// agent's own bound is 3 s): well within a pod's grace period after the loops' own stop.
+const withdrawTimeout = 4 * time.Second
 
 // daemon is a multireg that holds its registration directory: its drivers, the reloader that
 // changes them.
@@ -262,8 +302,34 @@ type daemon struct {
 	dir *regdir.Dir
 	sup *registrar.Supervisor
 	rl  *reload.Reloader
-	// cond keeps the node condition; nil when it is off.
-	cond *nodecond.Reporter
+	// cond runs the node condition's agent, fed from condSrc; nil when the condition is off.
+	cond    *relay.Relay
+	condSrc relay.Source
+	// health serves the drivers' liveness checks: a hand-over gives its listeners too.
+	health *healthEndpoints
+}
+
+// holder is the supervisor as a hand-over's holder, with the health listeners: they go to the
+// new instance with the sockets, and this one serves them no more once it has them.
+type holder struct {
+	*registrar.Supervisor
+	health *healthEndpoints
+}
+
+func (h holder) HandOver() *handover.Snapshot {
+	snap := h.Supervisor.HandOver()
+	h.health.handOut(snap)
+	return snap
+}
+
+func (h holder) Resume(snap *handover.Snapshot) {
+	snap.DropListeners() // copies made for the new instance, which did not take them
+	h.Supervisor.Resume(snap)
+}
+
+func (h holder) Release() {
+	h.Supervisor.Release()
+	h.health.stop() // the new instance serves them now; their sockets stay open there
 }
 
 // run runs the daemon's actors until a signal (ctx ends), a hand-over, or a fatal error stops
@@ -290,7 +356,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	})
 	dirCtx, stopDir := context.WithCancel(context.Background())
 	g.add(func() error {
-		dirErr = dir.Run(dirCtx, sup)
+		dirErr = dir.Run(dirCtx, holder{Supervisor: sup, health: d.health})
 		return dirErr
 	}, func(error) { stopDir() })
 	burstCtx, stopBurst := context.WithCancel(context.Background())
@@ -299,7 +365,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	g.add(counted(&state.loops, func() error { return rl.Run(rlCtx) }), func(error) { stopRl() })
 	if d.cond != nil {
 		condCtx, stopCond := context.WithCancel(context.Background())
-		g.add(func() error { return d.cond.Run(condCtx) }, func(error) { stopCond() })
+		g.add(func() error { return d.cond.Run(condCtx, d.condSrc) }, func(error) { stopCond() })
 	}
 	sigCtx, stopSig := context.WithCancel(ctx)
 	g.add(func() error {

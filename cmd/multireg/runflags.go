@@ -31,6 +31,11 @@ type runFlags struct {
 	// remove ("": none; taint, parsed).
 	nodeCondition, nodeName, kubeconfig, startupTaint string
 	taint                                             *nodecond.Taint
+	// agent is the node condition's agent executable ("": multireg-nodecond beside multireg).
+	agent string
+	// healthHTTP and healthGRPC: where the drivers' liveness checks are served besides
+	// --http-endpoint ("": not).
+	healthHTTP, healthGRPC string
 }
 
 // autoPodResources: the pod-resources socket beside the registration directory,
@@ -73,6 +78,12 @@ func runCommandFlags(f *runFlags) *command {
 	c.String(&f.kubeconfig, "kubeconfig", "FILE", "", "the API server's kubeconfig (with --node-condition); empty: the pod's service account")
 	c.String(&f.startupTaint, "startup-taint", "KEY[=VALUE]:EFFECT", "",
 		"remove this taint from the node the first time the node condition is True on it, and never add it back (with --node-condition)")
+	c.String(&f.healthHTTP, "health-endpoint", "HOST:PORT", "",
+		"also serve each driver's liveness check, GET /healthz/<driver>, on this address, where a driver pod's httpGet livenessProbe reaches it; empty: only on --http-endpoint")
+	c.String(&f.healthGRPC, "health-grpc-endpoint", "HOST:PORT", "",
+		"serve the standard gRPC health service on this address, each driver's liveness as the service of its name, for a driver pod's grpc livenessProbe; empty: none")
+	c.String(&f.agent, "node-condition-agent", "FILE", "",
+		"the node condition's agent, the process that speaks to the Kubernetes API (default: "+nodecond.AgentName+" beside multireg)")
 	return c
 }
 
@@ -86,8 +97,10 @@ func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, er
 	if f.path == "" {
 		return f, c.usageError("--config is required")
 	}
-	if err := checkListenAddr(f.httpAddr); err != nil {
-		return f, c.usageError("--http-endpoint %q: %v", f.httpAddr, err)
+	for _, a := range []struct{ flag, addr string }{{"http-endpoint", f.httpAddr}, {"health-endpoint", f.healthHTTP}, {"health-grpc-endpoint", f.healthGRPC}} {
+		if err := checkListenAddr(a.addr); err != nil {
+			return f, c.usageError("--%s %q: %v", a.flag, a.addr, err)
+		}
 	}
 	if f.logFormat != "text" && f.logFormat != "json" {
 		return f, c.usageError("--log-format %q: must be text or json", f.logFormat)
@@ -123,7 +136,7 @@ func parseRunFlags(args []string, stdout io.Writer, helpOnly bool) (runFlags, er
 // without --node-condition.
 func checkNodeCondition(f *runFlags) error {
 	if f.nodeCondition == "" {
-		for _, o := range []struct{ name, value string }{{"node-name", f.nodeName}, {"kubeconfig", f.kubeconfig}, {"startup-taint", f.startupTaint}} {
+		for _, o := range []struct{ name, value string }{{"node-name", f.nodeName}, {"kubeconfig", f.kubeconfig}, {"startup-taint", f.startupTaint}, {"node-condition-agent", f.agent}} {
 			if o.value != "" {
 				return fmt.Errorf("--%s %q is read only with --node-condition", o.name, o.value)
 			}

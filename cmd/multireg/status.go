@@ -66,8 +66,10 @@ type statusDoc struct {
 // nodeConditionStatus is nodecond.Status: the condition as decided, as the node shows it, and
 // how its writes went.
 type nodeConditionStatus struct {
-	Type string `json:"type"`
-	Node string `json:"node"`
+	// Agent: the process that speaks to the Kubernetes API for multireg.
+	Agent agentStatus `json:"agent"`
+	Type  string      `json:"type"`
+	Node  string      `json:"node"`
 	// Status, Reason and Message: the condition as the drivers, CSINode and pod-resources
 	// decide it now.
 	Status  string `json:"status"`
@@ -88,6 +90,14 @@ type nodeConditionStatus struct {
 	LastError   string     `json:"lastError"`
 	// StartupTaint: the taint removed the first time the condition is True (absent: none).
 	StartupTaint *startupTaintStatus `json:"startupTaint,omitempty"`
+}
+
+// agentStatus is relay.Agent: whether the node condition's agent runs, how many were started,
+// and how the last one ended.
+type agentStatus struct {
+	Running  bool   `json:"running"`
+	Starts   int    `json:"starts"`
+	LastExit string `json:"lastExit,omitempty"`
 }
 
 type onNodeStatus struct {
@@ -175,6 +185,18 @@ type driverStatus struct {
 	// Held: whether kubelet holds the driver as its own records say, the node condition's
 	// test (for every driver; only a required one decides); absent without the condition.
 	Held *heldStatus `json:"held,omitempty"`
+	// Liveness: the driver's last liveness check (GET /healthz/<driver>, the gRPC health
+	// service); absent until one is asked for. It never changes the registration.
+	Liveness *livenessStatus `json:"liveness,omitempty"`
+}
+
+// livenessStatus is a driver's last liveness check: when, how long it took, and whether the
+// driver was alive (else why not).
+type livenessStatus struct {
+	At     *time.Time `json:"at"`
+	TookMs float64    `json:"tookMs"`
+	Alive  bool       `json:"alive"`
+	Error  string     `json:"error,omitempty"`
 }
 
 // csiNodeStatus is what the node's CSINode says of a CSI driver.

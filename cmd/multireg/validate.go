@@ -86,7 +86,7 @@ func runValidate(_ context.Context, args []string, std stdio, helpOnly bool) err
 var chartValues = []string{
 	"kubeletDir", "extraHostPaths", "rollOnConfigChange", "image", "imagePullSecrets", "serviceAccount",
 	"env", "nameOverride", "fullnameOverride", "httpPort", "logFormat", "logVerbosity", "cleanupOnExit",
-	"podResources", "devicePluginMoves",
+	"podResources", "devicePluginMoves", "nodeCondition", "healthChecks",
 	"extraArgs", "updateStrategy", "priorityClassName", "podAnnotations", "podLabels",
 	"podSecurityContext", "securityContext", "resources", "livenessProbe", "readinessProbe",
 	"terminationGracePeriodSeconds", "nodeSelector", "tolerations", "affinity", "metrics", "global",

@@ -3,6 +3,7 @@ package kubelet
 import (
 	"context"
 	"slices"
+	"sync"
 
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,9 +14,13 @@ import (
 // CSINodeWriter is an Options.CSINode that records CSI drivers in the CSINode of node through
 // client, as kubelet's nodeinfomanager does: each driver once, by name, with the node's name
 // as its node ID; removed when kubelet deregisters it. The CSINode must exist (kubelet creates
-// it when it starts).
+// it when it starts). Its writes are one at a time: kubelet is the CSINode's one writer, and
+// a thousand drivers registering at once must not fail each other's updates.
 func CSINodeWriter(client kubernetes.Interface, node string) func(ctx context.Context, driver string, install bool) error {
+	var mu sync.Mutex
 	return func(ctx context.Context, driver string, install bool) error {
+		mu.Lock()
+		defer mu.Unlock()
 		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			c, err := client.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
 			if err != nil {

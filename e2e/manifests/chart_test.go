@@ -96,6 +96,7 @@ var chartCases = []struct {
 	{"roll on config change", "values-roll.yaml", expectations{root: kubeletRoot, rollOnConfigChange: true}},
 	{"old pod first", "values-old-pod-first.yaml", expectations{root: kubeletRoot, noSurge: true}},
 	{"every field", "values-every-field.yaml", expectations{root: kubeletRoot}},
+	{"health checks", "values-health-checks.yaml", expectations{root: kubeletRoot, healthChecks: true}},
 }
 
 // TestChartRender renders the chart with each set of values and checks every document: strict

@@ -101,6 +101,10 @@ type expectations struct {
 	// maxSurge 0). Otherwise the shipped one: new pod first (maxSurge 1, maxUnavailable 0),
 	// which hands the sockets over.
 	noSurge bool
+	// healthChecks: the drivers' health checks are served (--health-endpoint), on the host's
+	// network, where kubelet's probes of the driver pods reach them: hostNetwork with its DNS
+	// policy, and no container port (on the host's network each would be a host port).
+	healthChecks bool
 }
 
 // problems checks the deployment against the contract of DESIGN.md and the issue that shipped
@@ -263,8 +267,24 @@ func (d *deployment) problems(want expectations) []string {
 			add("capabilities: want drop [ALL] and no add, got %+v", sc.Capabilities)
 		}
 	}
-	if spec.HostNetwork {
+	health, served := flagValue(d.container.Args, "health-endpoint")
+	switch {
+	case want.healthChecks:
+		if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+			add("hostNetwork %v, dnsPolicy %q: the health checks need the host's network (kubelet probes a driver pod from the node) and ClusterFirstWithHostNet", spec.HostNetwork, spec.DNSPolicy)
+		}
+		if h, _, err := net.SplitHostPort(health); !served || err != nil || h != "" {
+			add("--health-endpoint %q: want \":PORT\", every address of the node, where kubelet probes a host-network driver pod", health)
+		}
+		for _, c := range spec.Containers {
+			if len(c.Ports) > 0 {
+				add("container %s: ports %v on the host's network: each becomes a hostPort (SetDefaults_Pod), and the scheduler refuses a rollout's new pod beside the old one", c.Name, c.Ports)
+			}
+		}
+	case spec.HostNetwork:
 		add("hostNetwork: multireg needs only host-path sockets, and its port would collide with node agents (and, during a surge, with the other multireg pod of the node)")
+	case served:
+		add("--health-endpoint %q without the host's network: no driver pod's probe reaches the pod's own network", health)
 	}
 	if spec.PriorityClassName != criticalPriority {
 		add("priorityClassName %q; want %s", spec.PriorityClassName, criticalPriority)
@@ -294,8 +314,12 @@ func (d *deployment) problems(want expectations) []string {
 	if surge != "0" && surge != "0%" {
 		for _, c := range spec.Containers {
 			for _, p := range c.Ports {
-				if p.HostPort != 0 {
-					add("container %s port %d: hostPort %d with maxSurge %s: the new pod cannot be scheduled beside the old one, which holds the host port, and the rollout stops", c.Name, p.ContainerPort, p.HostPort, surge)
+				// On the host's network the API server defaults hostPort to containerPort.
+				if hp := p.HostPort; hp != 0 || spec.HostNetwork {
+					if hp == 0 {
+						hp = p.ContainerPort
+					}
+					add("container %s port %d: hostPort %d with maxSurge %s: the new pod cannot be scheduled beside the old one, which holds the host port, and the rollout stops", c.Name, p.ContainerPort, hp, surge)
 				}
 			}
 		}
@@ -327,12 +351,16 @@ func rollingUpdate(s appsv1.DaemonSetUpdateStrategy) (maxSurge, maxUnavailable s
 	return maxSurge, maxUnavailable
 }
 
-// containerPort resolves a probe's port (a number or a port name) to a port number.
+// containerPort resolves a probe's port (a number or a port name) to a port number: a name by
+// the container's ports; a number is the port, declared or not (kubelet probes it as it is).
 func (d *deployment) containerPort(p string) string {
 	for _, cp := range d.container.Ports {
 		if cp.Name == p || strconv.Itoa(int(cp.ContainerPort)) == p {
 			return strconv.Itoa(int(cp.ContainerPort))
 		}
+	}
+	if n, err := strconv.Atoi(p); err == nil && n > 0 && n < 65536 {
+		return p
 	}
 	return ""
 }

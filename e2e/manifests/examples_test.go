@@ -205,6 +205,20 @@ func TestDeploymentChecksFail(t *testing.T) {
 		zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
 		ds.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateDaemonSet{MaxSurge: &zero, MaxUnavailable: &one}
 	}
+	// The health checks as the chart serves them (healthChecks.enabled): the host's network,
+	// --health-endpoint, probes by number, and no port unless withPort.
+	healthChecks := func(withPort bool) func(ds *appsv1.DaemonSet, c *corev1.Container) {
+		return func(ds *appsv1.DaemonSet, c *corev1.Container) {
+			ds.Spec.Template.Spec.HostNetwork = true
+			ds.Spec.Template.Spec.DNSPolicy = corev1.DNSClusterFirstWithHostNet
+			c.Args = append(c.Args, "--health-endpoint=:9810")
+			c.LivenessProbe.HTTPGet.Port = intstr.FromInt32(9809)
+			c.ReadinessProbe.HTTPGet.Port = intstr.FromInt32(9809)
+			if !withPort {
+				c.Ports = nil
+			}
+		}
+	}
 	tests := []struct {
 		name   string
 		break_ func(ds *appsv1.DaemonSet, c *corev1.Container)
@@ -236,7 +250,10 @@ func TestDeploymentChecksFail(t *testing.T) {
 		}, expectations{}, "pod IP"},
 		{"probe on another port", func(_ *appsv1.DaemonSet, c *corev1.Container) {
 			c.ReadinessProbe.HTTPGet.Port = intstr.FromInt32(9810)
-		}, expectations{}, `readinessProbe: port 9810 is ""`},
+		}, expectations{}, `readinessProbe: port 9810 is "9810"; multireg listens on "9809"`},
+		{"probe on a port name nobody declares", func(_ *appsv1.DaemonSet, c *corev1.Container) {
+			c.ReadinessProbe.HTTPGet.Port = intstr.FromString("metrics")
+		}, expectations{}, `readinessProbe: port metrics is ""`},
 		{"liveness on readyz", func(_ *appsv1.DaemonSet, c *corev1.Container) { c.LivenessProbe.HTTPGet.Path = readyzPath }, expectations{}, "livenessProbe: path /readyz"},
 		{"text logs", func(_ *appsv1.DaemonSet, c *corev1.Container) { setArg(c, "--log-format", "--log-format=text") }, expectations{}, "--log-format"},
 		{"capability added", func(_ *appsv1.DaemonSet, c *corev1.Container) {
@@ -244,6 +261,28 @@ func TestDeploymentChecksFail(t *testing.T) {
 		}, expectations{}, "capabilities"},
 		{"writable root", func(_ *appsv1.DaemonSet, c *corev1.Container) { *c.SecurityContext.ReadOnlyRootFilesystem = false }, expectations{}, "readOnlyRootFilesystem"},
 		{"host network", func(ds *appsv1.DaemonSet, _ *corev1.Container) { ds.Spec.Template.Spec.HostNetwork = true }, expectations{}, "hostNetwork"},
+		// The health checks (healthChecks in the chart): the host's network, and no port.
+		{"health checks, as the chart serves them", healthChecks(false), expectations{healthChecks: true}, ""},
+		{"health checks with a port", healthChecks(true), expectations{healthChecks: true}, "hostPort 9809 with maxSurge 1"},
+		{"health checks with a port, old pod first", func(ds *appsv1.DaemonSet, c *corev1.Container) {
+			healthChecks(true)(ds, c)
+			oldPodFirst(ds, c)
+		}, expectations{healthChecks: true, noSurge: true}, "each becomes a hostPort"},
+		{"health checks on the pod's network", func(ds *appsv1.DaemonSet, c *corev1.Container) {
+			healthChecks(false)(ds, c)
+			ds.Spec.Template.Spec.HostNetwork = false
+		}, expectations{healthChecks: true}, "the health checks need the host's network"},
+		{"health checks without ClusterFirstWithHostNet", func(ds *appsv1.DaemonSet, c *corev1.Container) {
+			healthChecks(false)(ds, c)
+			ds.Spec.Template.Spec.DNSPolicy = ""
+		}, expectations{healthChecks: true}, "ClusterFirstWithHostNet"},
+		{"health checks on loopback", func(ds *appsv1.DaemonSet, c *corev1.Container) {
+			healthChecks(false)(ds, c)
+			setArg(c, "--health-endpoint", "--health-endpoint=127.0.0.1:9810")
+		}, expectations{healthChecks: true}, "every address of the node"},
+		{"health endpoint without the host's network", func(_ *appsv1.DaemonSet, c *corev1.Container) {
+			c.Args = append(c.Args, "--health-endpoint=:9810")
+		}, expectations{}, "without the host's network"},
 		{"some taints only", func(ds *appsv1.DaemonSet, _ *corev1.Container) {
 			ds.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists}}
 		}, expectations{}, "tolerations"},

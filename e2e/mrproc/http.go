@@ -34,7 +34,29 @@ type Status struct {
 		Fits       bool   `json:"fits"`
 		Problem    string `json:"problem"`
 	} `json:"descriptors"`
-	Drivers []DriverStatus `json:"drivers"`
+	// Condition: the node condition, absent without --node-condition (NodeCondition).
+	Condition *NodeConditionStatus `json:"nodeCondition"`
+	Drivers   []DriverStatus       `json:"drivers"`
+}
+
+// NodeConditionStatus is what GET /status says of the node condition.
+type NodeConditionStatus struct {
+	Agent struct {
+		Running  bool   `json:"running"`
+		Starts   int    `json:"starts"`
+		LastExit string `json:"lastExit"`
+	} `json:"agent"`
+	Status string `json:"status"`
+	Synced bool   `json:"synced"`
+}
+
+// NodeCondition returns what the status says of the node condition, and whether it says
+// anything.
+func (s Status) NodeCondition() (NodeConditionStatus, bool) {
+	if s.Condition == nil {
+		return NodeConditionStatus{}, false
+	}
+	return *s.Condition, true
 }
 
 // DriverStatus is one driver of GET /status.

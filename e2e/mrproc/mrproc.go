@@ -68,11 +68,15 @@ func Binary() (string, error) {
 			return
 		}
 		buildPath = filepath.Join(dir, "multireg")
-		// the shipped binary's tags (hack/build-binary.sh), and the fault injection
-		cmd := exec.Command("go", "build", "-race", "-tags", FaultTags, "-o", buildPath, "./cmd/multireg")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build multireg: %v\n%s", err, out)
+		// the shipped binary's tags (hack/build-binary.sh), and the fault injection; its
+		// node-condition agent beside it, where multireg looks for it
+		for out, pkg := range map[string]string{buildPath: "./cmd/multireg", filepath.Join(dir, "multireg-nodecond"): "./cmd/multireg-nodecond"} {
+			cmd := exec.Command("go", "build", "-race", "-tags", FaultTags, "-o", out, pkg)
+			cmd.Dir = root
+			if b, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", pkg, err, b)
+				return
+			}
 		}
 	})
 	return buildPath, buildErr

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/kubelet"
 	"multireg.dev/multireg/e2e/mrproc"
@@ -320,4 +321,63 @@ func TestUninstallSaysUnknown(t *testing.T) {
 		return c != nil && c.Status == corev1.ConditionUnknown && c.Reason == "MultiregStopped"
 	})
 	t.Logf("Unknown: %q", off.Cond.Message)
+}
+
+// TestAgentStartedAgain: the node condition's agent, the one process that speaks to the API
+// server, ended (killed) is started again; the condition follows kubelet as before, and
+// /status counts the agents started. Registration never noticed.
+func TestAgentStartedAgain(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	d := required("agent.example.com", "DRAPlugin")
+	p, _ := n.running([]driver{d})
+	agent := childOf(t, p.PID(), "multireg-nodecond")
+	if err := syscall.Kill(agent, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, registerTimeout, "a second agent", func() bool {
+		c, ok := p.Status(t).NodeCondition()
+		return ok && c.Agent.Starts == 2 && c.Agent.Running
+	})
+	gone := time.Now()
+	n.StopEndpoint(d)
+	n.await("the condition False through the second agent", gone, isFalse(d.Name, "endpoint is gone"))
+	if p.Count("the node condition's agent ended; it is started again", "") != 1 {
+		t.Error("multireg did not say the agent ended")
+	}
+	if !n.K.Registered(d.Name) {
+		t.Error("kubelet lost the registration")
+	}
+	stop(t, p)
+}
+
+// TestAgentCannotStart: a kubeconfig the agent cannot read stops multireg's start, exit 1,
+// with the agent's own words; nothing is registered.
+func TestAgentCannotStart(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	d := required("never.example.com", "DRAPlugin")
+	n.StartEndpoints([]driver{d})
+	p := mrproc.Start(t, n.WriteConfig([]driver{d}), "--node-condition", condType, "--node-name", n.name, "--kubeconfig", "/nonexistent/kubeconfig")
+	if code := p.Wait(t, registerTimeout); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	if !strings.Contains(p.Logs(), "--kubeconfig /nonexistent/kubeconfig") {
+		t.Errorf("the error does not name the kubeconfig:\n%s", p.Logs())
+	}
+	if n.K.Registered(d.Name) {
+		t.Error("a driver was registered by a multireg that could not start")
+	}
+}
+
+// childOf returns the pid of parent's child process named name, once there is one.
+func childOf(t *testing.T, parent int, name string) int {
+	t.Helper()
+	var pid int
+	wait.For(t, registerTimeout, "the agent process", func() bool {
+		var ok bool
+		pid, ok = child.Named(parent, name)
+		return ok
+	})
+	return pid
 }

@@ -33,9 +33,11 @@ var elfMachine = map[string]elf.Machine{
 	"s390x":   elf.EM_S390,
 }
 
-// The image's one file and its entrypoint.
+// The image's files: multireg, its entrypoint; the node-condition agent it starts beside
+// itself (hack/build-binary.sh builds both); the license.
 const (
 	binaryName = "multireg"
+	agentName  = "multireg-nodecond"
 	entrypoint = "/" + binaryName
 	licenseIn  = "LICENSE"
 )
@@ -109,18 +111,19 @@ func buildIndex(s spec) (v1.ImageIndex, error) {
 
 // buildImage builds the image of one platform.
 func buildImage(s spec, pl v1.Platform, license []byte) (v1.Image, error) {
-	bin := filepath.Join(s.binaries, filepath.FromSlash(pl.String()), binaryName)
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		return nil, err
+	files := []file{{name: licenseIn, mode: 0o644, data: license}}
+	for _, name := range []string{binaryName, agentName} {
+		bin := filepath.Join(s.binaries, filepath.FromSlash(pl.String()), name)
+		b, err := os.ReadFile(bin)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkBinary(b, pl); err != nil {
+			return nil, fmt.Errorf("%s: %w", bin, err)
+		}
+		files = append(files, file{name: name, mode: 0o755, data: b})
 	}
-	if err := checkBinary(b, pl); err != nil {
-		return nil, fmt.Errorf("%s: %w", bin, err)
-	}
-	layerTar, err := tarLayer(s.created, []file{
-		{name: licenseIn, mode: 0o644, data: license},
-		{name: binaryName, mode: 0o755, data: b},
-	})
+	layerTar, err := tarLayer(s.created, files)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +140,7 @@ func buildImage(s spec, pl v1.Platform, license []byte) (v1.Image, error) {
 		MediaType: types.OCILayer,
 		History: v1.History{
 			Created:   v1.Time{Time: s.created},
-			CreatedBy: "hack/image: " + entrypoint + " (" + s.version + ", " + pl.String() + ") and /" + licenseIn,
+			CreatedBy: "hack/image: " + entrypoint + ", /" + agentName + " (" + s.version + ", " + pl.String() + ") and /" + licenseIn,
 		},
 	})
 	if err != nil {

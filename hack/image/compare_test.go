@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,11 +99,12 @@ func TestCompare(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := append(fakeELF(t, "amd64", false), "linux/amd64"...)
-	data := map[string][]byte{"multireg": bin, "LICENSE": []byte("Apache License\n")}
+	data := map[string][]byte{"multireg": bin, "LICENSE": []byte("Apache License\n"), agentName: append(bytes.Clone(bin), "agent"...)}
 	headers := func() []tar.Header {
 		return []tar.Header{
 			{Typeflag: tar.TypeReg, Name: "multireg", Mode: 0o755, ModTime: testCreated},
 			{Typeflag: tar.TypeReg, Name: "LICENSE", Mode: 0o644, ModTime: testCreated},
+			{Typeflag: tar.TypeReg, Name: agentName, Mode: 0o755, ModTime: testCreated},
 		}
 	}
 	config := func() v1.Config { return *cfg.Config.DeepCopy() }
@@ -140,7 +142,7 @@ func TestCompare(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h, d, c, created := headers(), map[string][]byte{"multireg": data["multireg"], "LICENSE": data["LICENSE"]}, config(), testCreated
+			h, d, c, created := headers(), maps.Clone(data), config(), testCreated
 			tt.change(h, d, &c, &created)
 			other := dockerfileLike(t, h, d, c, created)
 			diffs, compared, err := compareImages(ours, other)
@@ -155,8 +157,8 @@ func TestCompare(t *testing.T) {
 					t.Errorf("difference %d %q; want it to begin %q", i, diffs[i], w)
 				}
 			}
-			if tt.want == nil && !strings.Contains(compared, "2 files (/LICENSE, /multireg)") {
-				t.Errorf("compared %q; want the two files named", compared)
+			if tt.want == nil && !strings.Contains(compared, "3 files (/LICENSE, /multireg, /multireg-nodecond)") {
+				t.Errorf("compared %q; want the three files named", compared)
 			}
 		})
 	}

@@ -101,14 +101,17 @@ func testSpec(t testing.TB) spec {
 	return s
 }
 
+// writeBinary writes b as the platform's multireg, and b followed by "agent" as its agent.
 func writeBinary(t testing.TB, s spec, platform string, b []byte) {
 	t.Helper()
-	path := filepath.Join(s.binaries, filepath.FromSlash(platform), binaryName)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o755); err != nil {
-		t.Fatal(err)
+	for name, data := range map[string][]byte{binaryName: b, agentName: append(bytes.Clone(b), "agent"...)} {
+		path := filepath.Join(s.binaries, filepath.FromSlash(platform), name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -206,7 +209,7 @@ func TestImageConfig(t *testing.T) {
 	}
 }
 
-func TestLayerHoldsTheBinaryAndTheLicense(t *testing.T) {
+func TestLayerHoldsTheBinariesAndTheLicense(t *testing.T) {
 	s := testSpec(t)
 	platforms, imgs := platformImages(t, s)
 	for i, img := range imgs {
@@ -241,13 +244,13 @@ func TestLayerHoldsTheBinaryAndTheLicense(t *testing.T) {
 				t.Fatal(err)
 			}
 			switch h.Name {
-			case "multireg":
-				want, err := os.ReadFile(filepath.Join(s.binaries, filepath.FromSlash(pl.String()), binaryName))
+			case binaryName, agentName:
+				want, err := os.ReadFile(filepath.Join(s.binaries, filepath.FromSlash(pl.String()), h.Name))
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(b, want) || h.Mode != 0o755 {
-					t.Errorf("%s: /multireg is not the platform's binary, mode 0755 (mode %o)", pl, h.Mode)
+					t.Errorf("%s: /%s is not the platform's binary, mode 0755 (mode %o)", pl, h.Name, h.Mode)
 				}
 			case "LICENSE":
 				if string(b) != "Apache License\n" || h.Mode != 0o644 {
@@ -256,8 +259,8 @@ func TestLayerHoldsTheBinaryAndTheLicense(t *testing.T) {
 			}
 		}
 		rc.Close()
-		if !slices.Equal(names, []string{"LICENSE", "multireg"}) {
-			t.Errorf("%s: layer holds %q; want [LICENSE multireg]", pl, names)
+		if want := []string{"LICENSE", binaryName, agentName}; !slices.Equal(names, want) {
+			t.Errorf("%s: layer holds %q; want %q", pl, names, want)
 		}
 	}
 }

@@ -98,6 +98,9 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []str
 			halt(log, "new", "batch", "drivers", len(m.Drivers))
 			continue
 		}
+		for _, l := range listenersOf(m, files, log) {
+			snap.AddListener(l)
+		}
 		lockF = files[len(files)-1]
 	}
 	if err := holdsLock(lockF, dir, checkLock); err != nil {
@@ -123,9 +126,15 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []str
 	return snap, lockF, nil
 }
 
-// fill gives the batch's drivers their descriptors, in order; the lock's comes last.
+// fill gives the batch's drivers their descriptors, in order, then its listeners theirs; the
+// lock's comes last.
 func fill(m *Msg, files []*os.File) error {
-	want := m.Sockets
+	if len(m.Listeners) > 0 && (!m.Last || m.Version < listenersVersion || len(m.Listeners) > maxListeners) {
+		CloseAll(files)
+		return fmt.Errorf("batch: %d listeners in version %d (the last batch carries %d at most, from version %d on)",
+			len(m.Listeners), m.Version, maxListeners, listenersVersion)
+	}
+	want := m.Sockets + len(m.Listeners)
 	if m.Lock {
 		want++
 	}
@@ -149,6 +158,22 @@ func fill(m *Msg, files []*os.File) error {
 		}
 	}
 	return nil
+}
+
+// listenersOf are the listeners of the last batch m, with their descriptors (which follow the
+// sockets'); one that is not a listening TCP socket is closed and left out.
+func listenersOf(m *Msg, files []*os.File, log *slog.Logger) []*HandedListener {
+	var out []*HandedListener
+	for i, spec := range m.Listeners {
+		f := files[m.Sockets+i]
+		if err := isListeningTCP(f); err != nil {
+			log.Warn("a listener handed over is not one; the new instance binds its own", "name", spec.Name, "addr", spec.Addr, "err", err)
+			f.Close()
+			continue
+		}
+		out = append(out, &HandedListener{ListenerSpec: spec, File: f})
+	}
+	return out
 }
 
 // holdsLock checks that f, received as the directory's lock, is what checkLock accepts and

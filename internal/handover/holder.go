@@ -267,6 +267,12 @@ func sendSnapshot(hc Conn, snap *Snapshot, v int, lockF *os.File, log *slog.Logg
 		}
 		m.Sockets = len(files)
 		if last {
+			if v >= listenersVersion {
+				for _, l := range snap.listeners {
+					m.Listeners = append(m.Listeners, l.ListenerSpec)
+					files = append(files, l.File)
+				}
+			}
 			files = append(files, lockF)
 		}
 		if err := hc.Send(m, files...); err != nil {

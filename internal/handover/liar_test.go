@@ -467,3 +467,70 @@ func TestWithdrawSumsUpMany(t *testing.T) {
 		})
 	}
 }
+
+// TestListenersHandedOver: version 2's last batch carries the health endpoints' listening
+// sockets after the registration sockets; the new instance keeps those that are listening TCP
+// sockets, by name and address (a unix socket among them is closed and left out), and a
+// Merge into what it kept keeps them.
+func TestListenersHandedOver(t *testing.T) {
+	reg := testkit.ShortDir(t)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	tf, err := tcp.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unixL, err := testkit.ListenUnlinked(filepath.Join(reg, "not-tcp.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unixL.Close()
+	uf, err := unixL.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := lockedFile(t, reg)
+	good := ListenerSpec{Name: "health-http", Addr: tcp.Addr().String()}
+	bad := ListenerSpec{Name: "health-grpc", Addr: "127.0.0.1:1"}
+	fakeHolder(t, reg, func(hc Conn) { // the hello read
+		hc.Send(&Msg{Type: MsgWelcome, Version: 2})
+		if _, fs, err := hc.Recv(); err != nil { // take
+			return
+		} else {
+			CloseAll(fs)
+		}
+		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: []ListenerSpec{good, bad}}, tf, uf, lock)
+		if m, fs, err := hc.Recv(); err != nil || m.Type != MsgAck {
+			return
+		} else {
+			CloseAll(fs)
+		}
+		hc.Send(&Msg{Type: MsgReleased, Version: 2})
+	})
+	got, lockF, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockF.Close()
+	kept := &Snapshot{}
+	kept.Merge(got)
+	if fs := kept.TakeListeners(bad); len(fs) != 0 {
+		t.Errorf("the unix socket handed over as a listener was kept")
+	}
+	fs := kept.TakeListeners(good)
+	if len(fs) != 1 {
+		t.Fatalf("%d listeners of %v kept, want 1", len(fs), good)
+	}
+	defer fs[0].Close()
+	l, err := net.FileListener(fs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.Addr().String() != tcp.Addr().String() {
+		t.Errorf("the listener kept listens on %s, want %s", l.Addr(), tcp.Addr())
+	}
+}

@@ -24,8 +24,14 @@ const (
 )
 
 // takeVersion is the first version in which the new instance says take before the holder
-// stops its loops.
-const takeVersion = 2
+// stops its loops; listenersVersion the first whose last batch may carry listeners.
+const (
+	takeVersion      = 2
+	listenersVersion = 2
+)
+
+// maxListeners bounds the listeners a batch may carry: the health endpoints are two.
+const maxListeners = 4
 
 // Timeouts bound a hand-over's steps. A zero field takes its default.
 type Timeouts struct {
@@ -92,6 +98,18 @@ type Msg struct {
 	Last    bool      `json:"last,omitempty"`
 	// Sockets: how many socket descriptors the message carries besides the lock's.
 	Sockets int `json:"sockets,omitempty"`
+	// Listeners: the last batch's listening TCP sockets (version 2 on), whose descriptors
+	// follow the sockets' and come before the lock's: the drivers' health endpoints, which
+	// the new instance serves on at once, so that no check is refused while the two change
+	// places.
+	Listeners []ListenerSpec `json:"listeners,omitempty"`
+}
+
+// ListenerSpec names a listening socket handed over: the flag it serves (Name) and the
+// address the flag gave it (Addr).
+type ListenerSpec struct {
+	Name string `json:"name"`
+	Addr string `json:"addr"`
 }
 
 // Conn is one end of a hand-over connection.

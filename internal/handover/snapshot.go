@@ -26,6 +26,50 @@ import (
 // so that kubelet sees nothing. Whoever holds a Snapshot owns its descriptors until Close.
 type Snapshot struct {
 	drivers map[string]*Driver
+	// listeners are the listening TCP sockets handed over beside the drivers' (version 2 on).
+	listeners []*HandedListener
+}
+
+// HandedListener is a listening TCP socket handed over: the drivers' health endpoints.
+type HandedListener struct {
+	ListenerSpec
+	// File is the listening socket; nil once taken. Its owner closes it.
+	File *os.File
+}
+
+// AddListener puts l in s, which owns its descriptor from now on.
+func (s *Snapshot) AddListener(l *HandedListener) {
+	s.listeners = append(s.listeners, l)
+}
+
+// TakeListeners removes from s, and returns, the listeners of spec (its name and address as
+// the flag gives it): the caller owns them.
+func (s *Snapshot) TakeListeners(spec ListenerSpec) []*os.File {
+	if s == nil {
+		return nil
+	}
+	var out []*os.File
+	s.listeners = slices.DeleteFunc(s.listeners, func(l *HandedListener) bool {
+		if l.ListenerSpec != spec || l.File == nil {
+			return false
+		}
+		out = append(out, l.File)
+		return true
+	})
+	return out
+}
+
+// DropListeners closes the listeners s still holds.
+func (s *Snapshot) DropListeners() {
+	if s == nil {
+		return
+	}
+	for _, l := range s.listeners {
+		if l.File != nil {
+			l.File.Close()
+		}
+	}
+	s.listeners = nil
 }
 
 // Driver is one driver's part of a hand-over: enough for its loop to go on exactly
@@ -144,6 +188,7 @@ func (s *Snapshot) Close() {
 		h.Close()
 	}
 	s.drivers = nil
+	s.DropListeners()
 }
 
 // Take removes the named driver from s and returns it, or nil.
@@ -229,7 +274,7 @@ func (s *Snapshot) Add(h *Driver) {
 	s.drivers[h.Spec.Name] = h
 }
 
-// Merge moves every driver of o into s; o's parts win.
+// Merge moves every driver of o into s, o's parts winning, and o's listeners.
 func (s *Snapshot) Merge(o *Snapshot) {
 	if o == nil {
 		return
@@ -238,6 +283,8 @@ func (s *Snapshot) Merge(o *Snapshot) {
 		s.Add(h)
 	}
 	o.drivers = nil
+	s.listeners = append(s.listeners, o.listeners...)
+	o.listeners = nil
 }
 
 // keepInside drops from h, closing their descriptors, the sockets whose path is not a
@@ -419,6 +466,19 @@ func (hs *Socket) Check() error {
 
 // isListeningUnixStream checks that f is a listening unix stream socket.
 func isListeningUnixStream(f *os.File) error {
+	return isListening(f, unix.AF_UNIX, "not a listening unix stream socket")
+}
+
+// isListeningTCP checks that f is a listening TCP socket (IPv4 or IPv6).
+func isListeningTCP(f *os.File) error {
+	if err := isListening(f, unix.AF_INET, ""); err == nil {
+		return nil
+	}
+	return isListening(f, unix.AF_INET6, "not a listening TCP socket")
+}
+
+// isListening checks that f is a listening stream socket of domain, or says what.
+func isListening(f *os.File, domain int, what string) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
@@ -436,8 +496,8 @@ func isListeningUnixStream(f *os.File) error {
 	if err := cmp.Or(e1, e2, e3); err != nil {
 		return fmt.Errorf("not a socket: %w", err)
 	}
-	if dom != unix.AF_UNIX || typ != unix.SOCK_STREAM || acc != 1 {
-		return errors.New("not a listening unix stream socket")
+	if dom != domain || typ != unix.SOCK_STREAM || acc != 1 {
+		return errors.New(what)
 	}
 	return nil
 }

@@ -56,6 +56,8 @@ type wireMsg[D any] struct {
 	Lock       bool   `json:"lock,omitempty"`
 	Last       bool   `json:"last,omitempty"`
 	Sockets    int    `json:"sockets,omitempty"`
+	// Listeners: version 2 on.
+	Listeners []ListenerSpec `json:"listeners,omitempty"`
 }
 
 // wireDriverV1 is a driver in a batch of version 1: v0.1.0's handedDriver.
@@ -202,6 +204,8 @@ const maxLastError = 4 << 10
 // hello, which says a range, a refuse, an abort) has the envelope every version shares.
 func (m Msg) MarshalJSON() ([]byte, error) {
 	switch {
+	case m.Version == 1 && len(m.Listeners) > 0:
+		return nil, fmt.Errorf("listeners in hand-over version 1, which has none")
 	case m.Version == 1:
 		return json.Marshal(msgWire(&m, (*Driver).wireV1))
 	case m.Version == 2:
@@ -215,7 +219,7 @@ func (m Msg) MarshalJSON() ([]byte, error) {
 // msgWire is m on the wire, its drivers encoded by enc.
 func msgWire[D any](m *Msg, enc func(*Driver) D) *wireMsg[D] {
 	w := &wireMsg[D]{Type: m.Type, MinVersion: m.MinVersion, Version: m.Version, Reason: m.Reason,
-		Lock: m.Lock, Last: m.Last, Sockets: m.Sockets}
+		Lock: m.Lock, Last: m.Last, Sockets: m.Sockets, Listeners: m.Listeners}
 	for _, d := range m.Drivers {
 		w.Drivers = append(w.Drivers, enc(d))
 	}

@@ -686,7 +686,10 @@ func TestSpecOnTheWire(t *testing.T) {
 	// SparePath, a device plugin's third registration socket, follows from SocketName, the
 	// type and the endpoint; a socket handed over from it is taken when it is one of the
 	// receiver's own paths. Display is what the receiver's status shows of its own file.
-	notCarried := func(l leaf) bool { return l.group == "Display" || l.field.Name == "SparePath" }
+	// HealthTimeout bounds a liveness check, which whoever answers it makes with its own.
+	notCarried := func(l leaf) bool {
+		return l.group == "Display" || l.field.Name == "SparePath" || l.field.Name == "HealthTimeout"
+	}
 	byName := map[string]leaf{}
 	for _, l := range leaves() {
 		if notCarried(l) {

@@ -187,7 +187,7 @@ multireg sees and refuses them too. Argument: (list the-map its-key-order).
 
 {{/* The drivers file: multireg's RegistrarConfig. */}}
 {{- define "multireg.config" -}}
-{{- $settings := list "backoff" "registrationTimeout" "waitForEndpoint" "required" }}
+{{- $settings := list "backoff" "registrationTimeout" "waitForEndpoint" "required" "healthTimeout" }}
 {{- $driver := concat (list "name" "type" "endpoint" "localEndpoint" "supportedVersions" "socketName") $settings -}}
 apiVersion: multireg.dev/v1alpha1
 kind: RegistrarConfig
@@ -238,4 +238,45 @@ startup taint nobody removes would keep every pod that does not tolerate it off 
 {{- $value := "" }}
 {{- if contains "=" $kv }}{{ $value = regexReplaceAll "^[^=]*=" $kv "" }}{{ end }}
 {{- dict "key" $key "value" $value "effect" $effect | toJson }}
+{{- end }}
+
+{{/*
+Fails the render when the health checks' ports clash with each other or with httpPort: on the
+host's network each is a port of the node, and multireg listens on each.
+*/}}
+{{- define "multireg.checkHealthChecks" -}}
+{{- with .Values.healthChecks }}
+{{- if .enabled }}
+{{- if eq (int .port) (int $.Values.httpPort) }}
+{{- fail (printf "healthChecks.port %d is httpPort: give the health checks a port of their own" (int .port)) }}
+{{- end }}
+{{- if and .grpcPort (or (eq (int .grpcPort) (int .port)) (eq (int .grpcPort) (int $.Values.httpPort))) }}
+{{- fail (printf "healthChecks.grpcPort %d is healthChecks.port or httpPort: give it a port of its own, or 0 for none" (int .grpcPort)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A probe of the DaemonSet's container, from its value (argument: (list root probe)). With the
+health checks the container declares no ports (the pods are on the host's network), so a port
+named http (httpGet or tcpSocket) becomes httpPort's number; another name resolves to nothing
+there, and fails the render.
+*/}}
+{{- define "multireg.probe" -}}
+{{- $root := index . 0 }}
+{{- $probe := deepCopy (index . 1) }}
+{{- if $root.Values.healthChecks.enabled }}
+{{- range $handler := list "httpGet" "tcpSocket" }}
+{{- $h := get $probe $handler }}
+{{- if and (kindIs "map" $h) (kindIs "string" $h.port) }}
+{{- if eq $h.port "http" }}
+{{- $_ := set $h "port" (int $root.Values.httpPort) }}
+{{- else }}
+{{- fail (printf "a probe's %s.port %q: with healthChecks.enabled the container declares no ports, so a probe gives its port by number (or http, httpPort's)" $handler $h.port) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $probe }}
 {{- end }}

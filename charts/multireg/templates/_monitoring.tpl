@@ -16,20 +16,55 @@ and the extra ones of its values (.extra), which win.
 
 {{/*
 The relabeling that makes every series attributable to its node: the pod's node name as the
-label node, which the alerts and the dashboard use. Then the user's relabelings.
+label node, which the alerts and the dashboard use. Then the target's address when the pods
+declare no port (.address), then the user's relabelings.
 */}}
 {{- define "multireg.relabelings" -}}
 - action: replace
   sourceLabels: [__meta_kubernetes_pod_node_name]
   targetLabel: node
+{{- with .address }}
+{{ . }}
+{{- end }}
 {{- with .relabelings }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
 
-{{/* The scrape settings a PodMonitor's and a ServiceMonitor's endpoint share. */}}
+{{/*
+The relabelings that give a PodMonitor's target its address when the pods declare no port (the
+health checks put them on the host's network: healthChecks in values.yaml). Prometheus then
+finds one target per container, whose address is the pod IP alone: keep the multireg
+container's, and add httpPort to its address (an IPv6 address in brackets). Argument: the root.
+*/}}
+{{- define "multireg.addressRelabelings" -}}
+- action: keep
+  sourceLabels: [__meta_kubernetes_pod_container_name]
+  regex: multireg
+- action: replace
+  sourceLabels: [__address__]
+  regex: (.*:.*)
+  targetLabel: __address__
+  replacement: "[${1}]:{{ .Values.httpPort }}"
+- action: replace
+  sourceLabels: [__address__]
+  regex: ([^:]+)
+  targetLabel: __address__
+  replacement: "${1}:{{ .Values.httpPort }}"
+{{- end }}
+
+{{/*
+The scrape settings a PodMonitor's and a ServiceMonitor's endpoint share. Argument: (dict "root"
+the-root "monitor" its-values "pods" true-for-a-PodMonitor). A ServiceMonitor scrapes the
+Service's port http, which targets httpPort by number when the pods declare no port; a
+PodMonitor the pods' port http, or, when they declare none, httpPort by relabeling.
+*/}}
 {{- define "multireg.scrapeEndpoint" -}}
+{{- $noPorts := and .pods .root.Values.healthChecks.enabled }}
+{{- with .monitor }}
+{{- if not $noPorts }}
 port: http
+{{- end }}
 path: /metrics
 {{- with .interval }}
 interval: {{ . }}
@@ -38,10 +73,11 @@ interval: {{ . }}
 scrapeTimeout: {{ . }}
 {{- end }}
 relabelings:
-  {{- include "multireg.relabelings" . | nindent 2 }}
+  {{- include "multireg.relabelings" (dict "relabelings" .relabelings "address" (ternary (include "multireg.addressRelabelings" $.root) "" $noPorts)) | nindent 2 }}
 {{- with .metricRelabelings }}
 metricRelabelings:
   {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 {{- end }}
 

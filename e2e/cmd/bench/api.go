@@ -42,6 +42,9 @@ func startAPI(ctx context.Context, dir, bin string) (*api, error) {
 		cp.Stop()
 		return nil, err
 	}
+	// kubelet's CSI handler writes the CSINode at each of a thousand registrations: no
+	// client-side limit of the benchmark's own may slow it.
+	cfg.QPS, cfg.Burst = 1000, 2000
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		cp.Stop()

@@ -156,6 +156,14 @@ func run() int {
 			return 1
 		}
 	}
+	// The node condition's agent, beside the binary the benchmark built, as in the image (a
+	// binary given by -multireg, from make build, has its own there).
+	if *apiServer != "" && filepath.Dir(o.multireg) == tmp {
+		if err := buildGo(root, filepath.Join(tmp, "multireg-nodecond"), buildEnv, "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "./cmd/multireg-nodecond"); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+	}
 	o.env = os.Environ()
 	var debug []string
 	if *gcWait > 0 {

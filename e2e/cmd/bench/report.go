@@ -92,6 +92,12 @@ var metrics = []metric{
 	{name: "RSS total (MiB)", goal: fmt.Sprintf("N=100: < %d", rss100Goal),
 		value: measuredFP(func(r result) string { return mib(r.FP.RSS) }),
 		check: forN(100, func(r result) bool { return r.FP.RSS > 0 && r.FP.RSS < rss100Goal*1024 })},
+	{name: "node condition's agent: RSS (MiB)", value: func(r result) string {
+		if r.AgentFP.RSS == 0 {
+			return ""
+		}
+		return mib(r.AgentFP.RSS)
+	}},
 	{name: "RSS per driver (KiB)", value: measuredFP(func(r result) string { return per(float64(r.FP.RSS), r.N) })},
 	{name: "RSS anonymous / file-backed (MiB)", value: measuredFP(func(r result) string { return mib(r.FP.RSSAnon) + " / " + mib(r.FP.RSSFile) })},
 	{name: "peak RSS, VmHWM (MiB)", goal: fmt.Sprintf("N=1000: < %d", peak1000Goal),
@@ -217,6 +223,18 @@ var metrics = []metric{
 			return fmt.Sprintf("%s (retryIn %s)", millis(r.StartRecovery), r.StartRetryIn)
 		},
 		check: func(r result) (bool, bool) { return r.StartRecovery != 0, r.StartRecovery < recoveryDefaultGoal }},
+	{name: "liveness check under 100 clients at once: p50 / p99 (ms)", value: func(r result) string {
+		if r.Health.Checks == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%s / %s", millis(r.Health.P50), millis(r.Health.P99))
+	}},
+	{name: "… checks in 5 s, failed", value: func(r result) string {
+		if r.Health.Checks == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%d, %d", r.Health.Checks, r.Health.Failed)
+	}},
 	{name: "multireg WARN/ERROR log lines⁴", value: func(r result) string {
 		n := 0
 		for _, c := range r.Warnings {

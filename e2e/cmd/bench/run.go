@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,9 +15,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"multireg.dev/multireg/e2e/internal/child"
 	"multireg.dev/multireg/e2e/kubelet"
 )
 
@@ -143,7 +146,11 @@ type result struct {
 	// logged.
 	StartRecovery time.Duration
 	StartRetryIn  string
-	Warnings      map[string]int // multireg's WARN and ERROR log lines, by level and message
+	// AgentFP: the node condition's agent process (-node-condition), read with FP.
+	AgentFP footprint
+	// Health: the drivers' liveness checks under load.
+	Health   healthResult
+	Warnings map[string]int // multireg's WARN and ERROR log lines, by level and message
 }
 
 type options struct {
@@ -295,7 +302,13 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		k.FailRegistrations(ds[startReject].name, 1)
 	}
 	t0 := time.Now()
-	mr, err := startMultireg(o.multireg, cfg, append(slices.Clip(o.env), prof.env()...), condArgs...)
+	// The health endpoint, where the liveness checks are measured (phase 6): nothing runs there
+	// until they are.
+	healthAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	mr, err := startMultireg(o.multireg, cfg, append(slices.Clip(o.env), prof.env()...), append(condArgs, "--health-endpoint", healthAddr)...)
 	if err != nil {
 		return err
 	}
@@ -412,6 +425,12 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		res.RSSAt, res.RSSAtAfter = fp.RSS, time.Since(lastReg)
 		say("RSS %v after all were registered: %d KiB", res.RSSAtAfter.Round(time.Second), res.RSSAt)
 	}
+	if o.api != nil {
+		// The node condition's agent, multireg's child: its own process, its own memory.
+		if pid, ok := child.Named(mr.PID(), "multireg-nodecond"); ok {
+			res.AgentFP, _ = readFootprint(pid)
+		}
+	}
 	if res.FP, err = readFootprint(mr.PID()); err != nil {
 		return err
 	}
@@ -469,6 +488,72 @@ func measure(parent context.Context, n int, o options, res *result) (err error) 
 		say("recovery of a DRA driver with the default backoff: registered again %v after kubelet's rejection (multireg waited %s)",
 			res.RecoveryDefault.Total.Round(time.Millisecond), res.RecoveryDefault.RetryIn)
 	}
+
+	// 6. The drivers' liveness checks: healthWorkers at once, for healthWindow.
+	if err := healthChecks(ctx, healthAddr, ds, res); err != nil {
+		return fmt.Errorf("health checks: %w", err)
+	}
+	say("liveness checks: %d in %v by %d clients at once, p50 %v, p99 %v, %d failed",
+		res.Health.Checks, healthWindow, healthWorkers, res.Health.P50, res.Health.P99, res.Health.Failed)
+	return nil
+}
+
+// The liveness checks' load: healthWorkers clients at once, each asking GET /healthz/<driver>
+// of CSI drivers in turn (a new connection each time, as kubelet's probes do), for healthWindow.
+const (
+	healthWorkers = 100
+	healthWindow  = 5 * time.Second
+)
+
+// healthResult is what the liveness checks measured.
+type healthResult struct {
+	Checks, Failed int
+	P50, P99, Max  time.Duration
+}
+
+// healthChecks measures the liveness checks of the CSI drivers of ds at addr.
+func healthChecks(ctx context.Context, addr string, ds []driver, res *result) error {
+	var csiNames []string
+	for _, d := range ds {
+		if d.typ == "CSIPlugin" {
+			csiNames = append(csiNames, d.name)
+		}
+	}
+	if len(csiNames) == 0 {
+		return nil
+	}
+	var mu sync.Mutex
+	var took []time.Duration
+	failed := 0
+	end := time.Now().Add(healthWindow)
+	var wg sync.WaitGroup
+	for w := range healthWorkers {
+		wg.Go(func() {
+			client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			for i := w; time.Now().Before(end) && ctx.Err() == nil; i += healthWorkers {
+				start := time.Now()
+				resp, err := client.Get("http://" + addr + "/healthz/" + csiNames[i%len(csiNames)])
+				d := time.Since(start)
+				ok := err == nil && resp.StatusCode == http.StatusOK
+				if resp != nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				mu.Lock()
+				took = append(took, d)
+				if !ok {
+					failed++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(took) == 0 {
+		return errors.New("no check made")
+	}
+	slices.Sort(took)
+	res.Health = healthResult{Checks: len(took), Failed: failed, P50: took[len(took)/2], P99: took[len(took)*99/100], Max: took[len(took)-1]}
 	return nil
 }
 
@@ -911,4 +996,14 @@ func window(ctx context.Context, mr *multireg, d time.Duration) error {
 	case <-mr.Done():
 		return mr.exitError()
 	}
+}
+
+// freeAddr is an address on 127.0.0.1 with a port free now.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }

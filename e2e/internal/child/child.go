@@ -11,6 +11,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -184,4 +186,29 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.partial = w.partial[i+1:]
 	}
 	return len(p), nil
+}
+
+// Named returns the pid of a child process of parent whose command name is name (as
+// /proc/PID/stat gives it: cut at 15 bytes), and whether there is one.
+func Named(parent int, name string) (int, bool) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b) // pid (comm) state ppid …
+		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || close < open || !strings.HasPrefix(name, s[open+1:close]) {
+			continue
+		}
+		if f := strings.Fields(s[close+1:]); len(f) > 1 && f[1] == strconv.Itoa(parent) {
+			pid, err := strconv.Atoi(e.Name())
+			return pid, err == nil
+		}
+	}
+	return 0, false
 }

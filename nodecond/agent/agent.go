@@ -1,13 +1,12 @@
-//go:build linux
-
-// Package nodecond reports, on the node's own Node object, one condition that is True only
-// when kubelet holds every required driver as kubelet itself records it (Evaluate), and
-// removes a startup taint the first time it is. It reads the drivers' loops (kubelet's
-// verdicts), kubelet's pod-resources view of device plugins, and the node's CSINode (watched
-// by name); it writes only when the condition on the node differs from what it should say,
-// never on a clock, and at a bounded rate. A failing API server delays the condition, never a
-// registration: the reporter runs beside the loops and nothing waits for it.
-package nodecond
+// Package agent keeps, on the node's own Node object, the condition that is True only when
+// kubelet holds every required driver as kubelet itself records it (nodecond.Evaluate), and
+// removes a startup taint the first time it is. It is the agent process's (cmd/multireg-
+// nodecond): multireg passes it the drivers' state (kubelet's verdicts) and kubelet's
+// pod-resources view; it watches the node's Node and CSINode by name, and writes only when the
+// Node shows another value than the one it should, never on a clock, and at a bounded rate. A
+// failing API server delays the condition, never a registration: multireg's loops run in
+// another process, and nothing there waits for this one.
+package agent
 
 import (
 	"context"
@@ -16,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"sync"
 	"time"
 
@@ -28,27 +28,19 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"multireg.dev/multireg/internal/kubeapi"
-	"multireg.dev/multireg/registrar"
+	"multireg.dev/multireg/internal/pause"
+	"multireg.dev/multireg/nodecond"
 )
 
 // Options configure a Reporter.
 type Options struct {
 	// Client reaches the API server (kubeapi.Connect).
 	Client dynamic.Interface
-	// Node is the node's name; Type the condition's type (CheckConditionType).
+	// Node is the node's name; Type the condition's type (nodecond.CheckConditionType).
 	Node, Type string
 	// Taint, if set, is removed from the node the first time the condition is True on it.
-	Taint *Taint
-	// Drivers returns every driver's status; Changed a channel closed at the next change of
-	// one (registrar.Supervisor).
-	Drivers func() []registrar.DriverStatus
-	Changed func() <-chan struct{}
-	// PodResources says whether the instance reads kubelet's pod-resources API and whether it
-	// answers; PodResourcesChanged a channel closed when that, or a device count, changes (nil:
-	// never).
-	PodResources        func() (registrar.PodResources, bool)
-	PodResourcesChanged func() <-chan struct{}
-	Log                 *slog.Logger
+	Taint *nodecond.Taint
+	Log   *slog.Logger
 }
 
 // When the condition is written: once what it should say has not changed for settle (a
@@ -71,13 +63,18 @@ type Reporter struct {
 	o   Options
 	log *slog.Logger
 
-	// guards st, and the latest node and CSINode the watches saw.
+	// guards st, in, and the latest node and CSINode the watches saw.
 	mu sync.Mutex
-	st Status
+	st nodecond.Status
+	// in is multireg's last word on its drivers (SetInput); hasInput: it has said one.
+	in       nodecond.Input
+	hasInput bool
 	// node, csiNode: what the watches of the Node and the CSINode read; seen is signalled
-	// (cap 1) at each read.
+	// (cap 1) at each read, and at each input.
 	node, csiNode watched
 	seen          chan struct{}
+	// changed is closed, and replaced, when st changes (Changed).
+	changed chan struct{}
 }
 
 // watched is what a watch of one object read: the newest version (nil: it does not exist),
@@ -88,54 +85,39 @@ type watched struct {
 	err  error
 }
 
-// Status is what the reporter knows, for /status and the metrics.
-type Status struct {
-	Type, Node string
-	// Verdict is the condition as the drivers, CSINode and pod-resources decide it now.
-	Verdict Verdict
-	// OnNode is the condition the node shows (nil: none, or the node not read).
-	OnNode *Condition
-	// NodeRead: the Node has been read; NodeExists: it exists.
-	NodeRead, NodeExists bool
-	// CSINode: the node's CSINode, as read.
-	CSINode CSINode
-	// Writes counts the condition's writes that succeeded, WriteErrors those that failed;
-	// LastWrite is when the last succeeded, LastError why the last read or write failed
-	// ("" once one succeeds).
-	Writes, WriteErrors int
-	LastWrite           time.Time
-	LastError           string
-	// Taint is the startup taint, if any; TaintRemoved when this process removed it, and
-	// TaintDone once it no longer looks after it (removed, or found absent when the
-	// condition was first True).
-	Taint        *Taint
-	TaintRemoved time.Time
-	TaintDone    bool
-}
-
-// Condition is a node condition's value as the node shows it.
-type Condition struct {
-	Status, Reason, Message string
-	LastTransitionTime      time.Time
-}
-
 // New returns a reporter; Run starts it.
 func New(o Options) *Reporter {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reporter{o: o, log: log.With("nodeCondition", o.Type), seen: make(chan struct{}, 1),
-		st: Status{Type: o.Type, Node: o.Node, Taint: o.Taint}}
+	return &Reporter{o: o, log: log.With("nodeCondition", o.Type), seen: make(chan struct{}, 1), changed: make(chan struct{}),
+		st: nodecond.Status{Type: o.Type, Node: o.Node, Taint: o.Taint}}
+}
+
+// SetInput gives the reporter the drivers' state and kubelet's pod-resources view as they are
+// now. The condition is not written before the first.
+func (r *Reporter) SetInput(in nodecond.Input) {
+	r.mu.Lock()
+	r.in, r.hasInput = in, true
+	r.mu.Unlock()
+	r.signal()
 }
 
 // Status returns what the reporter knows now.
-func (r *Reporter) Status() Status {
+func (r *Reporter) Status() nodecond.Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.st
 	st.CSINode.Drivers = maps.Clone(st.CSINode.Drivers)
 	return st
+}
+
+// Changed returns a channel closed at the next change of Status.
+func (r *Reporter) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
 }
 
 // Run keeps the condition until ctx ends: it watches the Node and the CSINode by name, and
@@ -163,7 +145,13 @@ func (r *Reporter) watch(ctx context.Context, gvr schema.GroupVersionResource, w
 	})
 }
 
-// signal wakes the loop: a watch saw something.
+// notify wakes whoever waits on Changed. mu is held.
+func (r *Reporter) notify() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// signal wakes the loop: a watch saw something, or multireg said something.
 func (r *Reporter) signal() {
 	select {
 	case r.seen <- struct{}{}:
@@ -188,13 +176,8 @@ func (r *Reporter) loop(ctx context.Context) {
 	var desired condition
 	var desiredSince, pending time.Time
 	for {
-		changed := r.o.Changed()
-		var podChanged <-chan struct{}
-		if r.o.PodResourcesChanged != nil {
-			podChanged = r.o.PodResourcesChanged()
-		}
 		if wait := minEval - time.Since(lastEval); wait > 0 {
-			if !sleep(ctx, wait) {
+			if !pause.For(ctx, wait) {
 				return
 			}
 		}
@@ -204,6 +187,7 @@ func (r *Reporter) loop(ctx context.Context) {
 		r.mu.Lock()
 		nodeObj, nodeRead, csiObj, csiRead := r.node.obj, r.node.read, r.csiNode.obj, r.csiNode.read
 		apiErr := errors.Join(r.node.err, r.csiNode.err)
+		in, hasInput := r.in, r.hasInput
 		r.mu.Unlock()
 		n, err := readNode(nodeObj, r.o.Type)
 		if err != nil {
@@ -224,11 +208,8 @@ func (r *Reporter) loop(ctx context.Context) {
 				delete(listed, name)
 			}
 		}
-		in := Input{Drivers: r.o.Drivers(), CSINode: CSINode{Known: csiRead, Drivers: maps.Clone(listed)}, Now: now}
-		if p, ok := r.o.PodResources(); ok {
-			in.PodResources, in.Answers = true, p.Answers
-		}
-		v := Evaluate(in)
+		in.CSINode, in.Now = nodecond.CSINode{Known: csiRead, Drivers: maps.Clone(listed)}, now
+		v := nodecond.Evaluate(in)
 		r.warnCSINode(v, warned)
 
 		switch {
@@ -246,11 +227,12 @@ func (r *Reporter) loop(ctx context.Context) {
 
 		// The write, if the node shows another value, once that value has settled.
 		next := time.Time{}
-		want := condition{Type: r.o.Type, Status: statusOf(v.True), Reason: v.Reason, Message: v.Message}
+		want := condition{Type: r.o.Type, Status: nodecond.StatusOf(v.True), Reason: v.Reason, Message: v.Message}
 		if !sameValue(&desired, want) {
 			desired, desiredSince = want, now
 		}
-		differs := nodeRead && n.exists && !sameValue(n.cond, want)
+		// Nothing is written before multireg has said what its drivers are.
+		differs := hasInput && nodeRead && n.exists && !sameValue(n.cond, want)
 		switch {
 		case !differs:
 			pending = time.Time{}
@@ -291,7 +273,7 @@ func (r *Reporter) loop(ctx context.Context) {
 			}
 		}
 		// The startup taint, once the node shows the condition True.
-		if r.o.Taint != nil && !r.Status().TaintDone && n.exists && n.cond != nil && n.cond.Status == "True" {
+		if r.o.Taint != nil && hasInput && !r.Status().TaintDone && n.exists && n.cond != nil && n.cond.Status == "True" {
 			if err := r.removeTaint(ctx, n); err != nil {
 				if ctx.Err() != nil {
 					return
@@ -307,14 +289,18 @@ func (r *Reporter) loop(ctx context.Context) {
 		}
 
 		r.mu.Lock()
+		was := r.st
 		r.st.Verdict, r.st.NodeRead, r.st.NodeExists = v, nodeRead, n.exists
 		r.st.CSINode = in.CSINode
 		r.st.OnNode = nil
 		if c := n.cond; c != nil {
-			r.st.OnNode = &Condition{Status: c.Status, Reason: c.Reason, Message: c.Message, LastTransitionTime: c.LastTransitionTime}
+			r.st.OnNode = &nodecond.Condition{Status: c.Status, Reason: c.Reason, Message: c.Message, LastTransitionTime: c.LastTransitionTime}
 		}
 		if apiErr != nil {
 			r.st.LastError = apiErr.Error()
+		}
+		if !reflect.DeepEqual(was, r.st) {
+			r.notify()
 		}
 		r.mu.Unlock()
 
@@ -326,19 +312,13 @@ func (r *Reporter) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-changed:
-		case <-podChanged:
 		case <-r.seen:
 		case <-timer.C:
 		}
 	}
 }
 
-// ReasonStopped: multireg withdrew every registration of the node (--cleanup-on-exit, an
-// uninstall) and keeps the condition no more: Unknown, not a stale True.
-const ReasonStopped = "MultiregStopped"
-
-// Withdrawn writes the condition Unknown (ReasonStopped), once Run has returned, after multireg
+// Withdrawn writes the condition Unknown (nodecond.ReasonStopped), once Run has returned, after multireg
 // removed every registration socket on its way out: nothing keeps the condition after that. It
 // is one attempt, bounded by ctx.
 func (r *Reporter) Withdrawn(ctx context.Context) error {
@@ -349,7 +329,7 @@ func (r *Reporter) Withdrawn(ctx context.Context) error {
 	if err != nil || !n.exists {
 		return err
 	}
-	_, err = r.write(ctx, n, condition{Type: r.o.Type, Status: "Unknown", Reason: ReasonStopped,
+	_, err = r.write(ctx, n, condition{Type: r.o.Type, Status: "Unknown", Reason: nodecond.ReasonStopped,
 		Message: "multireg stopped with --cleanup-on-exit and withdrew every registration of this node: nothing keeps this condition"}, time.Now())
 	return err
 }
@@ -456,14 +436,14 @@ func (r *Reporter) noteError(err error) {
 }
 
 // warnCSINode logs each CSI driver kubelet accepted that CSINode has not listed for longer
-// than CSINodeGrace, once when that begins and once when it ends.
-func (r *Reporter) warnCSINode(v Verdict, warned map[string]bool) {
+// than nodecond.CSINodeGrace, once when that begins and once when it ends.
+func (r *Reporter) warnCSINode(v nodecond.Verdict, warned map[string]bool) {
 	now := map[string]bool{}
 	for _, e := range v.Evidence {
 		if e.NotListed {
 			now[e.Driver] = true
 			if !warned[e.Driver] {
-				r.log.Warn("kubelet accepted the CSI driver, and the node's CSINode does not list it", "driver", e.Driver, "grace", CSINodeGrace)
+				r.log.Warn("kubelet accepted the CSI driver, and the node's CSINode does not list it", "driver", e.Driver, "grace", nodecond.CSINodeGrace)
 			}
 		}
 	}
@@ -478,16 +458,16 @@ func (r *Reporter) warnCSINode(v Verdict, warned map[string]bool) {
 
 // notListedAt is when the next registered CSI driver missing from CSINode becomes a warning
 // (zero: none will).
-func notListedAt(v Verdict, in Input) time.Time {
+func notListedAt(v nodecond.Verdict, in nodecond.Input) time.Time {
 	var at time.Time
 	for _, d := range in.Drivers {
-		if d.Type != "CSIPlugin" || d.Phase != registrar.Registered || !in.CSINode.Known {
+		if d.Type != "CSIPlugin" || d.Phase != "Registered" || !in.CSINode.Known {
 			continue
 		}
 		if _, ok := in.CSINode.Drivers[d.Name]; ok {
 			continue
 		}
-		t := d.Since.Add(CSINodeGrace + time.Millisecond)
+		t := d.Since.Add(nodecond.CSINodeGrace + time.Millisecond)
 		if t.After(in.Now) && (at.IsZero() || t.Before(at)) {
 			at = t
 		}
@@ -499,13 +479,6 @@ func notListedAt(v Verdict, in Input) time.Time {
 // and message (the times are the writer's).
 func sameValue(c *condition, want condition) bool {
 	return c != nil && c.Status == want.Status && c.Reason == want.Reason && c.Message == want.Message
-}
-
-func statusOf(ok bool) string {
-	if ok {
-		return "True"
-	}
-	return "False"
 }
 
 func contains(names []string, name string) bool {
@@ -534,22 +507,4 @@ func (l *limiter) allow(now time.Time) (bool, time.Duration) {
 		return true, 0
 	}
 	return false, kubeapi.Jitter(time.Duration((1 - l.tokens) * float64(writeEvery)))
-}
-
-// sleep waits d, and reports false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// Synced reports whether the node shows the condition as the reporter decided it.
-func (s Status) Synced() bool {
-	c := s.OnNode
-	return c != nil && c.Status == statusOf(s.Verdict.True) && c.Reason == s.Verdict.Reason && c.Message == s.Verdict.Message
 }

@@ -1,24 +1,27 @@
 //go:build linux
 
-package nodecond
+package relay
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Collector exposes the node condition and its evidence as Prometheus metrics, read from the
-// reporter at scrape time. Labels are bounded: the condition's type, driver names and types
-// from the drivers file, and fixed results.
+// Collector exposes the node condition and its evidence as Prometheus metrics, read from what
+// the agent last said at scrape time. Labels are bounded: the condition's type, driver names
+// and types from the drivers file, and fixed results.
 type Collector struct {
-	r *Reporter
+	r *Relay
 
-	status, synced, writes, held, listed, missing *prometheus.Desc
+	status, synced, writes, held, listed, missing, agentUp *prometheus.Desc
 }
 
 // NewCollector returns the collector of r; register it on a registry.
-func NewCollector(r *Reporter) *Collector {
+func NewCollector(r *Relay) *Collector {
 	return &Collector{
 		r: r,
+		agentUp: prometheus.NewDesc("multireg_node_condition_agent_up",
+			"1 while the node condition's agent process runs (multireg starts it again when it ends), else 0.",
+			[]string{"condition"}, nil),
 		status: prometheus.NewDesc("multireg_node_condition_status",
 			"1 when the node condition should be True (kubelet holds every required driver, as its own records say), else 0.",
 			[]string{"condition"}, nil),
@@ -42,14 +45,18 @@ func NewCollector(r *Reporter) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.status, c.synced, c.writes, c.held, c.listed, c.missing} {
+	for _, d := range []*prometheus.Desc{c.status, c.synced, c.writes, c.held, c.listed, c.missing, c.agentUp} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	st := c.r.Status()
+	st, agent := c.r.Status()
+	ch <- prometheus.MustNewConstMetric(c.agentUp, prometheus.GaugeValue, boolValue(agent.Running), c.r.Type())
+	if st.Type == "" {
+		return // the agent has said nothing yet
+	}
 	v := st.Verdict
 	ch <- prometheus.MustNewConstMetric(c.status, prometheus.GaugeValue, boolValue(v.True), st.Type)
 	ch <- prometheus.MustNewConstMetric(c.synced, prometheus.GaugeValue, boolValue(st.Synced()), st.Type)
