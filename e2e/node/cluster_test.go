@@ -3,6 +3,7 @@ package node_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -59,4 +60,42 @@ func kubeletRegistered(ctx context.Context) (map[string]bool, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// probeCount is what kubelet's prober counted of one container's probes of one kind
+// ("Liveness", "Readiness") since kubelet started (prober_probe_total, on /metrics/probes): its
+// counters are the running kubelet's, from 0 at its start.
+type probeCount struct{ Successful, Failed, Unknown int }
+
+var probeMetric = regexp.MustCompile(`^prober_probe_total\{(.*)\} ([0-9.e+]+)$`)
+
+// kubeletProbes returns kubelet's counts of the probes of kind of container in the pod with
+// UID uid.
+func kubeletProbes(ctx context.Context, uid, container, kind string) (probeCount, error) {
+	text, err := cl.KubeletGet(ctx, "/metrics/probes")
+	if err != nil {
+		return probeCount{}, err
+	}
+	var pc probeCount
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := probeMetric.FindStringSubmatch(sc.Text())
+		if m == nil || !strings.Contains(m[1], `pod_uid="`+uid+`"`) || !strings.Contains(m[1], `container="`+container+`"`) || !strings.Contains(m[1], `probe_type="`+kind+`"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			return probeCount{}, fmt.Errorf("kubelet's %s: %w", sc.Text(), err)
+		}
+		switch {
+		case strings.Contains(m[1], `result="successful"`):
+			pc.Successful += int(v)
+		case strings.Contains(m[1], `result="failed"`):
+			pc.Failed += int(v)
+		default:
+			pc.Unknown += int(v)
+		}
+	}
+	return pc, sc.Err()
 }

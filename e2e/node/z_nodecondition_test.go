@@ -533,10 +533,9 @@ func (e *ncEnv) socketAndEndpoint(t *testing.T) {
 // API server's outage to 24 s in one run.
 func (e *ncEnv) rolloutRestart(t *testing.T, tl *timeline) {
 	t.Helper()
-	// Ready first (its readiness probe, every 5 s, follows the required drivers): the
-	// DaemonSet controller surges only over an available pod, and replaces one that is not
-	// at once, without a hand-over.
-	old := waitPodReady(t, time.Minute, "")
+	// Available first: the DaemonSet controller surges only over an available pod, and
+	// replaces one that is not at once, without a hand-over.
+	old := waitAvailable(t)
 	writes := e.writes(t, old)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -578,6 +577,49 @@ func (e *ncEnv) rolloutRestart(t *testing.T, tl *timeline) {
 	}
 	t.Logf("rollout restart: pod %s (%d writes of the condition) → %s, %dms; the condition stayed True", old.Name, writes, pod.Name, ms(time.Since(start)))
 	noteSockets(t, pod, ncCSI, ncDP)
+}
+
+// waitAvailable waits for the release's one pod Ready as the running kubelet probed it, and
+// available as the DaemonSet controller counts it, and returns it. Ready on the API server is
+// not enough after a kubelet restart: the Pod keeps the last kubelet's Ready until the new one
+// has synced it, and kubelet 1.35.4 then reports the container not Ready until its first
+// readiness probe (every 5 s) — in one run, a rollout begun 2.9 s after scenario 13's kubelet
+// restart met a pod the controller then counted unavailable, and it replaced it without a
+// surge, so without a hand-over.
+func waitAvailable(t *testing.T) corev1.Pod {
+	t.Helper()
+	pod := waitPodReady(t, time.Minute, "")
+	waitUntil(t, time.Minute, "a readiness probe of "+pod.Name+" by the running kubelet succeeded", func(ctx context.Context) (bool, string) {
+		pc, err := kubeletProbes(ctx, string(pod.UID), "multireg", "Readiness")
+		if err != nil {
+			return false, err.Error()
+		}
+		return pc.Successful > 0, fmt.Sprintf("kubelet's readiness probes of it: %+v", pc)
+	})
+	pod = waitPodReady(t, time.Minute, "")
+	waitDSAvailable(t, pod)
+	return pod
+}
+
+// waitDSAvailable waits until the release's DaemonSet controller has seen its current
+// generation and counts pod Ready and available (its status: one pod, available, updated), and
+// logs since when the pod is Ready.
+func waitDSAvailable(t *testing.T, pod corev1.Pod) {
+	t.Helper()
+	waitUntil(t, time.Minute, "the DaemonSet controller counts "+pod.Name+" available", func(ctx context.Context) (bool, string) {
+		ds, err := cl.Client.AppsV1().DaemonSets(ncNS).Get(ctx, ncRelease, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		st := ds.Status
+		return st.ObservedGeneration == ds.Generation && st.DesiredNumberScheduled == 1 && st.NumberReady == 1 && st.NumberAvailable == 1 && st.NumberUnavailable == 0 && st.UpdatedNumberScheduled == 1,
+			fmt.Sprintf("generation %d, status %+v", ds.Generation, st)
+	})
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			t.Logf("pod %s Ready since %s (%dms ago); the DaemonSet controller counts it available", pod.Name, c.LastTransitionTime.UTC().Format(time.RFC3339), ms(time.Since(c.LastTransitionTime.Time)))
+		}
+	}
 }
 
 // writes is how many times the pod's multireg wrote the condition, from its /status.
@@ -915,7 +957,7 @@ func (e *ncEnv) uninstall(t *testing.T, check bool) {
 	}
 	if check {
 		// docs/deploy.md's uninstall: the sockets go with the pod.
-		old := waitPodReady(t, time.Minute, "")
+		old := waitAvailable(t)
 		upgraded := time.Now()
 		e.helm(t, false, e.values(true))
 		if out, err := cl.Kubectl(ctx, "rollout", "status", "-n", ncNS, "ds/"+ncRelease, "--timeout=2m"); err != nil {

@@ -431,7 +431,13 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 // API server's client certificate (the API server's node proxy refuses loopback addresses,
 // and this node's address is 127.0.0.1).
 func (c *Cluster) KubeletMetrics(ctx context.Context) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/metrics", c.ports["kubelet"]), nil)
+	return c.KubeletGet(ctx, "/metrics")
+}
+
+// KubeletGet returns what kubelet's authenticated port answers at path (/metrics,
+// /metrics/probes: its probes' counts), as KubeletMetrics reads it.
+func (c *Cluster) KubeletGet(ctx context.Context, path string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", c.ports["kubelet"], path), nil)
 	if err != nil {
 		return "", err
 	}
@@ -445,7 +451,7 @@ func (c *Cluster) KubeletMetrics(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("kubelet /metrics: %s: %s", resp.Status, strings.TrimSpace(string(b)))
+		return "", fmt.Errorf("kubelet %s: %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
 	}
 	return string(b), nil
 }
