@@ -238,3 +238,56 @@ func (tl *timeline) nodes(from, to time.Time) []tlEvent {
 	}
 	return out
 }
+
+// gap is what a span of the timeline showed of something the node should show: how many times
+// it went missing, and the longest it stayed so.
+type gap struct {
+	times   int
+	longest time.Duration
+}
+
+func (g gap) String() string {
+	return fmt.Sprintf("%d times, longest %dms", g.times, g.longest.Milliseconds())
+}
+
+// gaps measures, over the events received in [from, to) for which sel holds, each time holds
+// stopped holding after it had held, until it held again (or until to, when it never did):
+// how often, and the longest. The last such event before from says how things stood at from
+// (missing then: one time, counted from from). Before holds first held nothing is counted:
+// something not there yet is not missing.
+func (tl *timeline) gaps(from, to time.Time, sel, holds func(tlEvent) bool) gap {
+	events, _ := tl.snapshot()
+	var g gap
+	held, missing := false, false
+	for _, e := range events {
+		if e.at.Before(from) && sel(e) {
+			ok := holds(e)
+			held = held || ok
+			missing = held && !ok
+		}
+	}
+	var since time.Time // when it went missing; zero while it is there
+	if missing {
+		g.times, since = 1, from
+	}
+	for _, e := range events {
+		if e.at.Before(from) || !e.at.Before(to) || !sel(e) {
+			continue
+		}
+		switch ok := holds(e); {
+		case ok && !since.IsZero():
+			g.longest = max(g.longest, e.at.Sub(since))
+			since = time.Time{}
+			held = true
+		case ok:
+			held = true
+		case held && since.IsZero():
+			g.times++
+			since = e.at
+		}
+	}
+	if !since.IsZero() {
+		g.longest = max(g.longest, to.Sub(since))
+	}
+	return g
+}

@@ -98,6 +98,16 @@ func TestNodeCondition(t *testing.T) {
 		scenario(t, "15-admission-policy", func(t *testing.T) { e.admissionPolicy(t) }) &&
 		scenario(t, "16-api-server-stopped-30s", func(t *testing.T) { e.apiServerStopped(t) }) &&
 		scenario(t, "17-uninstall", func(t *testing.T) { e.uninstall(t, true) })
+	for _, g := range []struct {
+		what string
+		ncGap
+	}{{ncCSI + " out of CSINode", ncGaps.csi}, {ncDP + " allocatable short", ncGaps.alloc}} {
+		if g.scenario == "" {
+			figures = append(figures, fmt.Sprintf("node condition scenarios: %s: never", g.what))
+			continue
+		}
+		figures = append(figures, fmt.Sprintf("node condition scenarios: the longest time %s: %dms, in scenario %s", g.what, ms(g.longest), g.scenario))
+	}
 }
 
 // values are the chart's values of the scenarios: the node's kubelet root and drivers (the
@@ -240,6 +250,43 @@ func listsDriver(e tlEvent, name string) bool {
 		}
 	}
 	return false
+}
+
+// isCSINode and isNode select a timeline's CSINode and Node events.
+func isCSINode(e tlEvent) bool { return e.csi != nil }
+func isNode(e tlEvent) bool    { return e.node != nil }
+
+// widgetsAllocatable holds for a Node event whose allocatable shows every widget of ncDP.
+func widgetsAllocatable(e tlEvent) bool {
+	q, ok := e.node.Status.Allocatable[corev1.ResourceName(ncDP)]
+	return ok && q.Value() == nNCWidgets
+}
+
+// ncGap is the longest absence of one kind that a scenario saw, for the summary.
+type ncGap struct {
+	scenario string
+	gap
+}
+
+// ncGaps are the longest absences the node-condition scenarios saw: ncCSI out of CSINode, and
+// ncDP's widgets short of allocatable.
+var ncGaps struct{ csi, alloc ncGap }
+
+// noteGaps logs what tl showed, in [from, to), of ncCSI in CSINode and of ncDP's widgets in the
+// node's allocatable, and keeps the longest for the summary; why says what the scenario did
+// to them.
+func noteGaps(t *testing.T, tl *timeline, scenario, why string, from, to time.Time) (csi, alloc gap) {
+	t.Helper()
+	csi = tl.gaps(from, to, isCSINode, func(e tlEvent) bool { return listsDriver(e, ncCSI) })
+	alloc = tl.gaps(from, to, isNode, widgetsAllocatable)
+	t.Logf("%s (%s): %s out of CSINode %s; %s allocatable short %s", scenario, why, ncCSI, csi, ncDP, alloc)
+	if csi.longest > ncGaps.csi.longest {
+		ncGaps.csi = ncGap{scenario + " (" + why + ")", csi}
+	}
+	if alloc.longest > ncGaps.alloc.longest {
+		ncGaps.alloc = ncGap{scenario + " (" + why + ")", alloc}
+	}
+	return csi, alloc
 }
 
 // ms is d in ms, for the figures.
@@ -414,6 +461,7 @@ func (e *ncEnv) startupTaint(t *testing.T) {
 		t.Errorf("the pod logged the taint's removal %d times; want once:\n%s", n, log)
 	}
 	noteSockets(t, pod, ncCSI, ncDP)
+	noteGaps(t, tl, "12", "installed, the CSI driver's endpoint started last", installed, time.Now())
 	tl.stop()
 	t.Logf("multireg wrote the condition %d times so far", e.writes(t, pod))
 }
@@ -472,6 +520,7 @@ func (e *ncEnv) rejected(t *testing.T) {
 	back := tl.await(t, time.Minute, "the condition True once kubelet accepts "+ncCSI, answered, condIs(corev1.ConditionTrue))
 	t.Logf("True again %dms after the driver answered NodeGetInfo again (%d failed calls in all)", ms(back.at.Sub(answered)), len(e.csi.NodeGetInfoFailures())-failedBefore)
 	figures = append(figures, fmt.Sprintf("node condition: False %dms after kubelet rejected a required CSI driver (NodeGetInfo failed); True %dms after it answered again", ms(took), ms(back.at.Sub(answered))))
+	noteGaps(t, tl, "13", "kubelet restarted, rejecting the CSI driver until it answers", restart, time.Now())
 	tl.stop()
 	pod := multiregPod(t)
 	noteSockets(t, pod, ncCSI, ncDP)
@@ -497,6 +546,7 @@ func (e *ncEnv) socketAndEndpoint(t *testing.T) {
 		t.Errorf("False %s after the registration socket's removal; want at most %s", sockOff, ncBound)
 	}
 
+	noteGaps(t, tl, "14", "the CSI driver's registration socket removed", removed, time.Now())
 	gone := time.Now()
 	e.csi.Stop()
 	off = tl.await(t, time.Minute, "the condition False: "+ncCSI+"'s endpoint gone", gone, condIs(corev1.ConditionFalse, ncCSI+" (CSIPlugin): registered, and its endpoint is gone"))
@@ -516,6 +566,7 @@ func (e *ncEnv) socketAndEndpoint(t *testing.T) {
 	figures = append(figures,
 		fmt.Sprintf("node condition: False %dms after a required CSI driver's registration socket was removed, True %dms after that", ms(sockOff), ms(sockOn)),
 		fmt.Sprintf("node condition: False %dms after a required CSI driver's endpoint went, True %dms after it came back", ms(epOff), ms(epOn)))
+	noteGaps(t, tl, "14", "the CSI driver's endpoint gone and back", gone, time.Now())
 	tl.stop()
 	pod := multiregPod(t)
 	noteSockets(t, pod, ncCSI, ncDP)
@@ -577,6 +628,10 @@ func (e *ncEnv) rolloutRestart(t *testing.T, tl *timeline) {
 	}
 	t.Logf("rollout restart: pod %s (%d writes of the condition) → %s, %dms; the condition stayed True", old.Name, writes, pod.Name, ms(time.Since(start)))
 	noteSockets(t, pod, ncCSI, ncDP)
+	// Handed over, kubelet keeps every registration: nothing leaves CSINode or allocatable.
+	if csi, alloc := noteGaps(t, tl, strings.SplitN(t.Name(), "/", 2)[1][:2], "rollout restart with hand-over", start, time.Now()); csi.times > 0 || alloc.times > 0 {
+		t.Errorf("during the rollout with hand-over %s left CSINode %s, and %s allocatable was short %s; want never", ncCSI, csi, ncDP, alloc)
+	}
 }
 
 // waitAvailable waits for the release's one pod Ready as the running kubelet probed it, and
