@@ -762,6 +762,7 @@ func (e *ncEnv) admissionPolicy(t *testing.T) {
 	}
 	forged := corev1.NodeCondition{Type: ncType, Status: corev1.ConditionTrue, Reason: "RequiredPluginsRegistered", Message: "forged by another node's token", LastTransitionTime: metav1.Now()}
 	err = patch(ncOther, forged)
+	refusals := []string{fmt.Sprintf("another node's status: %v", err)}
 	wantMsg := fmt.Sprintf("multireg's service account changes only the node its pod runs on, %s, not %s", cluster.NodeName, ncOther)
 	t.Logf("the pod's token patching %s's status: %v", ncOther, err)
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), wantMsg) {
@@ -793,8 +794,92 @@ func (e *ncEnv) admissionPolicy(t *testing.T) {
 	if a := ncCondition(after); a == nil || a.Status != c.Status || a.Message != c.Message || !wrote {
 		t.Errorf("the node's condition after the allowed patch: %+v (written by the pod's token: %v); before: %+v", a, wrote, c)
 	}
-	figures = append(figures, "node condition: the pod's token refused on another Node's status by the ValidatingAdmissionPolicy, allowed on its own")
+
+	// Its own node, anything but its condition and the startup taint's removal: refused.
+	forgedReady := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "Forged", Message: "forged by multireg's token", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}
+	readyPatch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{forgedReady}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		what, sub, body, want string
+		undo                  string // a patch undoing it, were it admitted
+	}{
+		{"another condition (Ready) of its own node", "status", string(readyPatch),
+			"multireg's service account changes nothing of a node's status but its own condition, " + ncType, ""},
+		{"a label of its own node", "", `{"metadata":{"labels":{"e2e-forged":"yes"}}}`,
+			"multireg's service account changes no label, annotation, owner or finalizer of a node", `{"metadata":{"labels":{"e2e-forged":null}}}`},
+		{"a taint added to its own node", "", `{"spec":{"taints":[{"key":"e2e-forged","effect":"NoSchedule"}]}}`,
+			"multireg's service account changes nothing of a node's spec but the removal of its startup taint, " + ncTaint, `{"spec":{"taints":null}}`},
+	} {
+		var subs []string
+		if r.sub != "" {
+			subs = append(subs, r.sub)
+		}
+		_, err := as.CoreV1().Nodes().Patch(ctx, cluster.NodeName, types.StrategicMergePatchType, []byte(r.body), metav1.PatchOptions{FieldManager: "e2e-forger"}, subs...)
+		t.Logf("the pod's token changing %s: %v", r.what, err)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), r.want) {
+			t.Errorf("the pod's token changing %s: %v; want Forbidden by the ValidatingAdmissionPolicy: %q", r.what, err, r.want)
+			if err == nil && r.undo != "" {
+				if _, err := nodes.Patch(ctx, cluster.NodeName, types.StrategicMergePatchType, []byte(r.undo), metav1.PatchOptions{}); err != nil {
+					t.Errorf("undo %s: %v", r.what, err)
+				}
+			}
+		}
+		refusals = append(refusals, fmt.Sprintf("%s: %v", r.what, err))
+	}
+	if n, err := nodes.Get(ctx, cluster.NodeName, metav1.GetOptions{}); err != nil {
+		t.Error(err)
+	} else {
+		for _, c := range n.Status.Conditions {
+			if c.Message == forgedReady.Message {
+				t.Errorf("the node's %s condition after the refused patch: %+v", c.Type, c)
+			}
+		}
+		forgedTaint := false
+		for _, tn := range n.Spec.Taints {
+			forgedTaint = forgedTaint || tn.Key == "e2e-forged"
+		}
+		if _, ok := n.Labels["e2e-forged"]; ok || forgedTaint {
+			t.Errorf("the node after the refused patches: labels %v, taints %v", n.Labels, n.Spec.Taints)
+		}
+	}
+
+	// A token of the same service account bound to no pod (a TokenRequest's, as someone who
+	// may create tokens for it makes): RBAC lets it patch every node's status; the policy
+	// refuses it even its own condition on this node.
+	tr, err := cl.Client.CoreV1().ServiceAccounts(ncNS).CreateToken(ctx, ncRelease, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg2 := *cfg
+	cfg2.BearerToken = tr.Status.Token
+	unbound, err := kubernetes.NewForConfig(&cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err = nodes.Get(ctx, cluster.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{*ncCondition(own)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = unbound.CoreV1().Nodes().Patch(ctx, cluster.NodeName, types.StrategicMergePatchType, b, metav1.PatchOptions{FieldManager: "e2e-forger"}, "status")
+	t.Logf("a token of %s bound to no pod, writing the condition on %s: %v", ncRelease, cluster.NodeName, err)
+	const wantUnbound = "this request's token names no node"
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), wantUnbound) {
+		t.Errorf("a token bound to no pod writing the condition: %v; want Forbidden by the ValidatingAdmissionPolicy: %q", err, wantUnbound)
+	}
+	refusals = append(refusals, fmt.Sprintf("a token bound to no pod, its own condition: %v", err))
+	for _, r := range refusals {
+		figures = append(figures, "node condition: refused with the pod's service account: "+r)
+	}
+	figures = append(figures, "node condition: the pod's token allowed to write its condition on its own node")
 }
+
+func ptrTo[T any](v T) *T { return &v }
 
 // podNodeCondition is the nodeCondition of multireg's /status.
 type podNodeCondition struct {
