@@ -1,6 +1,7 @@
 package handover
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -563,6 +564,9 @@ func TestListenerOfAnotherNetns(t *testing.T) {
 		t.Skip("needs root to make a network namespace")
 	}
 	l, err := listenInNewNetns()
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("root, but no network namespace here (a container without CAP_SYS_ADMIN): %v", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,40 +633,44 @@ func TestListenerOfAnotherNetns(t *testing.T) {
 	}
 }
 
-// listenInNewNetns listens on 127.0.0.1 in a network namespace of its own, made on a thread
-// that is then thrown away (its goroutine ends locked), so no other goroutine runs in it.
+// listenInNewNetns listens on 127.0.0.1 in a network namespace of its own, made on a locked
+// thread that goes back to its namespace after (the socket stays in the new one).
 func listenInNewNetns() (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, err
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("unshare: %w", err)}
-			return
-		}
-		// The new namespace's loopback is down.
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer unix.Close(fd)
-		ifr, err := unix.NewIfreq("lo")
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		ifr.SetUint16(unix.IFF_UP | unix.IFF_LOOPBACK | unix.IFF_RUNNING)
-		if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-			ch <- result{err: fmt.Errorf("lo up: %w", err)}
-			return
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	return r.l, r.err
+	defer orig.Close()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return nil, fmt.Errorf("unshare: %w", err)
+	}
+	l, err := listenOnNewLoopback()
+	if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
+		// The thread stays in the new namespace: lock it for good, so that the runtime
+		// ends it with this goroutine rather than run another goroutine on it.
+		runtime.LockOSThread()
+		panic(fmt.Sprintf("setns back: %v", serr))
+	}
+	return l, err
+}
+
+// listenOnNewLoopback brings up the loopback of a new network namespace (down there) and
+// listens on it.
+func listenOnNewLoopback() (net.Listener, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return nil, err
+	}
+	ifr.SetUint16(unix.IFF_UP | unix.IFF_LOOPBACK | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return nil, fmt.Errorf("lo up: %w", err)
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
 }
