@@ -180,6 +180,11 @@ func listenersOf(m *Msg, files []*os.File, serves []ListenerSpec, log *slog.Logg
 		if err == nil {
 			err = inNetns(f)
 		}
+		if errors.Is(err, errOtherNetns) { // the pod network: each pod serves its own
+			log.Info("a listener handed over is of another network namespace; each instance serves its own", "name", spec.Name, "addr", spec.Addr)
+			f.Close()
+			continue
+		}
 		if err != nil {
 			log.Warn("a listener handed over is not taken; the new instance binds its own", "name", spec.Name, "addr", spec.Addr, "err", err)
 			f.Close()

@@ -628,7 +628,7 @@ func TestListenerOfAnotherNetns(t *testing.T) {
 		CloseAll(fs)
 		t.Errorf("a listener of another network namespace was taken")
 	}
-	if !strings.Contains(logs.String(), "another network namespace") {
+	if !strings.Contains(logs.String(), "level=INFO msg=\"a listener handed over is of another network namespace") {
 		t.Errorf("the log does not say why the listener was left: %s", logs.String())
 	}
 }

@@ -535,8 +535,12 @@ func inNetns(f *os.File) error {
 			}
 		}
 	}
-	return errors.New("a socket of another network namespace (another pod's)")
+	return errOtherNetns
 }
+
+// errOtherNetns: a listener handed over belongs to another network namespace: the two pods
+// are on the pod network, each with its own socket (not a fault: the holder keeps serving it).
+var errOtherNetns = errors.New("a socket of another network namespace (the previous pod's own network)")
 
 // isListening checks that f is a listening stream socket of domain, or says what.
 func isListening(f *os.File, domain int, what string) error {
