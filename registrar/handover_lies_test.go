@@ -449,7 +449,7 @@ func TestHandOverRefusedPastTheBoundResumesTheHolder(t *testing.T) {
 	}
 	var logs testkit.Buffer
 	a := startMultiregLog(t, reg, ds, logs.Logger())
-	snap, lock, err := handover.Ask(reg, testkit.Logger(t), func(*os.File) error { return nil }, []string{"new.example.com"})
+	snap, lock, err := handover.Ask(reg, testkit.Logger(t), func(*os.File) error { return nil }, []string{"new.example.com"}, nil)
 	snap.Close()
 	if err == nil {
 		lock.Close()

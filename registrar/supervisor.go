@@ -425,8 +425,9 @@ func (s *Supervisor) Resume(snap *handover.Snapshot) {
 }
 
 // Release ends a hand-over that succeeded: the supervisor runs no loop again (Start does
-// nothing), and the calls waiting on HandOver return.
-func (s *Supervisor) Release() {
+// nothing), and the calls waiting on HandOver return. It serves no listener: the listeners
+// the new instance took are multireg's endpoints'.
+func (s *Supervisor) Release([]handover.ListenerSpec) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.paused = false

@@ -348,7 +348,7 @@ func TestReleaseEndsTheCallsWaitingOnHandOver(t *testing.T) {
 		wg.Wait()
 	}()
 	testkit.Never(t, 300*time.Millisecond, "a call returned during a hand-over's pause", returned(done))
-	s.Release()
+	s.Release(nil)
 	testkit.Eventually(t, 5*time.Second, "Start, Stop and Update returned after Release", returned(done))
 	if !testkit.IsSocket(a.SocketPath) {
 		t.Error("a Stop waiting on the hand-over removed the socket handed over")

@@ -5,10 +5,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"runtime"
 	"strings"
@@ -215,6 +213,8 @@ func newHandler(in *instance, checks http.Handler) http.Handler {
 	readyz := func(w http.ResponseWriter, r *http.Request) {
 		v := in.view()
 		switch {
+		case v.Handing:
+			http.Error(w, "not ready: handing the registration directory over to a new instance", http.StatusServiceUnavailable)
 		case v.State != nil:
 			var problem string
 			if v.State.descriptors != nil && r.PathValue("driver") == "" {
@@ -302,50 +302,25 @@ func count(drivers []registrar.DriverStatus, only string) int {
 	return len(drivers)
 }
 
-// listenHTTP listens on addr, failing at once if it cannot.
-func listenHTTP(addr string) (net.Listener, error) {
-	// SO_REUSEPORT: on the host's network (the health endpoints need it: a driver pod's
-	// probe reaches the node's address), a rolling update's new pod listens beside the old
-	// one; a port some other program holds stays refused.
-	l, err := listenReusePort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("--http-endpoint: %w", err)
-	}
-	return l, nil
-}
-
-// serveHTTP serves h on l until ctx ends, then shuts down, giving requests in flight a moment
-// to finish. It fails when serving fails.
-func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
-	return serveCapped(ctx, l, h, newConnCap(log), log)
-}
-
-// serveCapped is serveHTTP with its connections kept within cc.
-func serveCapped(ctx context.Context, l net.Listener, h http.Handler, cc *connCap, log *slog.Logger) error {
-	srv := &http.Server{
+// newHTTPServer is an HTTP server of h, its connections kept within cc, its writes bounded by
+// write.
+func newHTTPServer(h http.Handler, cc *connCap, write time.Duration, log *slog.Logger) *http.Server {
+	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: httpReadTimeout,
 		ReadTimeout:       httpReadTimeout,
-		WriteTimeout:      httpWriteTimeout,
+		WriteTimeout:      write,
 		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ConnState:         cc.track,
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	log.Info("serving HTTP", "address", l.Addr().String())
-	select {
-	case err := <-served:
-		return fmt.Errorf("--http-endpoint: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), httpShutdown)
+}
+
+// shutdownHTTP stops srv, giving requests in flight a moment to finish.
+func shutdownHTTP(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), httpShutdown)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	if srv.Shutdown(ctx) != nil {
 		srv.Close()
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }

@@ -157,6 +157,18 @@ func TestHandlers(t *testing.T) {
 			t.Errorf("/readyz with %d drivers all registered: %d\n%s", len(ds), code, body)
 		}
 	}
+	// Handing the directory over: not ready (a probe of the new pod may reach this process
+	// until the new instance has the port's socket), whatever the drivers; ready again when the
+	// hand-over fails and the loops resume.
+	in := serving(testState(knownStates[:1], 2))
+	in.handingOver(true)
+	if code, body := get(t, newHandler(in, nil), "/readyz"); code != 503 || !strings.Contains(body, "handing the registration directory over") {
+		t.Errorf("/readyz while handing over: %d %q, want 503 saying so", code, body)
+	}
+	in.handingOver(false)
+	if code, body := get(t, newHandler(in, nil), "/readyz"); code != 200 {
+		t.Errorf("/readyz after a hand-over failed: %d %q, want 200", code, body)
+	}
 	// A loop that stopped: not healthy.
 	if code, _ := get(t, newHandler(serving(testState(knownStates, 1)), nil), "/healthz"); code != 503 {
 		t.Errorf("/healthz with a loop stopped: %d, want 503", code)

@@ -41,15 +41,17 @@ type connCap struct {
 	mu sync.Mutex
 	// conns: every open connection, with what it is doing and since when.
 	conns map[net.Conn]connUse
+	// settled: closed, and nil again, once no connection is new or active (settledCh).
+	settled chan struct{}
 	// closed: the warning about connections closed beyond the bound (its own lock).
 	closed throttle.Warning
 }
 
-// connUse is what an HTTP connection is doing: waiting for a request, or answering one
-// (active), since when.
+// connUse is what an HTTP connection is doing: waiting for its first request (neither),
+// answering one (active) or waiting for another (idle), since when.
 type connUse struct {
-	since  time.Time
-	active bool
+	since        time.Time
+	active, idle bool
 }
 
 // newConnCap is the cap of the daemon's HTTP server: httpMaxConns connections.
@@ -70,12 +72,43 @@ func (cc *connCap) track(c net.Conn, s http.ConnState) {
 		}
 	case http.StateIdle, http.StateActive:
 		if _, open := cc.conns[c]; open {
-			cc.conns[c] = connUse{since: time.Now(), active: s == http.StateActive}
+			cc.conns[c] = connUse{since: time.Now(), active: s == http.StateActive, idle: s == http.StateIdle}
 		}
 	case http.StateHijacked, http.StateClosed:
 		delete(cc.conns, c)
 	}
+	if cc.settled != nil && cc.isSettled() {
+		close(cc.settled)
+		cc.settled = nil
+	}
 }
+
+// isSettled reports whether every connection is idle between requests. mu is held.
+func (cc *connCap) isSettled() bool {
+	for _, u := range cc.conns {
+		if !u.idle {
+			return false
+		}
+	}
+	return true
+}
+
+// settledCh is closed once every connection is idle between requests (none waits for its
+// first request's answer).
+func (cc *connCap) settledCh() <-chan struct{} {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.isSettled() {
+		return closedCh
+	}
+	if cc.settled == nil {
+		cc.settled = make(chan struct{})
+	}
+	return cc.settled
+}
+
+// closedCh is a closed channel.
+var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // closeOne closes a connection to make room for newest (connCap says which). mu is held.
 func (cc *connCap) closeOne(newest net.Conn) {

@@ -4,7 +4,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -18,7 +17,7 @@ import (
 	"multireg.dev/multireg/internal/testkit"
 )
 
-// serveTestHTTP serves h as the daemon does (serveHTTP) on a port of the loopback, until the
+// serveTestHTTP serves h as the daemon does (endpoints) on a port of the loopback, until the
 // test ends, and returns its address.
 func serveTestHTTP(t *testing.T, h http.Handler) string {
 	t.Helper()
@@ -28,7 +27,7 @@ func serveTestHTTP(t *testing.T, h http.Handler) string {
 // serveTestHTTPWith is serveTestHTTP with the connection cap changed by lower, if not nil.
 func serveTestHTTPWith(t *testing.T, h http.Handler, lower func(*connCap)) string {
 	t.Helper()
-	l, err := listenHTTP("127.0.0.1:0")
+	l, err := listenReusePort("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +35,12 @@ func serveTestHTTPWith(t *testing.T, h http.Handler, lower func(*connCap)) strin
 	if lower != nil {
 		lower(cc)
 	}
-	testkit.RunUntilEnd(t, func(ctx context.Context) {
-		if err := serveCapped(ctx, l, h, cc, testkit.Logger(t)); err != nil {
+	srv := newHTTPServer(h, cc, httpWriteTimeout, testkit.Logger(t))
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		shutdownHTTP(srv)
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 			t.Error(err)
 		}
 	})

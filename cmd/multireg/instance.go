@@ -22,6 +22,10 @@ type instance struct {
 	detail string
 	state  *daemonState         // nil unless serving
 	reg    *prometheus.Registry // the serving daemon's metrics, or base
+	// handing: the serving daemon is handing the directory over to a new instance (its
+	// loops stopped): not ready, whichever pod asks (on the host's network, the new pod's
+	// probes may reach this process until the new instance has its listeners).
+	handing bool
 }
 
 func newInstance() *instance {
@@ -72,12 +76,13 @@ type instanceView struct {
 	TakenOver int
 	State     *daemonState
 	Reg       *prometheus.Registry
+	Handing   bool
 }
 
 func (in *instance) view() instanceView {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	v := instanceView{Role: in.role, Since: in.since, Detail: in.detail, State: in.state, Reg: in.reg}
+	v := instanceView{Role: in.role, Since: in.since, Detail: in.detail, State: in.state, Reg: in.reg, Handing: in.handing}
 	if in.state != nil && in.state.takenOver != nil {
 		v.TakenOver = in.state.takenOver()
 	}
@@ -90,7 +95,14 @@ func (in *instance) set(role, detail string) {
 	if in.role != role {
 		in.since = time.Now()
 	}
-	in.role, in.detail, in.state, in.reg = role, detail, nil, in.base
+	in.role, in.detail, in.state, in.reg, in.handing = role, detail, nil, in.base, false
+}
+
+// handingOver records whether the serving daemon is handing the directory over.
+func (in *instance) handingOver(on bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.handing = on
 }
 
 // serve makes the instance report a serving daemon.

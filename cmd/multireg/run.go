@@ -78,32 +78,17 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	checker := health.New(targets.get, log)
 	defer checker.Close()
 	in.always(checker.Collector())
-	// Bound once this instance serves the directory or stands by, or taken from the previous
-	// instance in a hand-over (healthEndpoints).
-	healthEPs := newHealthEndpoints(f.healthHTTP, f.healthGRPC, checker, log)
-	defer healthEPs.stop()
 	// The HTTP server answers whatever the process's role, from before it takes the
 	// directory until everything else has stopped. Its failure stops the process (runCtx).
+	// The health endpoints are bound once this instance serves the directory or stands by,
+	// or taken from the previous instance in a hand-over, as --http-endpoint's may be
+	// (endpoints).
 	runCtx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
-	httpDone := make(chan error, 1)
-	stopHTTP := func() {}
-	if f.httpAddr != "" {
-		httpL, err := listenHTTP(f.httpAddr)
-		if err != nil {
-			return err
-		}
-		httpCtx, cancel := context.WithCancel(context.Background())
-		go func() {
-			err := serveHTTP(httpCtx, httpL, newHandler(in, checker.Handler()), log)
-			if err != nil {
-				fail(err)
-			}
-			httpDone <- err
-		}()
-		stopHTTP = cancel
-	} else {
-		httpDone <- nil
+	eps := newEndpoints(f.httpAddr, newHandler(in, checker.Handler()), f.healthHTTP, f.healthGRPC, checker, fail, log)
+	defer eps.stop()
+	if err := eps.ensure(httpName); err != nil {
+		return err
 	}
 	log.Info("multireg started", "version", version, "config", f.path, "drivers", cfg.Summary())
 	procCgroup, _ := os.ReadFile("/proc/self/cgroup")
@@ -115,11 +100,11 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	default:
 		log.Info("no memory limit for the Go runtime: the cgroup sets none (GOMEMLIMIT would give one)")
 	}
-	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, cond: cond, targets: targets, health: healthEPs}
+	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, cond: cond, targets: targets, eps: eps}
 	err = r.run(runCtx, hup)
-	stopHTTP()
-	if herr := <-httpDone; herr != nil && err == nil {
-		err = herr
+	eps.stop()
+	if cause := context.Cause(runCtx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause // --http-endpoint failed
 	}
 	log.Info("multireg stopped", "cleanup", f.cleanup && r.served && !errors.Is(err, regdir.ErrDirLost))
 	return err
@@ -140,10 +125,10 @@ type rounds struct {
 	signalled context.Context
 	// cond runs the node condition's agent; nil when the condition is off.
 	cond *relay.Relay
-	// targets are what the drivers' liveness checks dial; health serves them, and takes the
-	// listeners a hand-over brings.
+	// targets are what the drivers' liveness checks dial; eps serves them and the HTTP
+	// server, and takes the listeners a hand-over brings.
 	targets *healthTargets
-	health  *healthEndpoints
+	eps     *endpoints
 }
 
 // run runs rounds until a signal or a failure of the HTTP server (ctx ends), or a fatal error.
@@ -151,13 +136,13 @@ func (r *rounds) run(ctx context.Context, hup <-chan os.Signal) error {
 	ask := true
 	var kept *handover.Snapshot // sockets this process handed over, kept while idle
 	for {
-		opts := regdir.Options{Ask: ask, Kept: kept}
+		opts := regdir.Options{Ask: ask, Kept: kept, Listeners: r.eps.wanted()}
 		if kept == nil {
 			opts.Standby = func(why string) {
 				r.in.set(roleStandby, why)
 				r.log.Info("standing by: ready, and serving nothing until the directory is free", "why", why)
 				// The drivers' checks, beside the instance that holds the directory.
-				if err := r.health.ensure(); err != nil {
+				if err := r.eps.ensure(); err != nil {
 					r.log.Warn("the drivers' health endpoints are not served while standing by", "err", err)
 				}
 			}
@@ -238,8 +223,8 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 		return fmt.Errorf("start: %w", err)
 	}
 	handed := got.Sockets() // the loops take over those of their drivers; the others are withdrawn (DropUntaken)
-	r.health.adopt(got)     // the previous instance's health listeners, served from now on
-	if err := r.health.ensure(); err != nil {
+	r.eps.adopt(got)        // the previous instance's listeners, served from now on
+	if err := r.eps.ensure(); err != nil {
 		got.Close()
 		return err
 	}
@@ -259,9 +244,9 @@ func (r *rounds) serve(ctx context.Context, hup <-chan os.Signal, dir *regdir.Di
 			r.targets.set(cfg, sup)
 		},
 	})
-	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, health: r.health}
+	d := &daemon{log: log, dir: dir, sup: sup, rl: rl, eps: r.eps, in: r.in}
 	state := &daemonState{drivers: sup.Status, config: rl.State, takenOver: sup.TakenOver, descriptors: sup.Descriptors, podResources: sup.PodResources,
-		liveness: r.health.checker.Last}
+		liveness: r.eps.checker.Last}
 	if r.cond != nil {
 		d.cond = r.cond
 		d.condSrc = relay.Source{Drivers: sup.Status, Changed: sup.Changed, PodResources: sup.PodResources, PodResourcesChanged: view.Changed}
@@ -305,31 +290,36 @@ type daemon struct {
 	// cond runs the node condition's agent, fed from condSrc; nil when the condition is off.
 	cond    *relay.Relay
 	condSrc relay.Source
-	// health serves the drivers' liveness checks: a hand-over gives its listeners too.
-	health *healthEndpoints
+	// eps are the process's listeners: a hand-over gives them too.
+	eps *endpoints
+	in  *instance
 }
 
-// holder is the supervisor as a hand-over's holder, with the health listeners: they go to the
-// new instance with the sockets, and this one serves them no more once it has them.
+// holder is the supervisor as a hand-over's holder, with the process's listeners: they go to
+// the new instance with the sockets, and this one serves no more those the new one took.
+// Meanwhile it is not ready: on the host's network, a probe of the new pod may reach it.
 type holder struct {
 	*registrar.Supervisor
-	health *healthEndpoints
+	eps *endpoints
+	in  *instance
 }
 
 func (h holder) HandOver() *handover.Snapshot {
+	h.in.handingOver(true)
 	snap := h.Supervisor.HandOver()
-	h.health.handOut(snap)
+	h.eps.handOut(snap)
 	return snap
 }
 
 func (h holder) Resume(snap *handover.Snapshot) {
 	snap.DropListeners() // copies made for the new instance, which did not take them
 	h.Supervisor.Resume(snap)
+	h.in.handingOver(false)
 }
 
-func (h holder) Release() {
-	h.Supervisor.Release()
-	h.health.stop() // the new instance serves them now; their sockets stay open there
+func (h holder) Release(taken []handover.ListenerSpec) {
+	h.Supervisor.Release(taken)
+	h.eps.retire(taken, false) // the new instance serves them now; their sockets stay open there
 }
 
 // run runs the daemon's actors until a signal (ctx ends), a hand-over, or a fatal error stops
@@ -356,7 +346,7 @@ func (d *daemon) run(ctx context.Context, hup <-chan os.Signal, state *daemonSta
 	})
 	dirCtx, stopDir := context.WithCancel(context.Background())
 	g.add(func() error {
-		dirErr = dir.Run(dirCtx, holder{Supervisor: sup, health: d.health})
+		dirErr = dir.Run(dirCtx, holder{Supervisor: sup, eps: d.eps, in: d.in})
 		return dirErr
 	}, func(error) { stopDir() })
 	burstCtx, stopBurst := context.WithCancel(context.Background())

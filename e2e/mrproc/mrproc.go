@@ -158,7 +158,7 @@ type Process struct {
 }
 
 // Start runs `multireg run --config cfg --log-format json -v 1 --http-endpoint 127.0.0.1:0`
-// with extra args (a later --http-endpoint wins). The process
+// with extra args (an --http-endpoint among them replaces the default). The process
 // is killed when the test ends, if it still runs.
 func Start(t testing.TB, cfg string, args ...string) *Process {
 	t.Helper()
@@ -192,7 +192,11 @@ func StartWith(t testing.TB, opts Options, cfg string, args ...string) *Process 
 		t.Fatal(err)
 	}
 	// Port 0: tests run several multireg at once; HTTPAddr reads the port from the log.
-	all := append([]string{"run", "--config", cfg, "--log-format", "json", "-v", "1", "--http-endpoint", "127.0.0.1:0"}, args...)
+	all := []string{"run", "--config", cfg, "--log-format", "json", "-v", "1"}
+	if !slices.ContainsFunc(args, func(a string) bool { return a == "--http-endpoint" || strings.HasPrefix(a, "--http-endpoint=") }) {
+		all = append(all, "--http-endpoint", "127.0.0.1:0")
+	}
+	all = append(all, args...)
 	cmd := exec.Command(bin, all...)
 	if opts.NoFile > 0 {
 		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$0" && exec "$@"`, strconv.Itoa(opts.NoFile), bin}, all...)...)

@@ -23,7 +23,12 @@ import (
 // alone, for the caller to withdraw; one with none it does not keep. A holder that hands over
 // more than that is out of protocol. It logs one line of what it received, whatever the number
 // of drivers.
-func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []string) (snap *Snapshot, lock *os.File, err error) {
+//
+// Of the listening sockets the holder hands over (version 2 on), it keeps those that serves
+// names, by name and address, and that belong to this process's network namespace (the host's
+// network, which both pods share; not another pod's), and its acknowledgement names them: the
+// holder serves those no more.
+func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []string, serves []ListenerSpec) (snap *Snapshot, lock *os.File, err error) {
 	hc, err := Dial(dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("no instance answers hand-over requests (an older multireg, or one that is stopping): %w", err)
@@ -98,7 +103,7 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []str
 			halt(log, "new", "batch", "drivers", len(m.Drivers))
 			continue
 		}
-		for _, l := range listenersOf(m, files, log) {
+		for _, l := range listenersOf(m, files, serves, log) {
 			snap.AddListener(l)
 		}
 		lockF = files[len(files)-1]
@@ -109,7 +114,7 @@ func Ask(dir string, log *slog.Logger, checkLock func(*os.File) error, own []str
 	halt(log, "new", "received")
 	// From here, a failure leaves both sides unsure whether the other holds the lock: each
 	// lets go of its copy and locks anew, and the sockets go to whoever gets it.
-	if err := hc.Send(&Msg{Type: MsgAck, Version: v}); err != nil {
+	if err := hc.Send(&Msg{Type: MsgAck, Version: v, Listeners: snap.ListenerSpecs()}); err != nil {
 		lockF.Close()
 		return snap, nil, err
 	}
@@ -162,12 +167,26 @@ func fill(m *Msg, files []*os.File) error {
 
 // listenersOf are the listeners of the last batch m, with their descriptors (which follow the
 // sockets'); one that is not a listening TCP socket is closed and left out.
-func listenersOf(m *Msg, files []*os.File, log *slog.Logger) []*HandedListener {
+func listenersOf(m *Msg, files []*os.File, serves []ListenerSpec, log *slog.Logger) []*HandedListener {
 	var out []*HandedListener
 	for i, spec := range m.Listeners {
 		f := files[m.Sockets+i]
-		if err := isListeningTCP(f); err != nil {
-			log.Warn("a listener handed over is not one; the new instance binds its own", "name", spec.Name, "addr", spec.Addr, "err", err)
+		if !slices.Contains(serves, spec) {
+			log.Info("a listener handed over is not one this instance serves; the previous instance goes on serving it", "name", spec.Name, "addr", spec.Addr)
+			f.Close()
+			continue
+		}
+		err := isListeningTCP(f)
+		if err == nil {
+			err = inNetns(f)
+		}
+		if errors.Is(err, errOtherNetns) { // the pod network: each pod serves its own
+			log.Info("a listener handed over is of another network namespace; each instance serves its own", "name", spec.Name, "addr", spec.Addr)
+			f.Close()
+			continue
+		}
+		if err != nil {
+			log.Warn("a listener handed over is not taken; the new instance binds its own", "name", spec.Name, "addr", spec.Addr, "err", err)
 			f.Close()
 			continue
 		}

@@ -187,7 +187,7 @@ func TestAskBoundsWhatItAccepts(t *testing.T) {
 			answers := holderSends(t, dir, lock, batches...)
 			before := openFDs(t)
 			var logs testkit.Buffer
-			snap, got, err := Ask(dir, logs.Logger(), sameLockFile(dir), tt.own)
+			snap, got, err := Ask(dir, logs.Logger(), sameLockFile(dir), tt.own, nil)
 			defer snap.Close()
 			if got != nil {
 				defer got.Close()

@@ -20,10 +20,11 @@
 //	holder → new   refuse    {reason}                    (the new instance waits for the lock)
 //	holder → new   welcome   {version}: the version picked (version 2 on)
 //	new → holder   take      {version}                   (version 2 on)
-//	holder → new   batch …   {version, drivers, sockets, last, lock}, with the drivers'
-//	                         listening sockets; the last batch also carries the lock file's
-//	                         descriptor
-//	new → holder   ack       {version}   (or abort {reason})
+//	holder → new   batch …   {version, drivers, sockets, last, lock, listeners}, with the
+//	                         drivers' listening sockets; the last batch also carries the
+//	                         holder's listening TCP sockets (listeners, version 2 on) and
+//	                         the lock file's descriptor
+//	new → holder   ack       {version, listeners}: the listeners taken (or abort {reason})
 //	holder → new   released  {version}: the holder has closed its lock descriptor and serves
 //	                         nothing
 //
@@ -44,7 +45,8 @@
 //     loops on the hello. Version 2 adds welcome and take, so that a hello alone pauses
 //     nothing: the holder stops its loops only once the new instance has read the version
 //     picked and said take, within Timeouts.Hello of the welcome. A message's keys (type,
-//     minVersion, version, reason, drivers, lock, last, sockets) are the same in both.
+//     minVersion, version, reason, drivers, lock, last, sockets) are the same in both;
+//     version 2 adds listeners (Listeners, below).
 //   - A driver's status. Version 1's has 17 keys, those of v0.1.0's DriverStatus: Name, Type,
 //     Phase, Socket, Endpoint, EndpointUp, Absent, Required, Attempts, Failures, Results,
 //     Recreations, EndpointRestarts, HeldByOther, LastError, Since, NextAttempt. Name, Type
@@ -87,6 +89,18 @@
 // registers it as kubelet saw it (Driver.RegistersAs: name, type, endpoint, advertised
 // versions, registration socket paths; never the loop's policy), and registers it anew
 // otherwise.
+//
+// # Listeners
+//
+// In version 2 the last batch carries, after the drivers' sockets and before the lock's, the
+// holder's listening TCP sockets: multireg's --http-endpoint ("http"), --health-endpoint
+// ("health-http") and --health-grpc-endpoint ("health-grpc"), each named with the address its
+// flag gives (ListenerSpec). The new instance takes those whose name and address it serves
+// itself, that are listening TCP sockets of its own network namespace (found in
+// /proc/self/net/tcp or tcp6: two pods on the host's network share a port, two on the pod
+// network do not), and closes the others. Its ack names those it took; the holder, once it
+// has released the directory, serves those no more (Holder.Release), and goes on serving any
+// other.
 //
 // # Bounds
 //

@@ -23,8 +23,9 @@ type Holder interface {
 	HandOver() *Snapshot
 	// Resume runs the loops again from what HandOver returned (the hand-over failed).
 	Resume(*Snapshot)
-	// Release ends a hand-over that succeeded: nothing runs again.
-	Release()
+	// Release ends a hand-over that succeeded: nothing runs again. The new instance serves
+	// the listeners named (those of the snapshot it took): the holder serves them no more.
+	Release(taken []ListenerSpec)
 }
 
 // Lock is what the holder's side of a hand-over needs of the directory's lock.
@@ -180,6 +181,7 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 		err = sendSnapshot(hc, snap, v, lockF, s.log)
 		lockF.Close()
 	}
+	var taken []ListenerSpec
 	if err == nil {
 		var reply *Msg
 		var files []*os.File
@@ -192,6 +194,8 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 			err = fmt.Errorf("the new instance gave up: %s", reply.Reason)
 		case reply.Type != MsgAck:
 			err = fmt.Errorf("a %q message where an ack or an abort belongs", reply.Type)
+		default:
+			taken = snap.sentListeners(reply.Listeners)
 		}
 	}
 	if err != nil {
@@ -216,7 +220,7 @@ func (s *Server) handOver(hc Conn, v int) *HandedOver {
 	if err := hc.Send(&Msg{Type: MsgReleased, Version: v}); err != nil {
 		s.log.Warn("could not tell the new instance the directory is released; it finds out by itself", "err", err)
 	}
-	s.h.Release()
+	s.h.Release(taken)
 	took := time.Since(start)
 	s.log.Info("handed over the registration directory; this instance serves nothing now and exits on SIGTERM",
 		"drivers", snap.Len(), "sockets", snap.Sockets(), "took", took.Round(time.Millisecond).String())

@@ -1,14 +1,18 @@
 package handover
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"multireg.dev/multireg/config"
 
@@ -112,7 +116,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	defer unlocked.Close()
 
 	answer := lie(t, dir, nil, nil, unlocked)
-	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
+	snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil, nil)
 	if err == nil || lock != nil {
 		lock.Close()
 		t.Fatalf("Ask took an unlocked open of the lock file: err %v", err)
@@ -123,7 +127,7 @@ func TestAskNeedsTheLockHeld(t *testing.T) {
 	}
 
 	answer = lie(t, dir, nil, nil, held)
-	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
+	snap, lock, err = Ask(dir, testkit.Logger(t), sameLockFile(dir), nil, nil)
 	if err != nil {
 		t.Fatalf("Ask refused the holder's own lock: %v", err)
 	}
@@ -172,7 +176,7 @@ func TestWithdrawRemovesOnlyWhatWasHanded(t *testing.T) {
 		ds = append(ds, &Driver{Spec: config.Driver{Registration: config.Registration{Name: fmt.Sprintf("gone-%d.example.com", i)}}, Sockets: []*Socket{hs}})
 	}
 	answer := lie(t, reg, ds, files, lockedFile(t, reg))
-	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil)
+	snap, lock, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +255,7 @@ func TestAskRefusesAHolderOutOfProtocol(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := testkit.ShortDir(t)
 			answers := holderSays(t, dir, lockedFile(t, dir), tt.msgs...)
-			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
+			snap, lock, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil, nil)
 			snap.Close()
 			if err == nil || lock != nil {
 				lock.Close()
@@ -305,7 +309,7 @@ func TestAskKeepsWhatCameBeforeAProtocolError(t *testing.T) {
 			hc.Send(&Msg{Type: MsgBatch, Version: 1, Drivers: []*Driver{second}, Sockets: 1, Last: true, Lock: true}, secondFile, lock)
 		}
 	})
-	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
+	snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil, nil)
 	if err == nil || got != nil {
 		got.Close()
 		t.Fatalf("Ask took a hand-over whose last batch is in another version: err %v", err)
@@ -386,7 +390,7 @@ func TestAskRefusesADriverHandedOverTwice(t *testing.T) {
 					got = append(got, m.Type)
 				}
 			})
-			snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil)
+			snap, got, err := Ask(dir, testkit.Logger(t), sameLockFile(dir), nil, nil)
 			defer snap.Close()
 			if err == nil || got != nil {
 				got.Close()
@@ -468,21 +472,27 @@ func TestWithdrawSumsUpMany(t *testing.T) {
 	}
 }
 
-// TestListenersHandedOver: version 2's last batch carries the health endpoints' listening
-// sockets after the registration sockets; the new instance keeps those that are listening TCP
-// sockets, by name and address (a unix socket among them is closed and left out), and a
-// Merge into what it kept keeps them.
+// TestListenersHandedOver: version 2's last batch carries the process's listening sockets
+// after the registration sockets; the new instance keeps those it serves (by name and
+// address) that are listening TCP sockets (a unix socket among them is closed and left out),
+// leaves out one it does not serve, and its acknowledgement names only those it kept: the
+// holder serves them no more. A Merge into what it kept keeps them.
 func TestListenersHandedOver(t *testing.T) {
 	reg := testkit.ShortDir(t)
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	tcpListener := func() (net.Listener, *os.File) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		f, err := l.(*net.TCPListener).File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, f
 	}
-	defer tcp.Close()
-	tf, err := tcp.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tcp, tf := tcpListener()
+	other, of := tcpListener()
 	unixL, err := testkit.ListenUnlinked(filepath.Join(reg, "not-tcp.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -495,6 +505,8 @@ func TestListenersHandedOver(t *testing.T) {
 	lock := lockedFile(t, reg)
 	good := ListenerSpec{Name: "health-http", Addr: tcp.Addr().String()}
 	bad := ListenerSpec{Name: "health-grpc", Addr: "127.0.0.1:1"}
+	unwanted := ListenerSpec{Name: "http", Addr: other.Addr().String()}
+	acked := make(chan []ListenerSpec, 1)
 	fakeHolder(t, reg, func(hc Conn) { // the hello read
 		hc.Send(&Msg{Type: MsgWelcome, Version: 2})
 		if _, fs, err := hc.Recv(); err != nil { // take
@@ -502,23 +514,32 @@ func TestListenersHandedOver(t *testing.T) {
 		} else {
 			CloseAll(fs)
 		}
-		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: []ListenerSpec{good, bad}}, tf, uf, lock)
-		if m, fs, err := hc.Recv(); err != nil || m.Type != MsgAck {
+		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: []ListenerSpec{good, bad, unwanted}}, tf, uf, of, lock)
+		m, fs, err := hc.Recv()
+		if err != nil || m.Type != MsgAck {
+			close(acked)
 			return
-		} else {
-			CloseAll(fs)
 		}
+		CloseAll(fs)
+		acked <- m.Listeners
 		hc.Send(&Msg{Type: MsgReleased, Version: 2})
 	})
-	got, lockF, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil)
+	got, lockF, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil, []ListenerSpec{good, bad})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lockF.Close()
+	if a, ok := <-acked; !ok || !slices.Equal(a, []ListenerSpec{good}) {
+		t.Errorf("the acknowledgement names %v (received: %v), want only %v", a, ok, good)
+	}
 	kept := &Snapshot{}
 	kept.Merge(got)
 	if fs := kept.TakeListeners(bad); len(fs) != 0 {
 		t.Errorf("the unix socket handed over as a listener was kept")
+	}
+	if fs := kept.TakeListeners(unwanted); len(fs) != 0 {
+		CloseAll(fs)
+		t.Errorf("a listener this instance does not serve was kept")
 	}
 	fs := kept.TakeListeners(good)
 	if len(fs) != 1 {
@@ -533,4 +554,123 @@ func TestListenersHandedOver(t *testing.T) {
 	if l.Addr().String() != tcp.Addr().String() {
 		t.Errorf("the listener kept listens on %s, want %s", l.Addr(), tcp.Addr())
 	}
+}
+
+// TestListenerOfAnotherNetns: a listening socket of another network namespace (another pod's
+// network, where the same address is another socket) is not taken, whatever its name and
+// address, and the acknowledgement does not name it: its instance goes on serving it.
+func TestListenerOfAnotherNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a network namespace")
+	}
+	l, err := listenInNewNetns()
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("root, but no network namespace here (a container without CAP_SYS_ADMIN): %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	f, err := l.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inNetns(f); err == nil {
+		t.Fatalf("inNetns: a listener of another network namespace found in this one")
+	}
+	// The same check passes a listener of this namespace.
+	here, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer here.Close()
+	hf, err := here.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hf.Close()
+	if err := inNetns(hf); err != nil {
+		t.Fatalf("inNetns: a listener of this namespace: %v", err)
+	}
+
+	reg := testkit.ShortDir(t)
+	lock := lockedFile(t, reg)
+	spec := ListenerSpec{Name: "health-http", Addr: l.Addr().String()}
+	acked := make(chan []ListenerSpec, 1)
+	fakeHolder(t, reg, func(hc Conn) {
+		hc.Send(&Msg{Type: MsgWelcome, Version: 2})
+		if _, fs, err := hc.Recv(); err != nil {
+			return
+		} else {
+			CloseAll(fs)
+		}
+		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: []ListenerSpec{spec}}, f, lock)
+		m, fs, err := hc.Recv()
+		if err != nil || m.Type != MsgAck {
+			close(acked)
+			return
+		}
+		CloseAll(fs)
+		acked <- m.Listeners
+		hc.Send(&Msg{Type: MsgReleased, Version: 2})
+	})
+	var logs testkit.Buffer
+	got, lockF, err := Ask(reg, logs.Logger(), sameLockFile(reg), nil, []ListenerSpec{spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockF.Close()
+	defer got.Close()
+	if a, ok := <-acked; !ok || len(a) != 0 {
+		t.Errorf("the acknowledgement names %v (received: %v), want none", a, ok)
+	}
+	if fs := got.TakeListeners(spec); len(fs) != 0 {
+		CloseAll(fs)
+		t.Errorf("a listener of another network namespace was taken")
+	}
+	if !strings.Contains(logs.String(), "level=INFO msg=\"a listener handed over is of another network namespace") {
+		t.Errorf("the log does not say why the listener was left: %s", logs.String())
+	}
+}
+
+// listenInNewNetns listens on 127.0.0.1 in a network namespace of its own, made on a locked
+// thread that goes back to its namespace after (the socket stays in the new one).
+func listenInNewNetns() (net.Listener, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return nil, fmt.Errorf("unshare: %w", err)
+	}
+	l, err := listenOnNewLoopback()
+	if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
+		// The thread stays in the new namespace: lock it for good, so that the runtime
+		// ends it with this goroutine rather than run another goroutine on it.
+		runtime.LockOSThread()
+		panic(fmt.Sprintf("setns back: %v", serr))
+	}
+	return l, err
+}
+
+// listenOnNewLoopback brings up the loopback of a new network namespace (down there) and
+// listens on it.
+func listenOnNewLoopback() (net.Listener, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return nil, err
+	}
+	ifr.SetUint16(unix.IFF_UP | unix.IFF_LOOPBACK | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return nil, fmt.Errorf("lo up: %w", err)
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
 }

@@ -30,7 +30,8 @@ const (
 	listenersVersion = 2
 )
 
-// maxListeners bounds the listeners a batch may carry: the health endpoints are two.
+// maxListeners bounds the listeners a batch may carry: the process serves three (--http-endpoint,
+// --health-endpoint, --health-grpc-endpoint).
 const maxListeners = 4
 
 // Timeouts bound a hand-over's steps. A zero field takes its default.
@@ -99,9 +100,9 @@ type Msg struct {
 	// Sockets: how many socket descriptors the message carries besides the lock's.
 	Sockets int `json:"sockets,omitempty"`
 	// Listeners: the last batch's listening TCP sockets (version 2 on), whose descriptors
-	// follow the sockets' and come before the lock's: the drivers' health endpoints, which
-	// the new instance serves on at once, so that no check is refused while the two change
-	// places.
+	// follow the sockets' and come before the lock's: the process's HTTP and health endpoints,
+	// which the new instance serves on at once, so that no request is refused while the two
+	// change places; in an ack, those the new instance took, which the holder serves no more.
 	Listeners []ListenerSpec `json:"listeners,omitempty"`
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +31,8 @@ type Snapshot struct {
 	listeners []*HandedListener
 }
 
-// HandedListener is a listening TCP socket handed over: the drivers' health endpoints.
+// HandedListener is a listening TCP socket handed over: --http-endpoint's, the drivers' health
+// endpoints'.
 type HandedListener struct {
 	ListenerSpec
 	// File is the listening socket; nil once taken. Its owner closes it.
@@ -56,6 +58,30 @@ func (s *Snapshot) TakeListeners(spec ListenerSpec) []*os.File {
 		out = append(out, l.File)
 		return true
 	})
+	return out
+}
+
+// ListenerSpecs names the listeners s holds, once each.
+func (s *Snapshot) ListenerSpecs() []ListenerSpec {
+	var out []ListenerSpec
+	for _, l := range s.listeners {
+		if !slices.Contains(out, l.ListenerSpec) {
+			out = append(out, l.ListenerSpec)
+		}
+	}
+	return out
+}
+
+// sentListeners is what of named s holds: the listeners a new instance says it took, of those
+// it was sent.
+func (s *Snapshot) sentListeners(named []ListenerSpec) []ListenerSpec {
+	held := s.ListenerSpecs()
+	var out []ListenerSpec
+	for _, spec := range named {
+		if slices.Contains(held, spec) && !slices.Contains(out, spec) {
+			out = append(out, spec)
+		}
+	}
 	return out
 }
 
@@ -476,6 +502,45 @@ func isListeningTCP(f *os.File) error {
 	}
 	return isListening(f, unix.AF_INET6, "not a listening TCP socket")
 }
+
+// inNetns checks that f, a TCP socket, belongs to this process's network namespace: that its
+// inode is among the TCP sockets /proc/self/net lists (which needs no privilege, unlike
+// SIOCGSKNS, and no kernel newer than 4.x, unlike SO_NETNS_COOKIE).
+func inNetns(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Fstat(int(fd), &st) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return serr
+	}
+	ino := strconv.FormatUint(st.Ino, 10)
+	for _, table := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no IPv6
+		}
+		if err != nil {
+			return err
+		}
+		for line := range strings.Lines(string(b)) {
+			// sl local rem st queues tr retrnsmt uid timeout inode ...
+			if fields := strings.Fields(line); len(fields) > 9 && fields[9] == ino {
+				return nil
+			}
+		}
+	}
+	return errOtherNetns
+}
+
+// errOtherNetns: a listener handed over belongs to another network namespace: the two pods
+// are on the pod network, each with its own socket (not a fault: the holder keeps serving it).
+var errOtherNetns = errors.New("a socket of another network namespace (the previous pod's own network)")
 
 // isListening checks that f is a listening stream socket of domain, or says what.
 func isListening(f *os.File, domain int, what string) error {

@@ -147,6 +147,11 @@ func fullDriver() *Driver {
 func goldenExchange(t *testing.T, v int) []byte {
 	t.Helper()
 	d := fullDriver()
+	var listeners, taken []ListenerSpec // version 2 on: the old instance's, and those the new one took
+	if v >= listenersVersion {
+		listeners = []ListenerSpec{{Name: "http", Addr: ":9809"}, {Name: "health-http", Addr: ":9810"}}
+		taken = listeners[:1]
+	}
 	msgs := []struct {
 		from string
 		m    *Msg
@@ -155,9 +160,9 @@ func goldenExchange(t *testing.T, v int) []byte {
 		{"holder", &Msg{Type: MsgRefuse, Reason: "another hand-over is in progress"}},
 		{"holder", &Msg{Type: MsgWelcome, Version: v}},
 		{"new", &Msg{Type: MsgTake, Version: v}},
-		{"holder", &Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{d}, Sockets: len(d.Sockets), Last: true, Lock: true}},
+		{"holder", &Msg{Type: MsgBatch, Version: v, Drivers: []*Driver{d}, Sockets: len(d.Sockets), Last: true, Lock: true, Listeners: listeners}},
 		{"new", &Msg{Type: MsgAbort, Reason: "batch: 1 descriptors for 2 sockets"}},
-		{"new", &Msg{Type: MsgAck, Version: v}},
+		{"new", &Msg{Type: MsgAck, Version: v, Listeners: taken}},
 		{"holder", &Msg{Type: MsgReleased, Version: v}},
 	}
 	var out []exchanged

@@ -77,6 +77,9 @@ type Options struct {
 	Standby func(why string)
 	// Handover bounds the steps of the hand-overs Run serves (zero: the defaults).
 	Handover handover.Timeouts
+	// Listeners are the listening TCP sockets this process serves (its flags): a hand-over
+	// brings the holder's, of this network namespace (handover.Ask).
+	Listeners []handover.ListenerSpec
 }
 
 // Open takes the registration directory of cfg, creating it (mode 0750) if missing. While
@@ -125,7 +128,7 @@ func takeDir(ctx context.Context, cfg *config.RegistrarConfig, log *slog.Logger,
 	}
 	why := "another instance holds the registration directory"
 	if opts.Ask && handover.Enabled() {
-		got, lf, err := handover.Ask(dir, log, func(f *os.File) error { return lockFileOf(f, dir) }, driverNames(cfg))
+		got, lf, err := handover.Ask(dir, log, func(f *os.File) error { return lockFileOf(f, dir) }, driverNames(cfg), opts.Listeners)
 		drivers, sockets := got.Len(), got.Sockets()
 		if got != nil {
 			if snap == nil {

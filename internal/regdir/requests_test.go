@@ -14,9 +14,9 @@ import (
 // idleHolder is a holder with no drivers: what a multireg whose file lists none hands over.
 type idleHolder struct{}
 
-func (idleHolder) HandOver() *handover.Snapshot { return &handover.Snapshot{} }
-func (idleHolder) Resume(s *handover.Snapshot)  { s.Close() }
-func (idleHolder) Release()                     {}
+func (idleHolder) HandOver() *handover.Snapshot    { return &handover.Snapshot{} }
+func (idleHolder) Resume(s *handover.Snapshot)     { s.Close() }
+func (idleHolder) Release([]handover.ListenerSpec) {}
 
 // TestDirServesRequestsConcurrently: the requests being served are the Dir's
 // own: more silent ones than are served at once wait in the kernel's queue, and Close ends

@@ -159,7 +159,7 @@ func run() int {
 	// The node condition's agent, beside the binary the benchmark built, as in the image (a
 	// binary given by -multireg, from make build, has its own there).
 	if *apiServer != "" && filepath.Dir(o.multireg) == tmp {
-		if err := buildGo(root, filepath.Join(tmp, "multireg-nodecond"), buildEnv, "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "./cmd/multireg-nodecond"); err != nil {
+		if err := buildAgent(root, tmp, buildEnv); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			return 1
 		}
@@ -337,4 +337,17 @@ func displayPath(root, bin string) string {
 		return rel
 	}
 	return filepath.Base(bin) + " (outside the repository)"
+}
+
+// buildAgent builds the node condition's agent into dir, behind a script of its name that
+// starts it without GODEBUG: the agent inherits multireg's environment and its stderr is
+// multireg's, so its gctrace lines would count as multireg's collections (settledFootprint),
+// and the settled footprint would be read before multireg's own second collection.
+func buildAgent(root, dir string, env []string) error {
+	bin := filepath.Join(dir, "multireg-nodecond.bin")
+	if err := buildGo(root, bin, env, "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "./cmd/multireg-nodecond"); err != nil {
+		return err
+	}
+	script := fmt.Sprintf("#!/bin/sh\nunset GODEBUG\nexec %q \"$@\"\n", bin)
+	return os.WriteFile(filepath.Join(dir, "multireg-nodecond"), []byte(script), 0o755)
 }
