@@ -83,17 +83,6 @@ func followRollout(t *testing.T, old corev1.Pod, args ...string) *rollout {
 				why = append(why, fmt.Sprintf("%s %d/%d", gadget, c, a))
 			}
 		}
-		if held, err := kubeletRegistered(ctx); err != nil {
-			why = append(why, err.Error())
-		} else {
-			r.heldAt++
-			for _, n := range dsDrivers {
-				if !held[socketOf(t, n)] {
-					r.notHeld[n]++
-					why = append(why, "kubelet does not hold "+n)
-				}
-			}
-		}
 		pods, err := multiregPods(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -101,6 +90,10 @@ func followRollout(t *testing.T, old corev1.Pod, args ...string) *rollout {
 		var fresh []corev1.Pod
 		var states []string
 		oldThere := false
+		// The socket the new pod registered each driver on: a DRA driver's new registration
+		// goes in the path kubelet holds none of (registrar's withdrawsFirst, outside a
+		// hand-over), the other registration path, not the one recorded before.
+		newSock := map[string]string{}
 		for _, p := range pods {
 			states = append(states, podState(p))
 			if p.UID == old.UID {
@@ -112,7 +105,25 @@ func followRollout(t *testing.T, old corev1.Pod, args ...string) *rollout {
 				for _, n := range dsDrivers {
 					if drivers[n].Phase != "Registered" {
 						why = append(why, fmt.Sprintf("%s: %s in %s", n, drivers[n].Phase, p.Name))
+					} else {
+						newSock[n] = drivers[n].Socket
 					}
+				}
+			}
+		}
+		// Held: kubelet holds the socket recorded before the rollout or the new pod's; done
+		// only once it holds the new pod's.
+		if held, err := kubeletRegistered(ctx); err != nil {
+			why = append(why, err.Error())
+		} else {
+			r.heldAt++
+			for _, n := range dsDrivers {
+				switch ns := newSock[n]; {
+				case !held[socketOf(t, n)] && (ns == "" || !held[ns]):
+					r.notHeld[n]++
+					why = append(why, "kubelet does not hold "+n)
+				case ns != "" && !held[ns]:
+					why = append(why, fmt.Sprintf("kubelet does not hold %s on the new pod's socket %s yet", n, ns))
 				}
 			}
 		}
@@ -256,6 +267,18 @@ var pluginManagerMessages = []string{
 // its registration socket since kubelet's log was offset bytes long.
 func pluginManagerEvents(t *testing.T, offset int64, names ...string) map[string][]string {
 	t.Helper()
+	paths := map[string][]string{}
+	for _, n := range names {
+		paths[n] = []string{socketOf(t, n)}
+	}
+	return pluginManagerEventsAt(t, offset, paths)
+}
+
+// pluginManagerEventsAt returns, for each driver, the lines kubelet's plugin manager logged
+// about any of its registration sockets paths[driver] since kubelet's log was offset bytes
+// long.
+func pluginManagerEventsAt(t *testing.T, offset int64, paths map[string][]string) map[string][]string {
+	t.Helper()
 	f, err := os.Open(cl.LogPath("kubelet"))
 	if err != nil {
 		t.Fatal(err)
@@ -269,15 +292,19 @@ func pluginManagerEvents(t *testing.T, offset int64, names ...string) map[string
 		t.Fatal(err)
 	}
 	socket := map[string]*regexp.Regexp{}
-	for _, n := range names {
-		socket[n] = regexp.MustCompile(regexp.QuoteMeta(socketOf(t, n)) + `($|[^\w.-])`)
+	for n, ps := range paths {
+		var quoted []string
+		for _, p := range ps {
+			quoted = append(quoted, regexp.QuoteMeta(p))
+		}
+		socket[n] = regexp.MustCompile(`(` + strings.Join(quoted, "|") + `)($|[^\w.-])`)
 	}
 	out := map[string][]string{}
 	for _, line := range strings.Split(string(b), "\n") {
 		if !slices.ContainsFunc(pluginManagerMessages, func(m string) bool { return strings.Contains(line, `"`+m+`"`) }) {
 			continue
 		}
-		for _, n := range names {
+		for n := range paths {
 			if socket[n].MatchString(line) {
 				out[n] = append(out[n], line)
 			}

@@ -19,9 +19,11 @@ import (
 // it holds already. Both pods run exactly their image index (assertRuns). The release neither
 // serves nor asks for a hand-over: the new pod finds none, stands by Ready, the controller
 // deletes the old pod, and the new one takes the directory and renames fresh sockets over the
-// release's. That is the cost of an upgrade without hand-over, measured: kubelet registers
-// each driver once more (once, each: its plugin manager's log), each CSI driver leaves CSINode
-// once (how long is reported), and every endpoint is asked again.
+// release's (a DRA driver's in its other registration path, which kubelet holds none of: a new
+// DRA registration never replaces one kubelet may hold). That is the cost of an upgrade without
+// hand-over, measured: kubelet registers each driver once more (once, each: its plugin
+// manager's log), each CSI driver leaves CSINode once (how long is reported), and every
+// endpoint is asked again.
 func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -52,6 +54,10 @@ func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 
 	// The upgrade.
 	socks := idents(t, dsDrivers...)
+	paths := map[string][]string{} // each driver's registration socket before the upgrade, and after
+	for _, n := range dsDrivers {
+		paths[n] = []string{socketOf(t, n)}
+	}
 	counts := env.counts()
 	logFrom := kubeletLogSize(t)
 	w := watchCSINode(t)
@@ -66,7 +72,15 @@ func scenarioUpgradeFromRelease(t *testing.T, env *dsEnv) {
 			fmt.Sprintf("%v; before: %v", now, counts)
 	})
 	gaps := w.catchUp(t)
-	events := pluginManagerEvents(t, logFrom, dsDrivers...)
+	// A DRA driver's registration goes in its other path (the one kubelet holds none of:
+	// registrar's withdrawsFirst), the others' at the release's paths: kubelet's lines about
+	// either path count.
+	for _, n := range dsDrivers {
+		if s := socketOf(t, n); s != paths[n][0] {
+			paths[n] = append(paths[n], s)
+		}
+	}
+	events := pluginManagerEventsAt(t, logFrom, paths)
 	inst, _, err := statusDocAt(ctx, podStatusURL(r.pod))
 	if err != nil {
 		t.Fatal(err)
