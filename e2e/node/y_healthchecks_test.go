@@ -282,10 +282,18 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 		t.Fatal(err)
 	}
 	chk := startChecker()
+	w := watchCSINode(t)
 	var took []time.Duration
 	handedOver := 0
 	for i := 1; i <= hcRollouts; i++ {
 		old := waitAvailable(t)
+		// The old pod's log, until its container ends.
+		var oldLog string
+		logDone := make(chan struct{})
+		go func() {
+			defer close(logDone)
+			oldLog, _ = cl.Kubectl(ctx, "logs", "-f", "-n", ncNS, old.Name)
+		}()
 		start := time.Now()
 		for _, args := range [][]string{
 			{"rollout", "restart", "-n", ncNS, "ds/" + ncRelease},
@@ -299,10 +307,20 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 		pod := waitPodReady(t, 2*time.Minute, string(old.UID))
 		d := time.Since(start)
 		took = append(took, d)
-		if strings.Contains(podLog(t, pod), msgTookOver) {
+		waitUntil(t, 30*time.Second, "the old pod's log ends with its container", func(context.Context) (bool, string) {
+			select {
+			case <-logDone:
+				return true, ""
+			default:
+				return false, "kubectl logs -f still follows " + old.Name
+			}
+		})
+		if newLog := podLog(t, pod); strings.Contains(newLog, msgTookOver) {
 			handedOver++
 		} else {
-			t.Errorf("rollout %d: pod %s's log does not say %q", i, pod.Name, msgTookOver)
+			marks := []string{"hand", "standing by", "serving the registration directory", "took over", "waiting", "signal", msgStopped, "multireg started"}
+			t.Errorf("rollout %d: pod %s's log does not say %q; the old pod %s's log:\n%s\nthe new pod's:\n%s", i, pod.Name, msgTookOver, old.Name,
+				strings.Join(linesWith(oldLog, marks...), "\n"), strings.Join(linesWith(newLog, marks...), "\n"))
 		}
 		_, cs, err := driverPod(ctx)
 		if err != nil {
@@ -315,6 +333,8 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 		}
 	}
 	checks, failed := chk.finish()
+	gaps := w.catchUp(t)
+	t.Logf("%s out of CSINode during the rollouts: %d time(s) %v", hcDriver, len(gaps[hcDriver]), gaps[hcDriver])
 	after, err := kubeletProbes(ctx, uid, hcContainer, "Liveness")
 	if err != nil {
 		t.Fatal(err)
@@ -334,8 +354,8 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 		len(took), handedOver, ms(sorted[0]), ms(sorted[len(sorted)-1]), ms(sorted[len(sorted)/2]), ms(total/time.Duration(len(took))),
 		after.Successful-before.Successful, probeFailed, unhealthyAfter-unhealthyBefore, msgs, checks, len(failed), failed)
 	figures = append(figures,
-		fmt.Sprintf("health checks: %d rollouts of multireg (%d handed over), each %d–%dms (median %dms) from rollout restart to the new pod Ready; the driver's container restarted 0 times; kubelet's liveness probes of it %d successful, %d failed; %d Unhealthy events; the test's checks every 100 ms %d, %d failed",
-			len(took), handedOver, ms(sorted[0]), ms(sorted[len(sorted)-1]), ms(sorted[len(sorted)/2]), after.Successful-before.Successful, probeFailed, unhealthyAfter-unhealthyBefore, checks, len(failed)))
+		fmt.Sprintf("health checks: %d rollouts of multireg (%d handed over), each %d–%dms (median %dms) from rollout restart to the new pod Ready; the driver's container restarted 0 times; kubelet's liveness probes of it %d successful, %d failed; %d Unhealthy events; the test's checks every 100 ms %d, %d failed; the driver out of CSINode %d time(s) %v",
+			len(took), handedOver, ms(sorted[0]), ms(sorted[len(sorted)-1]), ms(sorted[len(sorted)/2]), after.Successful-before.Successful, probeFailed, unhealthyAfter-unhealthyBefore, checks, len(failed), len(gaps[hcDriver]), gaps[hcDriver]))
 	_, cs, err := driverPod(ctx)
 	if err != nil {
 		t.Fatal(err)
