@@ -130,9 +130,24 @@ func (e *endpoints) serves(spec handover.ListenerSpec) bool {
 	return slices.ContainsFunc(e.served, func(s *served) bool { return s.spec == spec })
 }
 
-// specs are the listeners this process serves, as a hand-over's new instance tells the holder
-// (handover.Ask takes only those).
-func (e *endpoints) wanted() []handover.ListenerSpec { return slices.Clone(e.specs) }
+// wanted are the listeners a hand-over's new instance takes from the holder (handover.Ask
+// takes only those): those of a fixed port. Port 0 is any free port, another for each
+// instance: nothing to share.
+func (e *endpoints) wanted() []handover.ListenerSpec {
+	var out []handover.ListenerSpec
+	for _, spec := range e.specs {
+		if fixedPort(spec) {
+			out = append(out, spec)
+		}
+	}
+	return out
+}
+
+// fixedPort reports whether spec's address names a port: not 0, which is any free port.
+func fixedPort(spec handover.ListenerSpec) bool {
+	_, port, err := net.SplitHostPort(spec.Addr)
+	return err == nil && port != "0"
+}
 
 // adopt serves the listeners a hand-over brought for the flags' addresses: the old instance's
 // sockets, which no connection leaves from now on. It then stops serving those of the same
@@ -173,11 +188,15 @@ func (e *endpoints) retire(specs []handover.ListenerSpec, own bool) {
 	}
 }
 
-// handOut adds to snap a descriptor of each listener served, for the new instance.
+// handOut adds to snap a descriptor of each listener served on a fixed port, for the new
+// instance (one of port 0 is no new instance's: each binds a port of its own).
 func (e *endpoints) handOut(snap *handover.Snapshot) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, s := range e.served {
+		if !fixedPort(s.spec) {
+			continue
+		}
 		f, err := s.l.(*net.TCPListener).File()
 		if err != nil {
 			e.log.Warn("cannot hand a listener over; the new instance serves its own", "addr", s.spec.Addr, "err", err)

@@ -201,3 +201,13 @@ func TestStopAnswersWhatItAccepted(t *testing.T) {
 		})
 	}
 }
+
+// TestWantedFixedPortsOnly: a hand-over's new instance asks for the listeners of a fixed port
+// only: port 0 is another free port for each instance, not one they share.
+func TestWantedFixedPortsOnly(t *testing.T) {
+	e := newEndpoints("127.0.0.1:0", nil, ":9810", "[::1]:0", nil, nil, testkit.Logger(t))
+	got := e.wanted()
+	if len(got) != 1 || got[0].Name != healthHTTPName || got[0].Addr != ":9810" {
+		t.Errorf("wanted %v, want only --health-endpoint's :9810", got)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -83,8 +84,14 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	// The health endpoints are bound once this instance serves the directory or stands by,
 	// or taken from the previous instance in a hand-over, as --http-endpoint's may be
 	// (endpoints).
-	runCtx, fail := context.WithCancelCause(ctx)
-	defer fail(nil)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var httpErr error // the HTTP server's failure, once it stopped the process
+	var httpOnce sync.Once
+	fail := func(err error) {
+		httpOnce.Do(func() { httpErr = err })
+		stopRun()
+	}
 	eps := newEndpoints(f.httpAddr, newHandler(in, checker.Handler()), f.healthHTTP, f.healthGRPC, checker, fail, log)
 	defer eps.stop()
 	if err := eps.ensure(httpName); err != nil {
@@ -102,9 +109,9 @@ func runDaemon(ctx context.Context, args []string, std stdio, helpOnly bool) err
 	}
 	r := &rounds{f: f, log: log, in: in, cfg: cfg, content: content, signalled: ctx, cond: cond, targets: targets, eps: eps}
 	err = r.run(runCtx, hup)
-	eps.stop()
-	if cause := context.Cause(runCtx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
-		err = cause // --http-endpoint failed
+	eps.stop() // waits for every server: httpErr is set by then, if ever
+	if err == nil && httpErr != nil {
+		err = httpErr
 	}
 	log.Info("multireg stopped", "cleanup", f.cleanup && r.served && !errors.Is(err, regdir.ErrDirLost))
 	return err

@@ -81,7 +81,7 @@ func (e *env) snap(ds []driver) snapshot {
 	s := snapshot{counts: map[string]kubelet.Counts{}, ids: map[string]fileid.ID{}}
 	for _, d := range ds {
 		s.counts[d.Name] = e.K.Counts(d.Name)
-		s.ids[d.Name] = fileid.Of(e.SocketPath(d))
+		s.ids[d.Name] = fileid.Of(e.Socket(d))
 	}
 	return s
 }
@@ -97,7 +97,7 @@ func (e *env) moved(s snapshot, ds []driver) string {
 		if !e.K.Registered(d.Name) {
 			diffs = append(diffs, d.Name+": not registered in kubelet")
 		}
-		if id := fileid.Of(e.SocketPath(d)); id != s.ids[d.Name] {
+		if id := fileid.Of(e.Socket(d)); id != s.ids[d.Name] {
 			diffs = append(diffs, fmt.Sprintf("%s: socket %+v → %+v", d.Name, s.ids[d.Name], id))
 		}
 	}

@@ -70,7 +70,7 @@ func TestTwoInstances(t *testing.T) {
 			})
 			waitPhases(t, second, ds, "Registered")
 			for _, d := range ds {
-				if fileid.Of(e.SocketPath(d)) == before.ids[d.Name] {
+				if fileid.Of(e.Socket(d)) == before.ids[d.Name] {
 					t.Errorf("%s: still the first instance's socket", d.Name)
 				}
 			}
@@ -108,7 +108,7 @@ func (e *env) startPair(ds []driver) (first, second *mrproc.Process) {
 func (e *env) notListening(ds []driver) string {
 	var dead []string
 	for _, d := range ds {
-		c, err := net.DialTimeout("unix", e.SocketPath(d), time.Second)
+		c, err := net.DialTimeout("unix", e.Socket(d), time.Second)
 		if err != nil {
 			dead = append(dead, fmt.Sprintf("%s: %v", d.Name, err))
 			continue
@@ -168,7 +168,7 @@ func TestLockHarmedWhileAnotherWaits(t *testing.T) {
 				e.RecreateRegistry()
 				wait.For(t, registerTimeout, "every socket published in the new directory", func() bool {
 					for _, d := range ds {
-						if !testenv.IsSocket(e.SocketPath(d)) || fileid.Of(e.SocketPath(d)) == before.ids[d.Name] {
+						if !testenv.IsSocket(e.Socket(d)) || fileid.Of(e.Socket(d)) == before.ids[d.Name] {
 							return false
 						}
 					}

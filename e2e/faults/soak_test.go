@@ -251,7 +251,7 @@ func (s *soak) inject(kind string, v driver) fault {
 	t.Helper()
 	regs := e.K.Counts(v.Name).Registrations
 	reregistered := func() bool { return e.K.Registered(v.Name) && e.K.Counts(v.Name).Registrations > regs }
-	sock := e.SocketPath(v)
+	sock := e.Socket(v)
 	switch kind {
 	case faultEndpoint:
 		id := fileid.Of(sock)
@@ -341,7 +341,7 @@ func (s *soak) configEdit() fault {
 	s.writeConfig()
 	return fault{kind: faultConfigEdit, heal: func() {}, healed: func() bool {
 		for _, d := range removed {
-			if testenv.Exists(e.SocketPath(d)) {
+			if testenv.Exists(e.Socket(d)) {
 				return false
 			}
 		}

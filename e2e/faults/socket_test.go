@@ -162,7 +162,7 @@ func TestRegistryDirRecreated(t *testing.T) {
 	wait.For(t, registerTimeout, "kubelet to deregister every driver", func() bool { return len(e.K.RegisteredNames()) == 0 })
 	wait.For(t, registerTimeout, "every socket published in the new directory", func() bool {
 		for _, d := range ds {
-			if !testenv.IsSocket(e.SocketPath(d)) || fileid.Of(e.SocketPath(d)) == old[d.Name] {
+			if !testenv.IsSocket(e.Socket(d)) || fileid.Of(e.Socket(d)) == old[d.Name] {
 				return false
 			}
 		}

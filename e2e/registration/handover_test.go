@@ -48,7 +48,7 @@ func (e *env) sockets(ds []driver) sockets {
 	ids := sockets{}
 	for _, d := range ds {
 		var st syscall.Stat_t
-		if err := syscall.Lstat(e.SocketPath(d), &st); err != nil {
+		if err := syscall.Lstat(e.Socket(d), &st); err != nil {
 			ids[d.Name] = err.Error()
 			continue
 		}
@@ -72,7 +72,7 @@ func moved(before, now sockets) []string {
 // driver's name: a process accepts on it.
 func (e *env) answering(ds []driver) bool {
 	for _, d := range ds {
-		if getInfo(e.SocketPath(d)) != d.Name {
+		if getInfo(e.Socket(d)) != d.Name {
 			return false
 		}
 	}

@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
 	"multireg.dev/multireg/e2e/internal/fileid"
 	"multireg.dev/multireg/e2e/internal/wait"
 	"multireg.dev/multireg/e2e/mrproc"
+	"multireg.dev/multireg/e2e/plugins"
 )
 
 // Moving a driver from a node-driver-registrar sidecar to multireg, in the order
@@ -72,11 +75,22 @@ func TestMigrateBackToSidecar(t *testing.T) {
 	p := mrproc.Start(t, e.WriteConfig([]driver{d}))
 	wait.For(t, registerTimeout, "registered through multireg", func() bool { return e.K.Registered(d.Name) })
 
-	// node-driver-registrar's start: it removes what is at its path and listens there.
-	if err := os.Remove(e.SocketPath(d)); err != nil {
-		t.Fatal(err)
-	}
-	e.ServeRegistrar(e.SocketPath(d), d.Name, e.EndpointPath(d))
+	// node-driver-registrar's start: it removes what is at its path and listens there. Should
+	// multireg publish its socket again in between (it sees its own removed), the listen fails
+	// and the sidecar's container restarts, removing it again: the same, until it listens.
+	wait.For(t, registerTimeout, "the sidecar to listen at its path", func() bool {
+		if err := os.Remove(e.SocketPath(d)); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		r, err := plugins.ServeRegistrar(e.SocketPath(d), &registerapi.PluginInfo{
+			Type: "CSIPlugin", Name: d.Name, Endpoint: e.EndpointPath(d), SupportedVersions: []string{"1.0.0"},
+		})
+		if err != nil {
+			return false
+		}
+		t.Cleanup(r.Stop)
+		return true
+	})
 	theirs := fileid.Of(e.SocketPath(d))
 	wait.For(t, registerTimeout, "registered through the sidecar", func() bool {
 		return e.K.Registered(d.Name) && e.K.Counts(d.Name).Registrations == 2

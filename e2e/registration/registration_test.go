@@ -179,7 +179,7 @@ func TestRestartAndShutdown(t *testing.T) {
 	before := e.Registrations(ds)
 	wait.Never(t, 3*time.Second, "kubelet deregistered a plugin after SIGTERM", func() bool {
 		for _, d := range ds {
-			if !e.K.Registered(d.Name) || !testenv.IsSocket(e.SocketPath(d)) {
+			if !e.K.Registered(d.Name) || !testenv.IsSocket(e.Socket(d)) {
 				return true
 			}
 		}
@@ -196,8 +196,10 @@ func TestRestartAndShutdown(t *testing.T) {
 		return len(e.K.RegisteredNames()) == 0
 	})
 	for _, d := range ds {
-		if _, err := os.Lstat(e.SocketPath(d)); !os.IsNotExist(err) {
-			t.Errorf("%s: socket after --cleanup-on-exit: %v", d.Name, err)
+		for _, path := range []string{e.SocketPath(d), e.AltSocketPath(d)} {
+			if _, err := os.Lstat(path); !os.IsNotExist(err) {
+				t.Errorf("%s: socket %s after --cleanup-on-exit: %v", d.Name, path, err)
+			}
 		}
 	}
 }

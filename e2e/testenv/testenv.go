@@ -160,6 +160,16 @@ func (e *Env) SocketPath(d Driver) string {
 	return filepath.Join(e.Reg, Safe(d.Name)+"-reg.sock")
 }
 
+// Socket is the driver's registration socket now: its first path, or its second where only
+// that one is a socket (multireg publishes a DRA driver registered again, and a pattern's
+// driver, at the path kubelet does not hold); the first when neither is.
+func (e *Env) Socket(d Driver) string {
+	if p := e.AltSocketPath(d); !IsSocket(e.SocketPath(d)) && IsSocket(p) {
+		return p
+	}
+	return e.SocketPath(d)
+}
+
 // AltSocketPath is the driver's second registration socket path, which multireg gives a DRA
 // driver and a driver whose endpoint is a pattern: the first's name with .1 before .sock.
 func (e *Env) AltSocketPath(d Driver) string {
