@@ -46,8 +46,9 @@ type NodeConditionStatus struct {
 		Starts   int    `json:"starts"`
 		LastExit string `json:"lastExit"`
 	} `json:"agent"`
-	Status string `json:"status"`
-	Synced bool   `json:"synced"`
+	Status    string `json:"status"`
+	Synced    bool   `json:"synced"`
+	LastError string `json:"lastError"`
 }
 
 // NodeCondition returns what the status says of the node condition, and whether it says

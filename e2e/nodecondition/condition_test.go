@@ -256,6 +256,12 @@ func TestAPIServerGone(t *testing.T) {
 	if d := back.At.Sub(ready); d > 12*time.Second {
 		t.Errorf("the condition caught up %s after the API server was back, want within 12 s", d)
 	}
+	// Synced again, with nothing failing: the outage's error is no longer the last word.
+	var nc mrproc.NodeConditionStatus
+	wait.For(t, registerTimeout, "the status synced, with no error left", func() bool {
+		nc, _ = p.Status(t).NodeCondition()
+		return nc.Synced && nc.LastError == ""
+	})
 	stop(t, p)
 }
 

@@ -9,6 +9,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,6 +67,9 @@ type Reporter struct {
 	// guards st, in, and the latest node and CSINode the watches saw.
 	mu sync.Mutex
 	st nodecond.Status
+	// readErr and writeErr: why the watches' last read failed, and the last write ("" once
+	// one succeeds); st.LastError is the write's, else the read's.
+	readErr, writeErr string
 	// in is multireg's last word on its drivers (SetInput); hasInput: it has said one.
 	in       nodecond.Input
 	hasInput bool
@@ -296,9 +300,11 @@ func (r *Reporter) loop(ctx context.Context) {
 		if c := n.cond; c != nil {
 			r.st.OnNode = &nodecond.Condition{Status: c.Status, Reason: c.Reason, Message: c.Message, LastTransitionTime: c.LastTransitionTime}
 		}
+		r.readErr = ""
 		if apiErr != nil {
-			r.st.LastError = apiErr.Error()
+			r.readErr = apiErr.Error()
 		}
+		r.st.LastError = cmp.Or(r.writeErr, r.readErr)
 		if !reflect.DeepEqual(was, r.st) {
 			r.notify()
 		}
@@ -415,16 +421,20 @@ func (r *Reporter) removeTaint(ctx context.Context, n node) error {
 	r.mu.Lock()
 	r.node.obj = newer(r.node.obj, obj)
 	r.st.TaintRemoved, r.st.TaintDone = time.Now(), true
+	r.writeErr = ""
+	r.st.LastError = r.readErr
 	r.mu.Unlock()
 	return nil
 }
 
-// noteWrite and noteError record a write that succeeded, and a read or write that failed.
+// noteWrite and noteError record a write that succeeded, and one that failed: LastError is
+// the last write's failure until a write succeeds, else the watches' (until they read again).
 func (r *Reporter) noteWrite(at time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.st.Writes++
-	r.st.LastWrite, r.st.LastError = at, ""
+	r.writeErr = ""
+	r.st.LastWrite, r.st.LastError = at, r.readErr
 }
 
 func (r *Reporter) noteError(err error) {
@@ -432,7 +442,8 @@ func (r *Reporter) noteError(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.st.WriteErrors++
-	r.st.LastError = err.Error()
+	r.writeErr = err.Error()
+	r.st.LastError = r.writeErr
 }
 
 // warnCSINode logs each CSI driver kubelet accepted that CSINode has not listed for longer
