@@ -417,6 +417,7 @@ func TestHelmInstall(t *testing.T) {
 			for _, l := range []string{
 				"helm -n kube-system upgrade multireg charts/multireg --reuse-values --set cleanupOnExit=true",
 				"kubectl -n kube-system rollout status ds/multireg",
+				"kubectl -n kube-system delete ds multireg --cascade=foreground --wait",
 				"helm -n kube-system uninstall multireg --cascade=foreground --wait",
 			} {
 				e.command(t, l)

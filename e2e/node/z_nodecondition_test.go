@@ -1068,7 +1068,7 @@ func (e *ncEnv) apiServerStopped(t *testing.T) {
 }
 
 // uninstall removes the release when it is installed: with check (17), as docs/deploy.md says
-// (cleanupOnExit, the rollout, then the uninstall), and checks that the registration sockets
+// (cleanupOnExit, the rollout, the DaemonSet, then the uninstall), and checks that the registration sockets
 // went and reports what the node's condition says after; without (the test's cleanup, after a
 // failure), with helm uninstall alone.
 func (e *ncEnv) uninstall(t *testing.T, check bool) {
@@ -1114,14 +1114,24 @@ func (e *ncEnv) uninstall(t *testing.T, check bool) {
 			t.Logf("pod %s's log from its SIGTERM on (%v):\n%s", pod.Name, err, strings.Join(linesWith(out, "signal", "withdr", "node condition", "Unknown", msgStopped), "\n"))
 		}()
 	}
+	start := time.Now()
+	if check {
+		// docs/deploy.md: the DaemonSet first, alone, so that its pods' last write (the
+		// condition Unknown) is made while the release's permissions are still there.
+		fg := metav1.DeletePropagationForeground
+		if err := cl.Client.AppsV1().DaemonSets(ncNS).Delete(ctx, ncRelease, metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+			t.Errorf("kubectl delete ds: %v", err)
+		}
+		waitNoPods(t)
+		t.Logf("kubectl delete ds --cascade=foreground --wait: %dms", ms(time.Since(start)))
+	}
 	un := action.NewUninstall(helmConfig(t))
 	un.Wait, un.DeletionPropagation, un.Timeout = true, "foreground", 2*time.Minute
-	start := time.Now()
 	if _, err := un.Run(ncRelease); err != nil {
 		t.Errorf("helm uninstall: %v", err)
 		return
 	}
-	t.Logf("helm uninstall --cascade=foreground --wait: %dms", ms(time.Since(start)))
+	t.Logf("helm uninstall --wait: %dms", ms(time.Since(start)))
 	waitNoPods(t)
 	if !check {
 		return
@@ -1145,13 +1155,13 @@ func (e *ncEnv) uninstall(t *testing.T, check bool) {
 	}
 	c := ncCondition(n)
 	t.Logf("the node's condition after the uninstall: %+v", c)
-	if c != nil && c.Status != corev1.ConditionUnknown {
-		// docs/node-condition.md says Unknown (MultiregStopped). helm uninstall deletes the
-		// ClusterRoleBinding in the same pass as the DaemonSet: the pod's last write, on its
-		// way out, is refused (its log above says so), and the Node keeps what it last wrote.
-		t.Logf("NOTE: every registration socket is gone, and the node's condition still says %s %s %q", c.Status, c.Reason, c.Message)
+	if c == nil || c.Status != corev1.ConditionUnknown || c.Reason != "MultiregStopped" {
+		// docs/node-condition.md says Unknown (MultiregStopped), written by the pod on its
+		// way out with the permissions the rest of the release still grants.
+		t.Errorf("every registration socket is gone, and the node's condition says %+v, want Unknown MultiregStopped", c)
+		return
 	}
-	figures = append(figures, fmt.Sprintf("node condition after helm uninstall (cleanupOnExit first, sockets gone): %s %s", c.Status, c.Reason))
+	figures = append(figures, fmt.Sprintf("node condition after the uninstall (cleanupOnExit, the DaemonSet, then helm uninstall): %s %s", c.Status, c.Reason))
 }
 
 // getJSON decodes the JSON document at url into v.
