@@ -105,7 +105,11 @@ type verification struct {
 	had   int       // the most devices kubelet held for the resource during the move
 	gen   uint64    // the generation whose registration is verified, once the old one went
 	until time.Time // zero while the old registration stays
-	seen  bool      // kubelet's view answered after the withdrawal
+	// withdrawnAt: when the old registration was withdrawn. A view without devices counts as
+	// a drop from then only: kubelet shows none as soon as the old instance dies, through the
+	// old registration, before multireg withdraws it.
+	withdrawnAt time.Time
+	seen        bool // kubelet's view answered after the withdrawal
 	// decideAt: the view shows the resource without devices since a moment too recent to
 	// decide (droppedFor), or the plugin reported none healthy a pass ago; the wait looks again
 	// then, even if the view reads the same.
@@ -181,7 +185,8 @@ func (m *moveCheck) withdrawn(g *generation) {
 	if m.v == nil {
 		return
 	}
-	m.v.gen, m.v.until = g.gen, time.Now().Add(verifyFor)
+	now := time.Now()
+	m.v.gen, m.v.until, m.v.withdrawnAt = g.gen, now.Add(verifyFor), now
 	m.moves.view.Quick(verifyFor)
 }
 
@@ -229,6 +234,7 @@ func (m *moveCheck) check(ctx context.Context, g *generation, rolling, registere
 		v.had = max(v.had, n) // a view read before the move may not have shown them yet
 	}
 	v.decideAt = time.Time{}
+	since = later(since, v.withdrawnAt)
 	if ok && n == 0 && v.had > 0 && registered {
 		switch {
 		case time.Since(since) < droppedFor:
@@ -347,4 +353,12 @@ func (m *moveCheck) timer(w *waiting) <-chan time.Time {
 		w.verifyEnd.Reset(time.Until(at))
 	}
 	return w.verifyEnd.C
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return b
+	}
+	return a
 }

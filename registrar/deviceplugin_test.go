@@ -519,3 +519,62 @@ func TestDevicePluginMovesWithoutKubeletsView(t *testing.T) {
 		t.Errorf("the view's absence said %d times, want once", n)
 	}
 }
+
+// TestDevicePluginMoveDropCountsFromTheWithdrawal: kubelet's view shows the resource without
+// devices from the moment the old instance dies, through its registration, before multireg
+// withdraws it. A drop is decided from the withdrawal on (droppedFor after it), not from the
+// older reading: on a real node, kubelet took the new instance's devices within that time, and
+// the older zero had made multireg register the new instance again at once.
+func TestDevicePluginMoveDropCountsFromTheWithdrawal(t *testing.T) {
+	var log testkit.Buffer
+	m := startDevicePluginMove(t, Options{Log: log.Logger()}, true)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("multireg's log:\n%s", log.String())
+		}
+	})
+	startInstance(t, m.d, "dp.2")
+	m.awaitBeside(m.d.AltSocketPath, "dp.2")
+	testkit.Eventually(t, 5*time.Second, "kubelet's view read with dp.1's devices", func() bool {
+		st := statusOf(m.s, m.d.Name)
+		return st.Kubelet != nil && st.Kubelet.Devices == 2
+	})
+	m.kubelet.Set(m.d.Name, 0) // dp.1 dies: kubelet holds none of its devices any more
+	testkit.Eventually(t, 5*time.Second, "kubelet's view read without devices", func() bool {
+		st := statusOf(m.s, m.d.Name)
+		return st.Kubelet != nil && st.Kubelet.Devices == 0
+	})
+	testkit.Never(t, 3*droppedFor, "a drop decided while the old registration stays", func() bool {
+		return strings.Contains(log.String(), "kubelet dropped the resource's devices")
+	})
+	m.old.Stop()
+	// kubelet never takes dp.2's devices here: the drop is decided, droppedFor after the
+	// withdrawal at the earliest.
+	var withdrawn, dropped time.Time
+	testkit.Eventually(t, 5*time.Second, "the withdrawal and the drop in the log", func() bool {
+		withdrawn = logTime(t, log.String(), "withdrawing the old registration")
+		dropped = logTime(t, log.String(), "kubelet dropped the resource's devices")
+		return !withdrawn.IsZero() && !dropped.IsZero()
+	})
+	if d := dropped.Sub(withdrawn); d < droppedFor {
+		t.Errorf("the drop decided %s after the withdrawal, want %s at least", d, droppedFor)
+	}
+}
+
+// logTime is the time of the first line of logs (slog's text format) whose message holds msg;
+// zero when there is none.
+func logTime(t *testing.T, logs, msg string) time.Time {
+	t.Helper()
+	for line := range strings.Lines(logs) {
+		if _, m, ok := strings.Cut(line, ` msg="`); !ok || !strings.Contains(strings.SplitN(m, `"`, 2)[0], msg) {
+			continue
+		}
+		ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil {
+			t.Fatalf("the time of %q: %v", line, err)
+		}
+		return at
+	}
+	return time.Time{}
+}
