@@ -286,9 +286,11 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 	chk := startChecker()
 	w := watchCSINode(t)
 	var took []time.Duration
+	var startToReady []int64 // kubelet's log: the new container started → the new pod's readiness probe ready, ms
 	handedOver := 0
 	for i := 1; i <= hcRollouts; i++ {
 		old := waitAvailable(t)
+		logFrom := kubeletLogSize(t)
 		// The old pod's log, until its container ends.
 		var oldLog string
 		logDone := make(chan struct{})
@@ -317,13 +319,18 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 				return false, "kubectl logs -f still follows " + old.Name
 			}
 		})
+		kt := kubeletRolloutTimes(t, logFrom, old, pod)
+		if kt.readyAfterStart >= 0 {
+			startToReady = append(startToReady, kt.readyAfterStart)
+		}
 		if newLog := podLog(t, pod); strings.Contains(newLog, msgTookOver) {
 			handedOver++
 		} else {
 			marks := []string{"hand", "standing by", "serving the registration directory", "took over", "waiting", "signal", msgStopped, "multireg started"}
-			t.Errorf("rollout %d: pod %s's log does not say %q; the old pod %s's log:\n%s\nthe new pod's:\n%s", i, pod.Name, msgTookOver, old.Name,
-				strings.Join(linesWith(oldLog, marks...), "\n"), strings.Join(linesWith(newLog, marks...), "\n"))
+			t.Errorf("rollout %d: pod %s's log does not say %q; the old pod %s's log:\n%s\nthe new pod's:\n%s\nkubelet's log (%s):\n%s", i, pod.Name, msgTookOver, old.Name,
+				strings.Join(linesWith(oldLog, marks...), "\n"), strings.Join(linesWith(newLog, marks...), "\n"), kt, strings.Join(kt.lines, "\n"))
 		}
+		t.Logf("rollout %d: kubelet's log: %s", i, kt)
 		_, cs, err := driverPod(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -352,6 +359,11 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 		total += d
 	}
 	probeFailed := after.Failed - before.Failed
+	if len(startToReady) > 0 {
+		s := slices.Clone(startToReady)
+		slices.Sort(s)
+		t.Logf("kubelet's log, over %d of %d rollouts: the new container started → the new pod's readiness probe ready %d–%dms (median %dms) %v", len(s), len(took), s[0], s[len(s)-1], s[len(s)/2], startToReady)
+	}
 	t.Logf("%d rollouts (%d handed over): each %dms to %dms (median %dms, mean %dms) from rollout restart to the new pod Ready; kubelet's liveness probes of the driver meanwhile: %d successful, %d failed; Unhealthy events %d %v; the test's own checks every 100 ms: %d, %d failed %v",
 		len(took), handedOver, ms(sorted[0]), ms(sorted[len(sorted)-1]), ms(sorted[len(sorted)/2]), ms(total/time.Duration(len(took))),
 		after.Successful-before.Successful, probeFailed, unhealthyAfter-unhealthyBefore, msgs, checks, len(failed), failed)
@@ -528,4 +540,78 @@ func hcUninstall(t *testing.T, sockDir string) {
 	if err := os.Remove(sockDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the driver's socket directory after it stopped: %v", err)
 	}
+}
+
+// rolloutTimes is what kubelet's log (--v=2) says of one rollout: when the new pod's multireg
+// container started (its PLEG event), when its readiness probe first said ready, when the old
+// pod's deletion reached kubelet; each -1 when not found.
+type rolloutTimes struct {
+	readyAfterStart, deletedAfterStart int64 // ms
+	lines                              []string
+}
+
+func (r rolloutTimes) String() string {
+	f := func(v int64) string {
+		if v < 0 {
+			return "not found"
+		}
+		return fmt.Sprintf("%dms", v)
+	}
+	return fmt.Sprintf("the new container started → its pod's readiness probe ready %s, → the old pod's SyncLoop DELETE %s", f(r.readyAfterStart), f(r.deletedAfterStart))
+}
+
+// kubeletRolloutTimes reads kubelet's log from offset: the PLEG event of the new pod's container
+// starting (by its container ID), the new pod's first readiness probe "ready" after it, and
+// the old pod's "SyncLoop DELETE".
+func kubeletRolloutTimes(t *testing.T, offset int64, old, pod corev1.Pod) rolloutTimes {
+	t.Helper()
+	r := rolloutTimes{readyAfterStart: -1, deletedAfterStart: -1}
+	var cid string
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == "multireg" {
+			cid = strings.TrimPrefix(cs.ContainerID, "containerd://")
+		}
+	}
+	f, err := os.Open(cl.LogPath("kubelet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, 0); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// klog's header: I1129 10:47:11.123456 (no year: differences only).
+	at := func(l string) (time.Time, bool) {
+		if len(l) < 22 {
+			return time.Time{}, false
+		}
+		tm, err := time.Parse("0102 15:04:05.000000", l[1:21])
+		return tm, err == nil
+	}
+	newRef, oldRef := `"`+ncNS+"/"+pod.Name+`"`, `"`+ncNS+"/"+old.Name+`"`
+	var started, ready, deleted time.Time
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case cid != "" && started.IsZero() && strings.Contains(l, "SyncLoop (PLEG)") && strings.Contains(l, "ContainerStarted") && strings.Contains(l, cid):
+			started, _ = at(l)
+			r.lines = append(r.lines, l)
+		case ready.IsZero() && strings.Contains(l, "SyncLoop (probe)") && strings.Contains(l, `probe="readiness"`) && strings.Contains(l, `status="ready"`) && strings.Contains(l, "pod="+newRef):
+			ready, _ = at(l)
+			r.lines = append(r.lines, l)
+		case deleted.IsZero() && strings.Contains(l, "SyncLoop DELETE") && strings.Contains(l, oldRef):
+			deleted, _ = at(l)
+			r.lines = append(r.lines, l)
+		}
+	}
+	if !started.IsZero() && !ready.IsZero() {
+		r.readyAfterStart = ms(ready.Sub(started))
+	}
+	if !started.IsZero() && !deleted.IsZero() {
+		r.deletedAfterStart = ms(deleted.Sub(started))
+	}
+	return r
 }
