@@ -472,6 +472,32 @@ func TestWithdrawSumsUpMany(t *testing.T) {
 	}
 }
 
+// listenersHolder makes a holder of reg that hands over, in version 2, a last batch of no
+// driver with the listeners specs, their descriptors and the lock's (files), and sends on the
+// channel it returns the listeners the new instance's acknowledgement names (closed without
+// one).
+func listenersHolder(t *testing.T, reg string, specs []ListenerSpec, files ...*os.File) <-chan []ListenerSpec {
+	acked := make(chan []ListenerSpec, 1)
+	fakeHolder(t, reg, func(hc Conn) { // the hello read
+		hc.Send(&Msg{Type: MsgWelcome, Version: 2})
+		if _, fs, err := hc.Recv(); err != nil { // take
+			return
+		} else {
+			CloseAll(fs)
+		}
+		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: specs}, files...)
+		m, fs, err := hc.Recv()
+		if err != nil || m.Type != MsgAck {
+			close(acked)
+			return
+		}
+		CloseAll(fs)
+		acked <- m.Listeners
+		hc.Send(&Msg{Type: MsgReleased, Version: 2})
+	})
+	return acked
+}
+
 // TestListenersHandedOver: version 2's last batch carries the process's listening sockets
 // after the registration sockets; the new instance keeps those it serves (by name and
 // address) that are listening TCP sockets (a unix socket among them is closed and left out),
@@ -506,24 +532,7 @@ func TestListenersHandedOver(t *testing.T) {
 	good := ListenerSpec{Name: "health-http", Addr: tcp.Addr().String()}
 	bad := ListenerSpec{Name: "health-grpc", Addr: "127.0.0.1:1"}
 	unwanted := ListenerSpec{Name: "http", Addr: other.Addr().String()}
-	acked := make(chan []ListenerSpec, 1)
-	fakeHolder(t, reg, func(hc Conn) { // the hello read
-		hc.Send(&Msg{Type: MsgWelcome, Version: 2})
-		if _, fs, err := hc.Recv(); err != nil { // take
-			return
-		} else {
-			CloseAll(fs)
-		}
-		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: []ListenerSpec{good, bad, unwanted}}, tf, uf, of, lock)
-		m, fs, err := hc.Recv()
-		if err != nil || m.Type != MsgAck {
-			close(acked)
-			return
-		}
-		CloseAll(fs)
-		acked <- m.Listeners
-		hc.Send(&Msg{Type: MsgReleased, Version: 2})
-	})
+	acked := listenersHolder(t, reg, []ListenerSpec{good, bad, unwanted}, tf, uf, of, lock)
 	got, lockF, err := Ask(reg, testkit.Logger(t), sameLockFile(reg), nil, []ListenerSpec{good, bad})
 	if err != nil {
 		t.Fatal(err)
@@ -596,24 +605,7 @@ func TestListenerOfAnotherNetns(t *testing.T) {
 	reg := testkit.ShortDir(t)
 	lock := lockedFile(t, reg)
 	spec := ListenerSpec{Name: "health-http", Addr: l.Addr().String()}
-	acked := make(chan []ListenerSpec, 1)
-	fakeHolder(t, reg, func(hc Conn) {
-		hc.Send(&Msg{Type: MsgWelcome, Version: 2})
-		if _, fs, err := hc.Recv(); err != nil {
-			return
-		} else {
-			CloseAll(fs)
-		}
-		hc.Send(&Msg{Type: MsgBatch, Version: 2, Last: true, Lock: true, Listeners: []ListenerSpec{spec}}, f, lock)
-		m, fs, err := hc.Recv()
-		if err != nil || m.Type != MsgAck {
-			close(acked)
-			return
-		}
-		CloseAll(fs)
-		acked <- m.Listeners
-		hc.Send(&Msg{Type: MsgReleased, Version: 2})
-	})
+	acked := listenersHolder(t, reg, []ListenerSpec{spec}, f, lock)
 	var logs testkit.Buffer
 	got, lockF, err := Ask(reg, logs.Logger(), sameLockFile(reg), nil, []ListenerSpec{spec})
 	if err != nil {
