@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"time"
@@ -59,18 +60,31 @@ func fixedTarget(spec config.Driver) target {
 	return target{endpoint: spec.Endpoint, local: spec.LocalEndpoint}
 }
 
-// matches returns the sockets matching the driver's endpoint pattern, newest first. Files
-// that are not sockets, and sockets whose path kubelet cannot dial, are left out.
-func (ep *endpoint) matches() []match {
-	d := ep.d
+// matches returns the sockets matching the driver's endpoint pattern, newest first.
+func (ep *endpoint) matches() []match { return patternMatches(ep.d.spec, ep.d.log) }
+
+// NewestMatch is the socket, as multireg dials it, that a loop of spec (a driver whose endpoint
+// is a pattern) tries first: the newest match; "" when none matches. What a liveness check
+// dials where no loop of the driver runs (a standby instance).
+func NewestMatch(spec config.Driver) string {
+	if ms := patternMatches(spec, slog.New(slog.DiscardHandler)); len(ms) > 0 {
+		return ms[0].local
+	}
+	return ""
+}
+
+// patternMatches returns the sockets matching spec's endpoint pattern, newest first. Files
+// that are not sockets, and sockets whose path kubelet cannot dial (logged at debug level),
+// are left out.
+func patternMatches(spec config.Driver, log *slog.Logger) []match {
 	var ms []match
-	for _, e := range fswatch.MatchingEntries(filepath.Dir(d.spec.LocalEndpoint), filepath.Base(d.spec.LocalEndpoint)) {
+	for _, e := range fswatch.MatchingEntries(filepath.Dir(spec.LocalEndpoint), filepath.Base(spec.LocalEndpoint)) {
 		if e.Type() != fs.ModeSocket {
 			continue
 		}
-		endpoint, local := d.spec.Concrete(e.Name())
+		endpoint, local := spec.Concrete(e.Name())
 		if len(endpoint) > config.MaxSocketPathLen || len(local) > config.MaxSocketPathLen || !config.KubeletCanDial(endpoint) {
-			d.log.Debug("a socket matching the endpoint pattern cannot be dialled; skipped", "socket", local)
+			log.Debug("a socket matching the endpoint pattern cannot be dialled; skipped", "socket", local)
 			continue
 		}
 		info, err := e.Info() // one lstat: the identity and the bind time

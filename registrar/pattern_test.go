@@ -76,6 +76,32 @@ func TestPatternRegistersNewestAnswering(t *testing.T) {
 	}
 }
 
+// TestNewestMatch: what a liveness check dials where no loop runs is the match a loop tries
+// first: the newest socket, not a newer file that is no socket nor a name that does not match;
+// "" when none matches.
+func TestNewestMatch(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	d := patternDriver(dir, config.DevicePlugin, "dp.*")
+	epDir := filepath.Dir(d.LocalEndpoint)
+	if err := os.MkdirAll(epDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := NewestMatch(d); got != "" {
+		t.Errorf("no match: %q, want none", got)
+	}
+	startInstance(t, d, "dp.1")
+	ageFile(t, filepath.Join(epDir, "dp.1"), time.Hour)
+	deadSocket(t, filepath.Join(epDir, "dp.2"))
+	ageFile(t, filepath.Join(epDir, "dp.2"), time.Minute)
+	if err := os.WriteFile(filepath.Join(epDir, "dp.3"), nil, 0o644); err != nil { // not a socket
+		t.Fatal(err)
+	}
+	startInstance(t, d, "other.sock") // does not match
+	if got, want := NewestMatch(d), filepath.Join(epDir, "dp.2"); got != want {
+		t.Errorf("NewestMatch %q, want the newest socket %q", got, want)
+	}
+}
+
 // TestPatternEndpointDifferentMount: endpoint and localEndpoint in different directories
 // (kubelet's path and multireg's mount) with one pattern: kubelet is given the match's name in
 // endpoint's directory.

@@ -3,11 +3,7 @@
 package main
 
 import (
-	"io/fs"
-	"os"
-	"path/filepath"
 	"sync"
-	"time"
 
 	"multireg.dev/multireg/config"
 	"multireg.dev/multireg/health"
@@ -48,27 +44,9 @@ func (t *healthTargets) get(name string) (health.Target, bool) {
 		}
 		local := d.LocalEndpoint
 		if d.EndpointIsPattern() {
-			local = newestSocket(local)
+			local = registrar.NewestMatch(d)
 		}
 		return health.Target{Name: name, Type: d.Type, Path: local, Timeout: d.HealthTimeout}, true
 	}
 	return health.Target{}, false
-}
-
-// newestSocket is the newest socket matching pattern, or "" when none does: what a pattern's
-// loop registers.
-func newestSocket(pattern string) string {
-	ms, _ := filepath.Glob(pattern)
-	var newest string
-	var at time.Time
-	for _, m := range ms {
-		fi, err := os.Lstat(m)
-		if err != nil || fi.Mode().Type() != fs.ModeSocket {
-			continue
-		}
-		if newest == "" || fi.ModTime().After(at) {
-			newest, at = m, fi.ModTime()
-		}
-	}
-	return newest
 }
