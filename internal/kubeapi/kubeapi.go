@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -75,17 +76,15 @@ const (
 	backoffMax = 8 * time.Second
 )
 
-// Backoff is a wait that doubles from backoffMin to backoffMax with jitter; Reset starts over.
-type Backoff struct{ next time.Duration }
-
-// Next returns the next wait.
-func (b *Backoff) Next() time.Duration {
-	b.next = min(max(2*b.next, backoffMin), backoffMax)
-	return Jitter(b.next)
+// NewBackoff returns a wait that doubles from backoffMin to backoffMax, each jittered by ±20%,
+// and never gives up; Reset starts it over.
+func NewBackoff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.Multiplier, b.MaxInterval = backoffMin, 2, backoffMax
+	b.RandomizationFactor, b.MaxElapsedTime = 0.2, 0
+	b.Reset()
+	return b
 }
-
-// Reset starts the backoff over.
-func (b *Backoff) Reset() { b.next = 0 }
 
 // Jitter is d ±20%.
 func Jitter(d time.Duration) time.Duration {
@@ -107,7 +106,7 @@ type Event struct {
 func Watch(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, name string, seen func(Event)) {
 	res := c.Resource(gvr)
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
-	var b Backoff
+	b := NewBackoff()
 	for ctx.Err() == nil {
 		rv, err := list(ctx, res, sel, seen)
 		for err == nil && ctx.Err() == nil {
@@ -118,7 +117,7 @@ func Watch(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionReso
 		}
 		if !errors.Is(err, errExpired) {
 			seen(Event{Err: err})
-			pause.For(ctx, b.Next())
+			pause.For(ctx, b.NextBackOff())
 			continue
 		}
 		b.Reset() // the watched version is gone: list again at once

@@ -167,7 +167,7 @@ func (r *Reporter) signal() {
 // shows another value, within the write rate and, after a failure, its backoff.
 func (r *Reporter) loop(ctx context.Context) {
 	lim := limiter{tokens: writeBurst}
-	var failures kubeapi.Backoff
+	failures := kubeapi.NewBackoff()
 	var retryAt time.Time // after a failed write: not before
 	warned := map[string]bool{}
 	listed := map[string]time.Time{} // since when this process has seen each driver in CSINode
@@ -265,7 +265,7 @@ func (r *Reporter) loop(ctx context.Context) {
 					if ctx.Err() != nil {
 						return
 					}
-					retryAt = now.Add(failures.Next())
+					retryAt = now.Add(failures.NextBackOff())
 					next = retryAt
 					r.noteError(err)
 				} else {
@@ -284,7 +284,7 @@ func (r *Reporter) loop(ctx context.Context) {
 				}
 				r.noteError(err)
 				if next.IsZero() || next.After(now.Add(time.Second)) {
-					next = now.Add(failures.Next())
+					next = now.Add(failures.NextBackOff())
 				}
 			}
 		}
