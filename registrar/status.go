@@ -217,16 +217,19 @@ func (d *driver) show(s shownState) {
 	if s.st == stStopped {
 		return // the loop has ended: its status shows where it stood
 	}
-	defer d.changes.notify()
 	d.mu.Lock()
 	d.shown = s
 	changed := d.derive()
 	d.st.NextAttempt = s.retryAt
 	p := d.st.Phase
-	if p == Registered && !s.rolling {
+	cleared := p == Registered && !s.rolling && d.st.LastError != ""
+	if cleared {
 		d.st.LastError = ""
 	}
 	d.mu.Unlock()
+	if changed || cleared { // what a watcher reads (Changed); a step within a phase is not
+		d.changes.notify()
+	}
 	if changed {
 		d.log.Info("phase changed", "phase", p) // the reason is logged where it arises
 	}
