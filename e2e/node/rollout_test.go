@@ -253,6 +253,24 @@ func kubeletLogSize(t *testing.T) int64 {
 	return fi.Size()
 }
 
+// kubeletLogSince is what kubelet logged since its log was offset bytes long (kubeletLogSize).
+func kubeletLogSince(t *testing.T, offset int64) []byte {
+	t.Helper()
+	f, err := os.Open(cl.LogPath("kubelet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, 0); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // What kubelet's plugin manager logs (at --v=2) when it notices a registration socket: its
 // watcher adds or removes the socket in the desired state, its reconciler registers or
 // deregisters the plugin.
@@ -279,18 +297,7 @@ func pluginManagerEvents(t *testing.T, offset int64, names ...string) map[string
 // long.
 func pluginManagerEventsAt(t *testing.T, offset int64, paths map[string][]string) map[string][]string {
 	t.Helper()
-	f, err := os.Open(cl.LogPath("kubelet"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Seek(offset, 0); err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := kubeletLogSince(t, offset)
 	socket := map[string]*regexp.Regexp{}
 	for n, ps := range paths {
 		var quoted []string

@@ -291,34 +291,14 @@ func hcRolloutsUntouched(t *testing.T, uid string) {
 	for i := 1; i <= hcRollouts; i++ {
 		old := waitAvailable(t)
 		logFrom := kubeletLogSize(t)
-		// The old pod's log, until its container ends.
-		var oldLog string
-		logDone := make(chan struct{})
-		go func() {
-			defer close(logDone)
-			oldLog, _ = cl.Kubectl(ctx, "logs", "-f", "-n", ncNS, old.Name)
-		}()
 		start := time.Now()
-		for _, args := range [][]string{
-			{"rollout", "restart", "-n", ncNS, "ds/" + ncRelease},
-			{"rollout", "status", "-n", ncNS, "ds/" + ncRelease, "--timeout=2m"},
-		} {
-			if out, err := cl.Kubectl(ctx, args...); err != nil {
-				chk.finish()
-				t.Fatalf("rollout %d: %v\n%s", i, err, out)
-			}
+		pod, ready, oldLog, err := restartRelease(t, ctx, old)
+		if err != nil {
+			chk.finish()
+			t.Fatalf("rollout %d: %v", i, err)
 		}
-		pod := waitPodReady(t, 2*time.Minute, string(old.UID))
-		d := time.Since(start)
+		d := ready.Sub(start)
 		took = append(took, d)
-		waitUntil(t, 30*time.Second, "the old pod's log ends with its container", func(context.Context) (bool, string) {
-			select {
-			case <-logDone:
-				return true, ""
-			default:
-				return false, "kubectl logs -f still follows " + old.Name
-			}
-		})
 		kt := kubeletRolloutTimes(t, logFrom, old, pod)
 		if kt.readyAfterStart >= 0 {
 			startToReady = append(startToReady, kt.readyAfterStart)
@@ -572,18 +552,7 @@ func kubeletRolloutTimes(t *testing.T, offset int64, old, pod corev1.Pod) rollou
 			cid = strings.TrimPrefix(cs.ContainerID, "containerd://")
 		}
 	}
-	f, err := os.Open(cl.LogPath("kubelet"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Seek(offset, 0); err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := kubeletLogSince(t, offset)
 	// klog's header: I1129 10:47:11.123456 (no year: differences only).
 	at := func(l string) (time.Time, bool) {
 		if len(l) < 22 {

@@ -590,31 +590,11 @@ func (e *ncEnv) rolloutRestart(t *testing.T, tl *timeline) {
 	writes := e.writes(t, old)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	// The old pod's log, until its container ends.
-	var oldLog string
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		oldLog, _ = cl.Kubectl(ctx, "logs", "-f", "-n", ncNS, old.Name)
-	}()
 	start := time.Now()
-	for _, args := range [][]string{
-		{"rollout", "restart", "-n", ncNS, "ds/" + ncRelease},
-		{"rollout", "status", "-n", ncNS, "ds/" + ncRelease, "--timeout=2m"},
-	} {
-		if out, err := cl.Kubectl(ctx, args...); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
+	pod, _, oldLog, err := restartRelease(t, ctx, old)
+	if err != nil {
+		t.Fatal(err)
 	}
-	pod := waitPodReady(t, 2*time.Minute, string(old.UID))
-	waitUntil(t, 30*time.Second, "the old pod's log ends with its container", func(context.Context) (bool, string) {
-		select {
-		case <-logDone:
-			return true, ""
-		default:
-			return false, "kubectl logs -f still follows " + old.Name
-		}
-	})
 	newLog := podLog(t, pod)
 	t.Logf("the old pod's log:\n%s\nthe new pod's log:\n%s", strings.Join(linesWith(oldLog, "hand", msgStopped, "node condition"), "\n"),
 		strings.Join(linesWith(newLog, "hand-over", "took over", "standing by", "serving the registration directory", "node condition"), "\n"))
@@ -632,6 +612,39 @@ func (e *ncEnv) rolloutRestart(t *testing.T, tl *timeline) {
 	if csi, alloc := noteGaps(t, tl, strings.SplitN(t.Name(), "/", 2)[1][:2], "rollout restart with hand-over", start, time.Now()); csi.times > 0 || alloc.times > 0 {
 		t.Errorf("during the rollout with hand-over %s left CSINode %s, and %s allocatable was short %s; want never", ncCSI, csi, ncDP, alloc)
 	}
+}
+
+// restartRelease rolls the release's DaemonSet once (kubectl rollout restart, then rollout
+// status) and waits for the pod that replaces old to be Ready and for old's container to end.
+// It returns that pod, when it was seen Ready, and old's log, followed until its container
+// ended; an error when kubectl fails.
+func restartRelease(t *testing.T, ctx context.Context, old corev1.Pod) (pod corev1.Pod, ready time.Time, oldLog string, err error) {
+	t.Helper()
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		oldLog, _ = cl.Kubectl(ctx, "logs", "-f", "-n", ncNS, old.Name)
+	}()
+	for _, args := range [][]string{
+		{"rollout", "restart", "-n", ncNS, "ds/" + ncRelease},
+		{"rollout", "status", "-n", ncNS, "ds/" + ncRelease, "--timeout=2m"},
+	} {
+		if out, err := cl.Kubectl(ctx, args...); err != nil {
+			// The log's kubectl ends with ctx, or with old's container.
+			return corev1.Pod{}, time.Time{}, "", fmt.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	pod = waitPodReady(t, 2*time.Minute, string(old.UID))
+	ready = time.Now()
+	waitUntil(t, 30*time.Second, "the old pod's log ends with its container", func(context.Context) (bool, string) {
+		select {
+		case <-logDone:
+			return true, ""
+		default:
+			return false, "kubectl logs -f still follows " + old.Name
+		}
+	})
+	return pod, ready, oldLog, nil
 }
 
 // waitAvailable waits for the release's one pod Ready as the running kubelet probed it, and
